@@ -1,0 +1,23 @@
+#include "common/status.h"
+
+namespace towerps::common {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+absl::Status Annotate(const absl::Status& status, const std::string& context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      context + ": " + std::string(status.message()));
+}
+
+}  // namespace towerps::common

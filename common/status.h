@@ -1,0 +1,44 @@
+// Error-handling helpers shared by every layer.
+//
+// absl::Status codes are gRPC's codes, so conversion is a cast. Debian's Abseil
+// (20220623) has no status macros; these are ours.
+#ifndef TOWERPS_COMMON_STATUS_H_
+#define TOWERPS_COMMON_STATUS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/support/status.h"
+
+namespace towerps::common {
+
+// Converts between absl::Status and grpc::Status, keeping code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Returns `status` with `context + ": "` put before its message.
+absl::Status Annotate(const absl::Status& status, const std::string& context);
+
+}  // namespace towerps::common
+
+#define TOWERPS_STATUS_CONCAT_INNER_(a, b) a##b
+#define TOWERPS_STATUS_CONCAT_(a, b) TOWERPS_STATUS_CONCAT_INNER_(a, b)
+
+// Evaluates `expr` (an absl::Status); returns it from the caller if not OK.
+#define TOWERPS_RETURN_IF_ERROR(expr)                \
+  do {                                               \
+    ::absl::Status towerps_status_ = (expr);         \
+    if (!towerps_status_.ok()) return towerps_status_; \
+  } while (0)
+
+// `lhs` = value of `expr` (an absl::StatusOr<T>), or returns its status.
+#define TOWERPS_ASSIGN_OR_RETURN(lhs, expr)                                   \
+  TOWERPS_ASSIGN_OR_RETURN_IMPL_(                                             \
+      TOWERPS_STATUS_CONCAT_(towerps_statusor_, __LINE__), lhs, expr)
+#define TOWERPS_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
+  auto statusor = (expr);                                   \
+  if (!statusor.ok()) return statusor.status();             \
+  lhs = std::move(statusor).value()
+
+#endif  // TOWERPS_COMMON_STATUS_H_

@@ -1,0 +1,98 @@
+"""Repository rules that wire Debian's system libraries and the CUDA toolkit.
+
+Nothing is downloaded. `@system_libs` turns pkg-config's flags into cc_library
+targets (headers come from /usr/include, which the autoconfigured toolchain
+treats as a system directory) and exposes protoc and grpc_cpp_plugin.
+`@local_cuda` looks for the CUDA toolkit ($CUDA_PATH, then /usr/local/cuda); it
+sets HAS_CUDA in @local_cuda//:defs.bzl, which BUILD files use to choose the
+CUDA or CPU-only implementation.
+"""
+
+_PKG_LIBS = {
+    "grpcpp": ["grpc++"],
+    "protobuf": ["protobuf"],
+    "absl": [
+        "absl_flags",
+        "absl_flags_parse",
+        "absl_status",
+        "absl_statusor",
+        "absl_strings",
+        "absl_str_format",
+        "absl_synchronization",
+        "absl_time",
+        "absl_random_random",
+        "absl_hash",
+        "absl_raw_hash_set",
+    ],
+    "openblas": ["openblas"],
+    "zlib": ["zlib"],
+}
+
+def _pkg_config(ctx, pkgs):
+    res = ctx.execute(["pkg-config", "--libs"] + pkgs)
+    if res.return_code != 0:
+        fail("pkg-config could not find %s (run deploy/setup.sh): %s" % (pkgs, res.stderr))
+    return [f for f in res.stdout.strip().split(" ") if f]
+
+def _which(ctx, name):
+    path = ctx.which(name)
+    if path == None:
+        fail("%s not found on PATH (run deploy/setup.sh)" % name)
+    return path
+
+def _system_libs_impl(ctx):
+    build = ['package(default_visibility = ["//visibility:public"])', ""]
+    for name, pkgs in _PKG_LIBS.items():
+        build.append("cc_library(name = %r, linkopts = %r)" % (name, _pkg_config(ctx, pkgs)))
+    build.append('cc_library(name = "gtest", linkopts = ["-lgmock", "-lgtest", "-pthread"])')
+    build.append('cc_library(name = "gtest_main", linkopts = ["-lgmock", "-lgtest_main", "-lgtest", "-pthread"])')
+    ctx.symlink(_which(ctx, "protoc"), "protoc")
+    ctx.symlink(_which(ctx, "grpc_cpp_plugin"), "grpc_cpp_plugin")
+    build.append('exports_files(["protoc", "grpc_cpp_plugin"])')
+    ctx.file("BUILD", "\n".join(build) + "\n")
+    ctx.file("WORKSPACE", 'workspace(name = "system_libs")\n')
+
+_system_libs = repository_rule(
+    implementation = _system_libs_impl,
+    environ = ["PKG_CONFIG_PATH"],
+    local = True,
+)
+
+def _local_cuda_impl(ctx):
+    candidates = []
+    if ctx.os.environ.get("CUDA_PATH"):
+        candidates.append(ctx.os.environ["CUDA_PATH"])
+    candidates.append("/usr/local/cuda")
+    root = None
+    for c in candidates:
+        if ctx.path(c + "/bin/nvcc").exists:
+            root = c
+            break
+    build = ['package(default_visibility = ["//visibility:public"])', ""]
+    if root == None:
+        ctx.file("defs.bzl", "HAS_CUDA = False\nCUDA_ROOT = None\n")
+        build.append('cc_library(name = "cuda_libs")')
+    else:
+        ctx.file("defs.bzl", "HAS_CUDA = True\nCUDA_ROOT = %r\n" % root)
+        ctx.symlink(root + "/bin/nvcc", "nvcc")
+        ctx.symlink(root + "/include", "include")
+        build.append('exports_files(["nvcc"])')
+        libdirs = [d for d in [root + "/lib64", root + "/lib"] if ctx.path(d).exists]
+        linkopts = []
+        for d in libdirs:
+            linkopts += ["-L" + d, "-Wl,-rpath," + d]
+        linkopts += ["-lcudart", "-lcublas", "-lnccl"]
+        build.append("cc_library(name = \"cuda_libs\", linkopts = %r)" % linkopts)
+        build.append('cc_library(name = "cuda_headers", hdrs = glob(["include/**/*.h", "include/**/*.hpp"]), includes = ["include"])')
+    ctx.file("BUILD", "\n".join(build) + "\n")
+    ctx.file("WORKSPACE", 'workspace(name = "local_cuda")\n')
+
+_local_cuda = repository_rule(
+    implementation = _local_cuda_impl,
+    environ = ["CUDA_PATH"],
+    local = True,
+)
+
+def system_libs():
+    _system_libs(name = "system_libs")
+    _local_cuda(name = "local_cuda")
