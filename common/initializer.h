@@ -1,0 +1,18 @@
+// Fills a variable's initial values from its Initializer spec.
+//
+// Deterministic: the same spec gives the same values on every machine.
+#ifndef TOWERPS_COMMON_INITIALIZER_H_
+#define TOWERPS_COMMON_INITIALIZER_H_
+
+#include "absl/types/span.h"
+#include "proto/towerps.pb.h"
+
+namespace towerps::common {
+
+// GLOROT_UNIFORM draws U(-l, l), l = sqrt(6 / (fan_in + fan_out)), from a
+// generator seeded with `init.seed()`; ZEROS and CONSTANT fill.
+void InitializeValues(const v1::Initializer& init, absl::Span<float> out);
+
+}  // namespace towerps::common
+
+#endif  // TOWERPS_COMMON_INITIALIZER_H_

@@ -1,0 +1,48 @@
+#include "common/initializer.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace towerps::common {
+namespace {
+
+TEST(InitializerTest, GlorotIsBoundedDeterministicAndSpread) {
+  v1::Initializer init;
+  init.set_type(v1::Initializer::GLOROT_UNIFORM);
+  init.set_seed(7);
+  init.set_fan_in(784);
+  init.set_fan_out(256);
+  std::vector<float> a(10000), b(10000);
+  InitializeValues(init, absl::MakeSpan(a));
+  InitializeValues(init, absl::MakeSpan(b));
+  EXPECT_EQ(a, b);
+  const float limit = std::sqrt(6.0f / 1040.0f);
+  double sum = 0, sq = 0;
+  for (float v : a) {
+    EXPECT_LE(std::abs(v), limit);
+    sum += v;
+    sq += v * v;
+  }
+  EXPECT_NEAR(sum / a.size(), 0.0, 0.01 * limit);
+  // Variance of U(-l, l) is l^2 / 3.
+  EXPECT_NEAR(sq / a.size(), limit * limit / 3, 0.05 * limit * limit / 3);
+  init.set_seed(8);
+  InitializeValues(init, absl::MakeSpan(b));
+  EXPECT_NE(a, b);
+}
+
+TEST(InitializerTest, ZerosAndConstant) {
+  std::vector<float> v(5, 3.0f);
+  InitializeValues(v1::Initializer(), absl::MakeSpan(v));
+  EXPECT_EQ(v, std::vector<float>(5, 0.0f));
+  v1::Initializer c;
+  c.set_type(v1::Initializer::CONSTANT);
+  c.set_value(1.5f);
+  InitializeValues(c, absl::MakeSpan(v));
+  EXPECT_EQ(v, std::vector<float>(5, 1.5f));
+}
+
+}  // namespace
+}  // namespace towerps::common

@@ -1,0 +1,495 @@
+#include "ps/parameter_server.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/initializer.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "ps/optimizer.h"
+
+namespace towerps::ps {
+namespace internal {
+
+struct Variable {
+  v1::VariableDef def;
+  std::vector<float> value;
+  std::unique_ptr<Optimizer> optimizer;
+  int64_t updates = 0;
+};
+
+struct WorkerRecord {
+  bool seen = false;
+  uint64_t incarnation = 0;
+  uint64_t last_sequence = 0;
+  int64_t completed = 0;  // ASYNC: iterations pushed by this worker.
+};
+
+class Job {
+ public:
+  Job(std::string id, v1::TrainingConfig config)
+      : id(std::move(id)),
+        config(std::move(config)),
+        replicas(this->config.replicas_to_aggregate() > 0
+                     ? this->config.replicas_to_aggregate()
+                     : this->config.num_workers()) {}
+
+  const std::string id;
+  const v1::TrainingConfig config;
+  const int replicas;
+  // Set once at creation, never resized afterwards.
+  std::vector<int64_t> sizes;
+
+  absl::Mutex mu;
+  std::vector<Variable> vars ABSL_GUARDED_BY(mu);
+  int64_t global_step ABSL_GUARDED_BY(mu) = 0;
+  std::vector<WorkerRecord> workers ABSL_GUARDED_BY(mu);
+  // SYNC accumulation for the open step.
+  std::vector<std::vector<float>> acc ABSL_GUARDED_BY(mu);
+  int64_t acc_examples ABSL_GUARDED_BY(mu) = 0;
+  std::set<int> pushed ABSL_GUARDED_BY(mu);
+  absl::Time step_opened ABSL_GUARDED_BY(mu) = absl::Now();
+  std::shared_ptr<const WeightsSnapshot> snapshot ABSL_GUARDED_BY(mu);
+  // Staging buffers of finished pushes, reused to avoid fresh pages each step.
+  std::vector<std::vector<std::vector<float>>> free_buffers ABSL_GUARDED_BY(mu);
+  int64_t applied ABSL_GUARDED_BY(mu) = 0;
+  int64_t stale ABSL_GUARDED_BY(mu) = 0;
+  int64_t duplicate ABSL_GUARDED_BY(mu) = 0;
+  absl::CondVar changed;
+
+  int64_t bytes() const {
+    int64_t b = 0;
+    for (int64_t n : sizes) b += n * 4;
+    return b;
+  }
+
+  std::vector<int> WaitingForLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::vector<int> out;
+    for (int w = 0; w < config.num_workers(); ++w) {
+      if (!pushed.count(w)) out.push_back(w);
+    }
+    return out;
+  }
+
+  // Applies `grads` (one mean gradient) to every variable and advances the step.
+  void ApplyLocked(std::vector<std::vector<float>>& grads)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (size_t i = 0; i < vars.size(); ++i) {
+      Variable& v = vars[i];
+      v.optimizer->Apply(absl::MakeSpan(v.value), grads[i], ++v.updates);
+    }
+    AdvanceLocked();
+  }
+
+  void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ++global_step;
+    snapshot.reset();
+    step_opened = absl::Now();
+    changed.SignalAll();
+  }
+};
+
+}  // namespace internal
+
+using internal::Job;
+
+namespace {
+
+absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
+  if (r.job_id().empty()) return absl::InvalidArgumentError("register: job_id is empty");
+  const auto& c = r.config();
+  if (c.num_workers() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: config.num_workers = ", c.num_workers(), " (want >= 1)"));
+  }
+  if (c.replicas_to_aggregate() < 0 || c.replicas_to_aggregate() > c.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: config.replicas_to_aggregate = ", c.replicas_to_aggregate(),
+        " (want 0..num_workers = ", c.num_workers(), ")"));
+  }
+  if (c.max_staleness() < 0) {
+    return absl::InvalidArgumentError("register: config.max_staleness is negative");
+  }
+  if (!v1::Mode_IsValid(c.mode())) {
+    return absl::InvalidArgumentError("register: config.mode is unknown");
+  }
+  TOWERPS_RETURN_IF_ERROR(common::Annotate(ValidateOptimizer(c.optimizer()), "register"));
+  std::set<std::string> names;
+  int64_t total = 0;
+  for (const auto& v : r.variables()) {
+    if (v.name().empty()) return absl::InvalidArgumentError("register: a variable has no name");
+    if (!names.insert(v.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("register: variable \"", v.name(), "\" appears twice"));
+    }
+    if (v.dtype() != v1::DT_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "register: variable \"", v.name(), "\" has unsupported dtype ", v.dtype()));
+    }
+    int64_t n = 1;
+    for (int64_t d : v.shape()) {
+      if (d <= 0 || d > max_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "register: variable \"", v.name(), "\" has invalid dimension ", d));
+      }
+      n *= d;
+      if (n * 4 > max_bytes) break;
+    }
+    total += n * 4;
+    if (total > max_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "register: job \"", r.job_id(), "\" needs more than ", max_bytes,
+          " bytes on this server (limit --max_job_bytes)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+v1::TrainingConfig Normalized(v1::TrainingConfig c) {
+  if (c.mode() == v1::MODE_UNSPECIFIED) c.set_mode(v1::SYNC);
+  *c.mutable_optimizer() = OptimizerWithDefaults(c.optimizer());
+  return c;
+}
+
+// Finite check at BLAS speed: the sum of |x| is NaN or Inf iff some element is
+// (or the values are absurdly large, which we reject too).
+bool AllFinite(const std::vector<float>& x) {
+  if (x.empty()) return true;
+  return std::isfinite(cblas_sasum(static_cast<int>(x.size()), x.data(), 1));
+}
+
+}  // namespace
+
+PushSession::~PushSession() {
+  if (job_ && !grads_.empty()) {
+    absl::MutexLock lock(&job_->mu);
+    job_->free_buffers.push_back(std::move(grads_));
+  }
+}
+
+absl::Status PushSession::AddSlice(const v1::TensorSlice& slice) {
+  if (slice.var_index() >= grads_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push: var_index ", slice.var_index(), " is out of range (job \"",
+        job_->id, "\" has ", grads_.size(), " variables on this server)"));
+  }
+  const uint32_t v = slice.var_index();
+  if (slice.data().size() % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push: slice of variable ", v, " has ", slice.data().size(),
+        " bytes, not a multiple of 4"));
+  }
+  const int64_t n = static_cast<int64_t>(slice.data().size() / sizeof(float));
+  if (static_cast<int64_t>(slice.offset()) != covered_[v]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push: slice of variable ", v, " starts at element ", slice.offset(),
+        ", expected ", covered_[v], " (slices must arrive in order, once)"));
+  }
+  if (covered_[v] + n > job_->sizes[v]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push: slice of variable ", v, " runs past its end (", covered_[v] + n,
+        " > ", job_->sizes[v], " elements)"));
+  }
+  std::memcpy(grads_[v].data() + covered_[v], slice.data().data(), slice.data().size());
+  covered_[v] += n;
+  return absl::OkStatus();
+}
+
+ParameterServer::ParameterServer(ParameterServerOptions options)
+    : options_(std::move(options)) {}
+
+ParameterServer::~ParameterServer() = default;
+
+absl::StatusOr<std::shared_ptr<Job>> ParameterServer::FindJob(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "job \"", id, "\" is not registered on ps ", options_.task_index));
+  }
+  return it->second;
+}
+
+absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
+    const v1::RegisterRequest& request) {
+  TOWERPS_RETURN_IF_ERROR(ValidateRegister(request, options_.max_job_bytes));
+  const v1::TrainingConfig config = Normalized(request.config());
+  v1::RegisterResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it != jobs_.end()) {
+      Job& job = *it->second;
+      if (!google::protobuf::util::MessageDifferencer::Equals(job.config, config)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "register: job \"", request.job_id(),
+            "\" exists with a different training config (", job.config.ShortDebugString(),
+            " vs ", config.ShortDebugString(), ")"));
+      }
+      absl::MutexLock job_lock(&job.mu);
+      if (job.vars.size() != static_cast<size_t>(request.variables_size())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "register: job \"", request.job_id(), "\" exists with ", job.vars.size(),
+            " variables here, the request has ", request.variables_size()));
+      }
+      for (size_t i = 0; i < job.vars.size(); ++i) {
+        if (!google::protobuf::util::MessageDifferencer::Equals(job.vars[i].def,
+                                                                request.variables(i))) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "register: job \"", request.job_id(), "\" variable ", i, " is \"",
+              job.vars[i].def.name(), "\" here but differs in the request"));
+        }
+      }
+      response.set_created(false);
+      response.set_global_step(job.global_step);
+      return response;
+    }
+  }
+  // Build outside the server lock: initialization of large jobs takes time.
+  auto job = std::make_shared<Job>(request.job_id(), config);
+  {
+    absl::MutexLock job_lock(&job->mu);
+    for (const auto& def : request.variables()) {
+      internal::Variable v;
+      v.def = def;
+      int64_t n = 1;
+      for (int64_t d : def.shape()) n *= d;
+      v.value.resize(n);
+      common::InitializeValues(def.initializer(), absl::MakeSpan(v.value));
+      TOWERPS_ASSIGN_OR_RETURN(v.optimizer, NewOptimizer(config.optimizer(), n));
+      job->sizes.push_back(n);
+      job->acc.emplace_back(n, 0.0f);
+      job->vars.push_back(std::move(v));
+    }
+    job->workers.resize(config.num_workers());
+  }
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = jobs_.emplace(request.job_id(), job);
+  response.set_created(inserted);
+  if (inserted) {
+    TLOG(INFO) << "ps " << options_.task_index << ": job \"" << request.job_id()
+               << "\" registered: " << request.variables_size() << " variables, "
+               << job->bytes() << " bytes, " << v1::Mode_Name(config.mode())
+               << ", workers=" << config.num_workers()
+               << ", replicas_to_aggregate=" << job->replicas << ", optimizer "
+               << config.optimizer().ShortDebugString();
+  }
+  // A concurrent registration may have won: it is identical (validated above
+  // for the common case), so returning its step is correct.
+  absl::MutexLock job_lock(&it->second->mu);
+  response.set_global_step(it->second->global_step);
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
+    const v1::PushHeader& header) {
+  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(header.job_id()));
+  if (header.worker_task() < 0 || header.worker_task() >= job->config.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push: worker_task ", header.worker_task(), " is out of range (job has ",
+        job->config.num_workers(), " workers)"));
+  }
+  if (header.num_examples() < 0) {
+    return absl::InvalidArgumentError("push: num_examples is negative");
+  }
+  if (header.sequence() == 0) {
+    return absl::InvalidArgumentError("push: sequence must start at 1");
+  }
+  std::unique_ptr<PushSession> s(new PushSession());
+  s->job_ = job;
+  s->header_ = header;
+  {
+    absl::MutexLock lock(&job->mu);
+    if (!job->free_buffers.empty()) {
+      s->grads_ = std::move(job->free_buffers.back());
+      job->free_buffers.pop_back();
+    }
+  }
+  if (s->grads_.size() != job->sizes.size()) {
+    s->grads_.clear();
+    for (int64_t n : job->sizes) s->grads_.emplace_back(n);
+  }
+  s->covered_.assign(job->sizes.size(), 0);
+  return s;
+}
+
+absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
+    std::unique_ptr<PushSession> s) {
+  Job& job = *s->job_;
+  const v1::PushHeader& h = s->header_;
+  for (size_t v = 0; v < job.sizes.size(); ++v) {
+    if (s->covered_[v] != job.sizes[v]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push: incomplete: variable ", v, " got ", s->covered_[v], " of ",
+          job.sizes[v], " elements; nothing applied"));
+    }
+    if (!AllFinite(s->grads_[v])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push: gradient of variable ", v, " from worker ", h.worker_task(),
+          " contains NaN or Inf; nothing applied"));
+    }
+  }
+  v1::PushResponse response;
+  absl::MutexLock lock(&job.mu);
+  internal::WorkerRecord& rec = job.workers[h.worker_task()];
+  if (rec.seen && rec.incarnation == h.incarnation() && h.sequence() <= rec.last_sequence) {
+    ++job.duplicate;
+    response.set_outcome(v1::PushResponse::DUPLICATE);
+    response.set_global_step(job.global_step);
+    return response;
+  }
+  if (job.config.mode() == v1::SYNC && h.step() > job.global_step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "push: step ", h.step(), " from worker ", h.worker_task(),
+        " is ahead of the server's step ", job.global_step));
+  }
+  rec.seen = true;
+  rec.incarnation = h.incarnation();
+  rec.last_sequence = h.sequence();
+  if (job.config.mode() == v1::ASYNC) {
+    rec.completed = std::max<int64_t>(rec.completed, h.sequence());
+    if (h.num_examples() > 0) {
+      job.ApplyLocked(s->grads_);
+    } else {
+      job.AdvanceLocked();
+    }
+    ++job.applied;
+    response.set_outcome(v1::PushResponse::APPLIED);
+    response.set_global_step(job.global_step);
+    return response;
+  }
+  // SYNC.
+  if (h.step() < job.global_step) {
+    ++job.stale;
+    response.set_outcome(v1::PushResponse::STALE);
+  } else if (job.pushed.count(h.worker_task())) {
+    // The same worker again for this step (a new incarnation): counted once.
+    ++job.duplicate;
+    response.set_outcome(v1::PushResponse::DUPLICATE);
+  } else {
+    const float weight = static_cast<float>(h.num_examples());
+    if (weight > 0) {
+      for (size_t v = 0; v < job.acc.size(); ++v) {
+        cblas_saxpy(static_cast<int>(job.sizes[v]), weight, s->grads_[v].data(), 1,
+                    job.acc[v].data(), 1);
+      }
+    }
+    job.acc_examples += h.num_examples();
+    job.pushed.insert(h.worker_task());
+    ++job.applied;
+    response.set_outcome(v1::PushResponse::APPLIED);
+    if (static_cast<int>(job.pushed.size()) >= job.replicas) {
+      if (job.acc_examples > 0) {
+        const float inv = 1.0f / static_cast<float>(job.acc_examples);
+        for (size_t v = 0; v < job.acc.size(); ++v) {
+          cblas_sscal(static_cast<int>(job.sizes[v]), inv, job.acc[v].data(), 1);
+        }
+        job.ApplyLocked(job.acc);
+        for (auto& a : job.acc) std::fill(a.begin(), a.end(), 0.0f);
+      } else {
+        job.AdvanceLocked();
+      }
+      job.acc_examples = 0;
+      job.pushed.clear();
+    }
+  }
+  response.set_global_step(job.global_step);
+  return response;
+}
+
+absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
+    const v1::PullRequest& request, absl::Time deadline) {
+  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job_ptr, FindJob(request.job_id()));
+  Job& job = *job_ptr;
+  deadline = std::min(deadline, absl::Now() + options_.max_pull_wait);
+  const int64_t staleness = job.config.max_staleness();
+  const bool bounded = job.config.mode() == v1::ASYNC && staleness > 0;
+  absl::MutexLock lock(&job.mu);
+  auto slowest = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+    int64_t m = INT64_MAX;
+    for (const auto& w : job.workers) m = std::min(m, w.completed);
+    return m;
+  };
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+    if (job.global_step < request.min_step()) return false;
+    return !bounded || slowest() >= request.worker_iteration() - staleness;
+  };
+  const absl::Time start = absl::Now();
+  absl::Time next_log = start + options_.wait_log_interval;
+  while (!ready()) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "pull: job \"", job.id, "\" on ps ", options_.task_index, " is at step ",
+          job.global_step, ", waited ", absl::FormatDuration(now - start),
+          " for step ", request.min_step(), "; step waits for workers [",
+          absl::StrJoin(job.WaitingForLocked(), ","), "]"));
+    }
+    if (now >= next_log) {
+      TLOG(WARNING) << "ps " << options_.task_index << ": job \"" << job.id
+                    << "\" step " << job.global_step << " open for "
+                    << absl::FormatDuration(now - job.step_opened)
+                    << "; waiting for workers ["
+                    << absl::StrJoin(job.WaitingForLocked(), ",") << "] (worker "
+                    << request.worker_task() << " wants step " << request.min_step()
+                    << ")";
+      next_log = now + options_.wait_log_interval;
+    }
+    job.changed.WaitWithDeadline(&job.mu, std::min(deadline, next_log));
+  }
+  if (!job.snapshot) {
+    auto snap = std::make_shared<WeightsSnapshot>();
+    snap->global_step = job.global_step;
+    snap->values.reserve(job.vars.size());
+    for (const auto& v : job.vars) snap->values.push_back(v.value);
+    job.snapshot = std::move(snap);
+  }
+  return job.snapshot;
+}
+
+v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
+  v1::StatusResponse response;
+  response.set_task_index(options_.task_index);
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      if (request.job_id().empty() || request.job_id() == id) jobs.push_back(job);
+    }
+  }
+  for (const auto& job : jobs) {
+    absl::MutexLock lock(&job->mu);
+    v1::JobStatus* s = response.add_jobs();
+    s->set_job_id(job->id);
+    s->set_global_step(job->global_step);
+    s->set_num_variables(job->vars.size());
+    s->set_bytes_held(job->bytes());
+    s->set_pushes_applied(job->applied);
+    s->set_pushes_stale(job->stale);
+    s->set_pushes_duplicate(job->duplicate);
+    if (job->config.mode() == v1::SYNC) {
+      for (int w : job->pushed) s->add_pushed_this_step(w);
+      for (int w : job->WaitingForLocked()) s->add_waiting_for(w);
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::VariableDef>> ParameterServer::Variables(
+    const std::string& job_id) {
+  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  absl::MutexLock lock(&job->mu);
+  std::vector<v1::VariableDef> out;
+  for (const auto& v : job->vars) out.push_back(v.def);
+  return out;
+}
+
+}  // namespace towerps::ps

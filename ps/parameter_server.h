@@ -1,0 +1,117 @@
+// The parameter server's logic: one shard of every job's variables, their
+// optimizer slots and the global step of that shard. No gRPC here; see
+// ps_service.h for the adapter.
+//
+// Thread-safe. Each job has its own mutex; no lock is held while the caller
+// reads from or writes to the network.
+//
+// Push protocol (so that a broken or malformed stream never touches state):
+//   BeginPush(header) -> session; session.AddSlice(...) for every slice
+//   (validated and copied into a staging buffer); FinishPush(session) checks
+//   that every variable was covered exactly once and commits atomically.
+// A push is identified by (worker_task, incarnation, sequence): a retry with a
+// sequence already taken is acknowledged as DUPLICATE and never applied twice.
+//
+// SYNC: gradients for step t are summed weighted by num_examples; when
+// `replicas_to_aggregate` distinct workers have pushed, the weighted mean is
+// applied once and the step advances. Pushes for a step already applied are
+// STALE: dropped and counted.
+// ASYNC: each push is applied on arrival. With max_staleness s > 0, a pull
+// for iteration i waits until every worker has completed i - s iterations.
+#ifndef TOWERPS_PS_PARAMETER_SERVER_H_
+#define TOWERPS_PS_PARAMETER_SERVER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/towerps.pb.h"
+
+namespace towerps::ps {
+
+struct ParameterServerOptions {
+  int task_index = 0;
+  // Longest a Pull waits server-side before answering DEADLINE_EXCEEDED (the
+  // caller retries). Default: 30 s.
+  absl::Duration max_pull_wait = absl::Seconds(30);
+  // A waiting pull logs which workers the step waits for this often.
+  absl::Duration wait_log_interval = absl::Seconds(5);
+  // Largest job a Register may create on this server. Default: 8 GiB.
+  int64_t max_job_bytes = int64_t{8} << 30;
+};
+
+// The values of a job's variables at one global step; immutable.
+struct WeightsSnapshot {
+  int64_t global_step = 0;
+  std::vector<std::vector<float>> values;  // by var_index
+};
+
+namespace internal {
+class Job;
+}
+
+// One push being received. Owned by the caller between BeginPush and FinishPush.
+class PushSession {
+ public:
+  ~PushSession();
+  // Validates `slice` (variable index, offset, length, in-order coverage) and
+  // copies it in. InvalidArgument names what was wrong.
+  absl::Status AddSlice(const v1::TensorSlice& slice);
+
+ private:
+  friend class ParameterServer;
+  PushSession() = default;
+  std::shared_ptr<internal::Job> job_;
+  v1::PushHeader header_;
+  std::vector<std::vector<float>> grads_;
+  std::vector<int64_t> covered_;
+};
+
+class ParameterServer {
+ public:
+  explicit ParameterServer(ParameterServerOptions options);
+  ~ParameterServer();
+  ParameterServer(const ParameterServer&) = delete;
+  ParameterServer& operator=(const ParameterServer&) = delete;
+
+  // Creates the job's variables (initialized from their Initializer) or, if it
+  // exists, checks that the request matches it (FailedPrecondition if not).
+  // InvalidArgument for a malformed request; ResourceExhausted if too large.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+
+  // NotFound for an unknown job; InvalidArgument for a bad header.
+  absl::StatusOr<std::unique_ptr<PushSession>> BeginPush(const v1::PushHeader& header);
+  // Commits a complete push. InvalidArgument if a variable is incomplete or
+  // the gradient is not finite (nothing is applied then);
+  // FailedPrecondition for a SYNC push ahead of the server's step.
+  absl::StatusOr<v1::PushResponse> FinishPush(std::unique_ptr<PushSession> session);
+
+  // Blocks until the job's step reaches request.min_step (and, in ASYNC with
+  // max_staleness, the slowest worker is close enough), or `deadline` (capped
+  // at max_pull_wait) passes: DEADLINE_EXCEEDED naming the awaited workers.
+  absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> Pull(
+      const v1::PullRequest& request, absl::Time deadline);
+
+  // Status of one job, or of all when job_id is empty.
+  v1::StatusResponse Status(const v1::StatusRequest& request);
+
+  // The job's variable definitions, in var_index order (NotFound if unknown).
+  absl::StatusOr<std::vector<v1::VariableDef>> Variables(const std::string& job_id);
+
+ private:
+  absl::StatusOr<std::shared_ptr<internal::Job>> FindJob(const std::string& id);
+
+  const ParameterServerOptions options_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<internal::Job>> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace towerps::ps
+
+#endif  // TOWERPS_PS_PARAMETER_SERVER_H_

@@ -1,0 +1,248 @@
+#include "ps/parameter_server.h"
+
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace towerps::ps {
+namespace {
+
+constexpr float kLr = 0.5f;
+
+v1::RegisterRequest TwoVarJob(v1::Mode mode, int workers, int replicas = 0,
+                              int max_staleness = 0) {
+  v1::RegisterRequest r;
+  r.set_job_id("j");
+  r.mutable_config()->set_mode(mode);
+  r.mutable_config()->set_num_workers(workers);
+  r.mutable_config()->set_replicas_to_aggregate(replicas);
+  r.mutable_config()->set_max_staleness(max_staleness);
+  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
+  r.mutable_config()->mutable_optimizer()->set_learning_rate(kLr);
+  auto* a = r.add_variables();
+  a->set_name("a");
+  a->add_shape(2);
+  a->add_shape(3);
+  a->set_dtype(v1::DT_FLOAT32);
+  a->mutable_initializer()->set_type(v1::Initializer::CONSTANT);
+  a->mutable_initializer()->set_value(1.0f);
+  auto* b = r.add_variables();
+  b->set_name("b");
+  b->add_shape(2);
+  b->set_dtype(v1::DT_FLOAT32);
+  return r;
+}
+
+v1::TensorSlice Slice(uint32_t var, uint64_t offset, std::vector<float> values) {
+  v1::TensorSlice s;
+  s.set_var_index(var);
+  s.set_offset(offset);
+  s.set_data(values.data(), values.size() * sizeof(float));
+  return s;
+}
+
+v1::PushHeader Header(int worker, uint64_t seq, int64_t step, int64_t n,
+                      uint64_t incarnation = 7) {
+  v1::PushHeader h;
+  h.set_job_id("j");
+  h.set_worker_task(worker);
+  h.set_incarnation(incarnation);
+  h.set_sequence(seq);
+  h.set_step(step);
+  h.set_num_examples(n);
+  return h;
+}
+
+// Pushes gradient g (same value everywhere) for both variables.
+absl::StatusOr<v1::PushResponse> PushConst(ParameterServer& ps, const v1::PushHeader& h,
+                                           float g) {
+  auto s = ps.BeginPush(h);
+  if (!s.ok()) return s.status();
+  auto st = (*s)->AddSlice(Slice(0, 0, std::vector<float>(6, g)));
+  if (!st.ok()) return st;
+  st = (*s)->AddSlice(Slice(1, 0, std::vector<float>(2, g)));
+  if (!st.ok()) return st;
+  return ps.FinishPush(std::move(*s));
+}
+
+std::shared_ptr<const WeightsSnapshot> PullNow(ParameterServer& ps, int64_t min_step = 0) {
+  v1::PullRequest r;
+  r.set_job_id("j");
+  r.set_min_step(min_step);
+  auto s = ps.Pull(r, absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : nullptr;
+}
+
+TEST(ParameterServerTest, RegisterIsIdempotentAndInitializes) {
+  ParameterServer ps({});
+  auto r1 = ps.Register(TwoVarJob(v1::SYNC, 2));
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_TRUE(r1->created());
+  auto r2 = ps.Register(TwoVarJob(v1::SYNC, 2));
+  ASSERT_TRUE(r2.ok());
+  EXPECT_FALSE(r2->created());
+  auto snap = PullNow(ps);
+  EXPECT_EQ(snap->values[0], std::vector<float>(6, 1.0f));
+  EXPECT_EQ(snap->values[1], std::vector<float>(2, 0.0f));
+
+  auto other = TwoVarJob(v1::SYNC, 3);
+  EXPECT_EQ(ps.Register(other).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto shape = TwoVarJob(v1::SYNC, 2);
+  shape.mutable_variables(1)->set_shape(0, 5);
+  auto st = ps.Register(shape).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("\"b\""), std::string::npos) << st;
+}
+
+TEST(ParameterServerTest, BadRegistrationsAreRejected) {
+  ParameterServer ps({.task_index = 0, .max_job_bytes = 1 << 20});
+  auto r = TwoVarJob(v1::SYNC, 2);
+  r.set_job_id("");
+  EXPECT_EQ(ps.Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r = TwoVarJob(v1::SYNC, 2, /*replicas=*/3);
+  EXPECT_NE(ps.Register(r).status().message().find("replicas_to_aggregate"), std::string::npos);
+  r = TwoVarJob(v1::SYNC, 2);
+  r.mutable_variables(0)->set_shape(1, -1);
+  EXPECT_EQ(ps.Register(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r = TwoVarJob(v1::SYNC, 2);
+  r.mutable_variables(1)->set_name("a");
+  EXPECT_NE(ps.Register(r).status().message().find("twice"), std::string::npos);
+  r = TwoVarJob(v1::SYNC, 2);
+  r.mutable_variables(0)->set_shape(0, 1 << 20);
+  EXPECT_EQ(ps.Register(r).status().code(), absl::StatusCode::kResourceExhausted);
+  r = TwoVarJob(v1::SYNC, 2);
+  r.mutable_config()->mutable_optimizer()->set_learning_rate(-1);
+  EXPECT_NE(ps.Register(r).status().message().find("learning_rate"), std::string::npos);
+}
+
+TEST(ParameterServerTest, SyncAveragesWeightedByExamplesAndAppliesOnce) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
+  auto p0 = PushConst(ps, Header(0, 1, 0, /*n=*/3), 1.0f);
+  ASSERT_TRUE(p0.ok()) << p0.status();
+  EXPECT_EQ(p0->outcome(), v1::PushResponse::APPLIED);
+  EXPECT_EQ(p0->global_step(), 0);  // still waiting for worker 1
+  auto status = ps.Status({});
+  EXPECT_EQ(status.jobs(0).waiting_for(0), 1);
+  auto p1 = PushConst(ps, Header(1, 1, 0, /*n=*/1), 5.0f);
+  ASSERT_TRUE(p1.ok());
+  EXPECT_EQ(p1->global_step(), 1);
+  // Mean gradient = (3*1 + 1*5) / 4 = 2; SGD: 1 - 0.5 * 2 = 0.
+  auto snap = PullNow(ps, 1);
+  EXPECT_EQ(snap->global_step, 1);
+  for (float v : snap->values[0]) EXPECT_FLOAT_EQ(v, 0.0f);
+  for (float v : snap->values[1]) EXPECT_FLOAT_EQ(v, -1.0f);
+}
+
+TEST(ParameterServerTest, StaleAndRetriedPushesAreNotApplied) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2, /*replicas=*/1)).ok());
+  ASSERT_EQ(PushConst(ps, Header(0, 1, 0, 1), 1.0f)->global_step(), 1);
+  // Worker 1 was a backup: its gradient for step 0 arrives late.
+  auto late = PushConst(ps, Header(1, 1, 0, 1), 1.0f);
+  EXPECT_EQ(late->outcome(), v1::PushResponse::STALE);
+  // Worker 0 retries its push (same incarnation and sequence): ignored.
+  auto retry = PushConst(ps, Header(0, 1, 0, 1), 1.0f);
+  EXPECT_EQ(retry->outcome(), v1::PushResponse::DUPLICATE);
+  auto s = ps.Status({}).jobs(0);
+  EXPECT_EQ(s.global_step(), 1);
+  EXPECT_EQ(s.pushes_stale(), 1);
+  EXPECT_EQ(s.pushes_duplicate(), 1);
+  EXPECT_FLOAT_EQ(PullNow(ps)->values[0][0], 0.5f);  // applied exactly once
+  // A push ahead of the server is refused.
+  EXPECT_EQ(PushConst(ps, Header(0, 2, 5, 1), 1.0f).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParameterServerTest, AsyncRetryIsAppliedOnceButNewIncarnationIsNot) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  ASSERT_EQ(PushConst(ps, Header(0, 1, 0, 1), 1.0f)->outcome(), v1::PushResponse::APPLIED);
+  ASSERT_EQ(PushConst(ps, Header(0, 1, 0, 1), 1.0f)->outcome(), v1::PushResponse::DUPLICATE);
+  EXPECT_FLOAT_EQ(PullNow(ps)->values[0][0], 0.5f);
+  // A restarted worker (new incarnation) starts its sequence again.
+  auto fresh = PushConst(ps, Header(0, 1, 1, 1, /*incarnation=*/8), 1.0f);
+  EXPECT_EQ(fresh->outcome(), v1::PushResponse::APPLIED);
+  EXPECT_EQ(fresh->global_step(), 2);
+  EXPECT_FLOAT_EQ(PullNow(ps)->values[0][0], 0.0f);
+}
+
+TEST(ParameterServerTest, MalformedPushesChangeNothing) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  auto expect_bad = [&](absl::Status st, const std::string& fragment) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(fragment), std::string::npos) << st;
+  };
+  auto s = ps.BeginPush(Header(0, 1, 0, 1));
+  expect_bad((*s)->AddSlice(Slice(9, 0, {1})), "var_index 9");
+  v1::TensorSlice odd = Slice(0, 0, {1});
+  odd.mutable_data()->push_back('x');
+  expect_bad((*s)->AddSlice(odd), "not a multiple of 4");
+  expect_bad((*s)->AddSlice(Slice(0, 2, {1})), "expected 0");
+  expect_bad((*s)->AddSlice(Slice(1, 0, {1, 2, 3})), "runs past");
+  ASSERT_TRUE((*s)->AddSlice(Slice(0, 0, {1, 1, 1})).ok());
+  expect_bad(ps.FinishPush(std::move(*s)).status(), "incomplete");
+
+  auto nan = ps.BeginPush(Header(0, 1, 0, 1));
+  ASSERT_TRUE((*nan)->AddSlice(Slice(0, 0, std::vector<float>(6, 1.0f))).ok());
+  ASSERT_TRUE((*nan)->AddSlice(
+      Slice(1, 0, {1.0f, std::numeric_limits<float>::quiet_NaN()})).ok());
+  expect_bad(ps.FinishPush(std::move(*nan)).status(), "NaN");
+
+  expect_bad(ps.BeginPush(Header(3, 1, 0, 1)).status(), "worker_task 3");
+  expect_bad(ps.BeginPush(Header(0, 0, 0, 1)).status(), "sequence");
+  auto h = Header(0, 1, 0, 1);
+  h.set_job_id("nope");
+  EXPECT_EQ(ps.BeginPush(h).status().code(), absl::StatusCode::kNotFound);
+
+  auto snap = PullNow(ps);
+  EXPECT_EQ(snap->global_step, 0);
+  EXPECT_EQ(snap->values[0], std::vector<float>(6, 1.0f));
+  // The failed pushes took no sequence number: sequence 1 still applies.
+  EXPECT_EQ(PushConst(ps, Header(0, 1, 0, 1), 1.0f)->outcome(), v1::PushResponse::APPLIED);
+}
+
+TEST(ParameterServerTest, PullWaitsForStepAndTimesOutNamingWorkers) {
+  ParameterServer ps({.task_index = 0, .max_pull_wait = absl::Milliseconds(300)});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
+  ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());
+  v1::PullRequest r;
+  r.set_job_id("j");
+  r.set_min_step(1);
+  auto timed_out = ps.Pull(r, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(timed_out.status().message().find("waits for workers [1]"), std::string::npos)
+      << timed_out.status();
+  std::thread pusher([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(PushConst(ps, Header(1, 1, 0, 1), 1.0f).ok());
+  });
+  auto snap = ps.Pull(r, absl::Now() + absl::Seconds(10));
+  pusher.join();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ((*snap)->global_step, 1);
+}
+
+TEST(ParameterServerTest, AsyncStalenessBoundMakesFastWorkerWait) {
+  ParameterServer ps({.task_index = 0, .max_pull_wait = absl::Milliseconds(200)});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 2, 0, /*max_staleness=*/1)).ok());
+  v1::PullRequest r;
+  r.set_job_id("j");
+  r.set_worker_task(0);
+  r.set_worker_iteration(1);  // worker 1 has done 0: within the bound
+  EXPECT_TRUE(ps.Pull(r, absl::Now() + absl::Seconds(1)).ok());
+  ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());
+  ASSERT_TRUE(PushConst(ps, Header(0, 2, 1, 1), 1.0f).ok());
+  r.set_worker_iteration(2);  // 2 - 1 > 0 done by worker 1: must wait
+  EXPECT_EQ(ps.Pull(r, absl::Now() + absl::Seconds(1)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(PushConst(ps, Header(1, 1, 0, 1), 1.0f).ok());
+  EXPECT_TRUE(ps.Pull(r, absl::Now() + absl::Seconds(1)).ok());
+}
+
+}  // namespace
+}  // namespace towerps::ps
