@@ -138,8 +138,9 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromTfConfig(const std::string& json) {
   google::protobuf::Struct root;
   auto parsed = google::protobuf::util::JsonStringToMessage(json, &root);
   if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TF_CONFIG is not valid JSON: ", parsed.message().as_string()));
+    std::string why = parsed.message().as_string();
+    why = why.substr(0, why.find('\n'));  // protobuf adds a multi-line excerpt
+    return absl::InvalidArgumentError(absl::StrCat("TF_CONFIG is not valid JSON: ", why));
   }
   const auto& f = root.fields();
   auto cluster = f.find("cluster");

@@ -1,0 +1,46 @@
+// gRPC plumbing shared by servers and clients: message-size limits, server
+// start-up on a chosen (or ephemeral) port, and allocator tuning.
+//
+// Thread-safe.
+#ifndef TOWERPS_COMMON_RPC_H_
+#define TOWERPS_COMMON_RPC_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/server.h"
+#include "grpcpp/impl/codegen/service_type.h"
+
+namespace towerps::common {
+
+// Messages are chunked well below this; the limit only guards against abuse.
+constexpr int kMaxMessageBytes = 64 << 20;
+
+// Default payload per chunk of a streamed tensor (see tests/bench).
+constexpr int64_t kDefaultChunkBytes = 4 << 20;
+
+// Starts a server on `address` ("host:port"; port 0 picks a free one) with the
+// given services (not owned; they must outlive the server). *bound_port gets
+// the port actually bound. Unavailable if the address cannot be bound.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    int* bound_port);
+
+// An insecure channel with our message-size limits.
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& address);
+
+// Large tensors are sent every step. glibc returns big blocks to the kernel on
+// free and faults fresh pages in on the next malloc (seen as ~17% of a
+// server's time); raising the mmap and trim thresholds keeps them in the heap
+// for reuse. Call once at the top of main().
+void TuneAllocatorForLargeMessages();
+
+// "0.0.0.0:<port>" for a "host:port" (or "[v6]:port") address.
+std::string AnyAddressWithPortOf(const std::string& address);
+
+}  // namespace towerps::common
+
+#endif  // TOWERPS_COMMON_RPC_H_

@@ -1,0 +1,76 @@
+// The parameter-server binary: parses flags, serves ParameterService until
+// SIGINT or SIGTERM.
+#include <signal.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/cluster_spec.h"
+#include "common/logging.h"
+#include "common/rpc.h"
+#include "ps/parameter_server.h"
+#include "ps/ps_service.h"
+
+ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks.");
+ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks.");
+ABSL_FLAG(std::string, job_name, "", "This task's job: must be \"ps\" here.");
+ABSL_FLAG(int, task_index, 0, "This task's index within its job.");
+ABSL_FLAG(std::string, bind_address, "",
+          "Address to listen on. Default: 0.0.0.0 with this task's port.");
+ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
+          "Default payload bytes per streamed pull message.");
+ABSL_FLAG(double, max_pull_wait_s, 30, "Longest a pull waits server-side.");
+
+int main(int argc, char** argv) {
+  towerps::common::TuneAllocatorForLargeMessages();
+  absl::SetProgramUsageMessage("towerps parameter server. Example:\n  ps --ps_hosts=h1:2222 "
+                               "--worker_hosts=h2:2222 --job_name=ps --task_index=0");
+  absl::ParseCommandLine(argc, argv);
+  const char* tf_config = std::getenv("TF_CONFIG");
+  auto spec = towerps::common::ResolveClusterSpec(
+      absl::GetFlag(FLAGS_ps_hosts), absl::GetFlag(FLAGS_worker_hosts),
+      absl::GetFlag(FLAGS_job_name), absl::GetFlag(FLAGS_task_index),
+      tf_config ? tf_config : "");
+  if (!spec.ok()) {
+    std::cerr << "ps: invalid cluster spec: " << spec.status().message() << "\n";
+    return 2;
+  }
+  if (spec->job_name != "ps") {
+    std::cerr << "ps: invalid cluster spec: this binary runs ps tasks, but the job name is \""
+              << spec->job_name << "\"\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_chunk_bytes) < 4096) {
+    std::cerr << "ps: --chunk_bytes must be at least 4096\n";
+    return 2;
+  }
+  // Block the stop signals before gRPC starts threads, then wait for them here.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  towerps::ps::ParameterServer ps(
+      {.task_index = spec->task_index,
+       .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s))});
+  towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes));
+  std::string address = absl::GetFlag(FLAGS_bind_address);
+  if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());
+  int port = 0;
+  auto server = towerps::common::StartServer(address, {&service}, &port);
+  if (!server.ok()) {
+    std::cerr << "ps: " << server.status().message() << "\n";
+    return 1;
+  }
+  TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
+             << address << " (port " << port << ")";
+  int sig = 0;
+  sigwait(&stop, &sig);
+  TLOG(INFO) << "ps " << spec->task_index << ": signal " << sig << ", shutting down";
+  (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  return 0;
+}

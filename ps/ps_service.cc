@@ -1,0 +1,103 @@
+#include "ps/ps_service.h"
+
+#include <algorithm>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status.h"
+
+namespace towerps::ps {
+
+using common::ToGrpcStatus;
+
+ParameterServiceImpl::ParameterServiceImpl(ParameterServer& ps,
+                                           int64_t default_chunk_bytes)
+    : ps_(ps), default_chunk_bytes_(default_chunk_bytes) {}
+
+grpc::Status ParameterServiceImpl::RegisterVariables(
+    grpc::ServerContext*, const v1::RegisterRequest* request,
+    v1::RegisterResponse* response) {
+  auto r = ps_.Register(*request);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *r;
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
+                                        grpc::ServerReader<v1::PushRequest>* reader,
+                                        v1::PushResponse* response) {
+  v1::PushRequest msg;
+  if (!reader->Read(&msg)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: empty stream");
+  }
+  if (!msg.has_header()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "push: the first message must carry the header");
+  }
+  auto session = ps_.BeginPush(msg.header());
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  do {
+    for (const auto& slice : msg.slices()) {
+      absl::Status s = (*session)->AddSlice(slice);
+      if (!s.ok()) return ToGrpcStatus(s);
+    }
+  } while (reader->Read(&msg));
+  auto r = ps_.FinishPush(std::move(*session));
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *r;
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
+                                        const v1::PullRequest* request,
+                                        grpc::ServerWriter<v1::PullResponse>* writer) {
+  const absl::Time deadline = absl::FromChrono(context->deadline());
+  auto snap = ps_.Pull(*request, deadline);
+  if (!snap.ok()) return ToGrpcStatus(snap.status());
+  const WeightsSnapshot& w = **snap;
+  const int64_t chunk = std::clamp<int64_t>(
+      request->chunk_bytes() > 0 ? request->chunk_bytes() : default_chunk_bytes_,
+      4096, int64_t{32} << 20) / 4 * 4;
+  // One message object reused for every chunk: its slices and their strings
+  // keep their capacity, so steady-state pulls allocate nothing here.
+  v1::PullResponse msg;
+  msg.set_global_step(w.global_step);
+  int64_t in_msg = 0;
+  for (size_t v = 0; v < w.values.size(); ++v) {
+    const std::vector<float>& values = w.values[v];
+    const int64_t total = static_cast<int64_t>(values.size()) * 4;
+    int64_t off = 0;
+    while (off < total || (total == 0 && off == 0)) {
+      const int64_t n = std::min(total - off, chunk - in_msg);
+      v1::TensorSlice* s = msg.add_slices();
+      s->set_var_index(static_cast<uint32_t>(v));
+      s->set_offset(static_cast<uint64_t>(off / 4));
+      s->mutable_data()->assign(reinterpret_cast<const char*>(values.data()) + off, n);
+      off += n;
+      in_msg += n;
+      if (in_msg >= chunk) {
+        if (!writer->Write(msg)) {
+          return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
+        }
+        msg.mutable_slices()->Clear();
+        in_msg = 0;
+      }
+      if (total == 0) break;
+    }
+  }
+  if (msg.slices_size() > 0 || w.values.empty()) {
+    if (!writer->Write(msg)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::GetStatus(grpc::ServerContext*,
+                                             const v1::StatusRequest* request,
+                                             v1::StatusResponse* response) {
+  *response = ps_.Status(*request);
+  return grpc::Status::OK;
+}
+
+}  // namespace towerps::ps

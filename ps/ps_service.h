@@ -1,0 +1,39 @@
+// gRPC adapter for ParameterServer: converts messages and statuses, streams
+// weights in chunks. No training logic here.
+//
+// Thread-safe (gRPC calls handlers concurrently).
+#ifndef TOWERPS_PS_PS_SERVICE_H_
+#define TOWERPS_PS_PS_SERVICE_H_
+
+#include <cstdint>
+
+#include "proto/towerps.grpc.pb.h"
+#include "ps/parameter_server.h"
+
+namespace towerps::ps {
+
+class ParameterServiceImpl final : public v1::ParameterService::Service {
+ public:
+  // `ps` is not owned and must outlive this service.
+  ParameterServiceImpl(ParameterServer& ps, int64_t default_chunk_bytes);
+
+  grpc::Status RegisterVariables(grpc::ServerContext* context,
+                                 const v1::RegisterRequest* request,
+                                 v1::RegisterResponse* response) override;
+  grpc::Status Push(grpc::ServerContext* context,
+                    grpc::ServerReader<v1::PushRequest>* reader,
+                    v1::PushResponse* response) override;
+  grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request,
+                    grpc::ServerWriter<v1::PullResponse>* writer) override;
+  grpc::Status GetStatus(grpc::ServerContext* context,
+                         const v1::StatusRequest* request,
+                         v1::StatusResponse* response) override;
+
+ private:
+  ParameterServer& ps_;
+  const int64_t default_chunk_bytes_;
+};
+
+}  // namespace towerps::ps
+
+#endif  // TOWERPS_PS_PS_SERVICE_H_

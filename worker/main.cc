@@ -1,0 +1,181 @@
+// The worker binary: parses flags into a JobSpec, loads its data, trains with
+// the parameter servers, and (chief) prints the final summary line:
+//   final: test_accuracy=<x> test_loss=<y> steps=<n> wall_s=<t>
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "common/cluster_spec.h"
+#include "common/logging.h"
+#include "common/rpc.h"
+#include "worker/backend.h"
+#include "worker/dataset.h"
+#include "worker/job_spec.h"
+#include "worker/model.h"
+#include "worker/ps_client.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks.");
+ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks.");
+ABSL_FLAG(std::string, job_name, "", "This task's job: must be \"worker\" here.");
+ABSL_FLAG(int, task_index, 0, "This task's index within its job.");
+ABSL_FLAG(std::string, model, "mlp", "Built-in job: mlp or dense_stack (ignored with --job_spec).");
+ABSL_FLAG(std::string, job_spec, "", "JobSpec file, JSON or protobuf text format.");
+ABSL_FLAG(std::string, mode, "", "Override: sync or async.");
+ABSL_FLAG(int, epochs, 0, "Override: epochs.");
+ABSL_FLAG(int, batch_size, 0, "Override: global batch size.");
+ABSL_FLAG(double, learning_rate, 0, "Override: learning rate.");
+ABSL_FLAG(int64_t, max_train_examples, 0, "Override: use only the first N train examples.");
+ABSL_FLAG(int64_t, max_test_examples, 0, "Override: use only the first N test examples.");
+ABSL_FLAG(int, max_steps, 0, "Override: stop after N global steps.");
+ABSL_FLAG(int, replicas_to_aggregate, -1, "Override (sync): gradients per step.");
+ABSL_FLAG(int, max_staleness, -1, "Override (async): staleness bound.");
+ABSL_FLAG(std::string, placement, "", "Override: round_robin or greedy_bytes.");
+ABSL_FLAG(std::string, job_id, "", "Override: job id.");
+ABSL_FLAG(std::string, data_dir, "", "Override: Fashion-MNIST directory.");
+ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
+          "Payload bytes per streamed message.");
+ABSL_FLAG(int, log_every_steps, 50, "Progress line every N steps.");
+ABSL_FLAG(int, blas_threads, 0, "BLAS threads (0: OpenBLAS' default).");
+ABSL_FLAG(double, wait_timeout_s, 600, "Longest wait for servers or a step before failing.");
+
+namespace {
+
+using towerps::v1::JobSpec;
+
+int Fail(const std::string& what, const absl::Status& s, int code = 1) {
+  std::cerr << "worker: " << what << ": " << s.message() << "\n";
+  return code;
+}
+
+absl::Status ApplyOverrides(JobSpec* job) {
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "sync") job->set_mode(towerps::v1::SYNC);
+  else if (mode == "async") job->set_mode(towerps::v1::ASYNC);
+  else if (!mode.empty()) return absl::InvalidArgumentError("--mode must be sync or async, got \"" + mode + "\"");
+  const std::string placement = absl::GetFlag(FLAGS_placement);
+  if (placement == "round_robin") job->set_placement(towerps::v1::ROUND_ROBIN);
+  else if (placement == "greedy_bytes") job->set_placement(towerps::v1::GREEDY_BYTES);
+  else if (!placement.empty()) return absl::InvalidArgumentError("--placement must be round_robin or greedy_bytes");
+  if (absl::GetFlag(FLAGS_epochs) != 0) job->set_epochs(absl::GetFlag(FLAGS_epochs));
+  if (absl::GetFlag(FLAGS_batch_size) != 0) job->set_global_batch_size(absl::GetFlag(FLAGS_batch_size));
+  if (absl::GetFlag(FLAGS_learning_rate) != 0) {
+    job->mutable_optimizer()->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_learning_rate)));
+  }
+  if (absl::GetFlag(FLAGS_max_train_examples) != 0) {
+    job->mutable_data()->set_max_train_examples(absl::GetFlag(FLAGS_max_train_examples));
+  }
+  if (absl::GetFlag(FLAGS_max_test_examples) != 0) {
+    job->mutable_data()->set_max_test_examples(absl::GetFlag(FLAGS_max_test_examples));
+  }
+  if (absl::GetFlag(FLAGS_max_steps) != 0) job->set_max_steps(absl::GetFlag(FLAGS_max_steps));
+  if (absl::GetFlag(FLAGS_replicas_to_aggregate) >= 0) {
+    job->set_replicas_to_aggregate(absl::GetFlag(FLAGS_replicas_to_aggregate));
+  }
+  if (absl::GetFlag(FLAGS_max_staleness) >= 0) job->set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
+  if (!absl::GetFlag(FLAGS_job_id).empty()) job->set_job_id(absl::GetFlag(FLAGS_job_id));
+  if (!absl::GetFlag(FLAGS_data_dir).empty()) job->mutable_data()->set_dir(absl::GetFlag(FLAGS_data_dir));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  towerps::common::TuneAllocatorForLargeMessages();
+  absl::SetProgramUsageMessage("towerps worker. Example:\n  worker --ps_hosts=h1:2222 "
+                               "--worker_hosts=h2:2222 --job_name=worker --task_index=0 --model=mlp");
+  absl::ParseCommandLine(argc, argv);
+  const char* tf_config = std::getenv("TF_CONFIG");
+  auto spec = towerps::common::ResolveClusterSpec(
+      absl::GetFlag(FLAGS_ps_hosts), absl::GetFlag(FLAGS_worker_hosts),
+      absl::GetFlag(FLAGS_job_name), absl::GetFlag(FLAGS_task_index),
+      tf_config ? tf_config : "");
+  if (!spec.ok()) return Fail("invalid cluster spec", spec.status(), 2);
+  if (spec->job_name != "worker") {
+    std::cerr << "worker: invalid cluster spec: this binary runs worker tasks, but the job name is \""
+              << spec->job_name << "\"\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_blas_threads) > 0) openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
+
+  absl::StatusOr<JobSpec> job = absl::GetFlag(FLAGS_job_spec).empty()
+                                    ? towerps::worker::BuiltinJob(absl::GetFlag(FLAGS_model))
+                                    : towerps::worker::ReadJobSpecFile(absl::GetFlag(FLAGS_job_spec));
+  if (!job.ok()) return Fail("job spec", job.status(), 2);
+  if (auto s = ApplyOverrides(&*job); !s.ok()) return Fail("flags", s, 2);
+  *job = towerps::worker::JobWithDefaults(*job);
+  const int num_workers = static_cast<int>(spec->worker.size());
+  if (auto s = towerps::worker::ValidateJob(*job, num_workers); !s.ok()) return Fail("job spec", s, 2);
+
+  std::unique_ptr<towerps::worker::Backend> backend = towerps::worker::NewCpuBackend();
+  auto model = towerps::worker::Model::Create(job->model(), *backend);
+  if (!model.ok()) return Fail("model", model.status(), 2);
+
+  // Data: every worker reads the set and trains on its slices of each batch.
+  towerps::worker::Dataset train, test;
+  const auto& d = job->data();
+  if (d.source() == towerps::v1::DataSpec::ONES) {
+    train = towerps::worker::MakeOnes(d.ones_examples(), (*model)->input_dim(),
+                                      d.ones_target_dim() > 0 ? d.ones_target_dim()
+                                                              : (*model)->output_dim());
+    test = train;
+  } else {
+    auto tr = towerps::worker::LoadFashionMnist(d.dir(), true, d.max_train_examples());
+    if (!tr.ok()) return Fail("train data", tr.status());
+    auto te = towerps::worker::LoadFashionMnist(d.dir(), false, d.max_test_examples());
+    if (!te.ok()) return Fail("test data", te.status());
+    train = std::move(*tr);
+    test = std::move(*te);
+  }
+
+  towerps::worker::ParameterClientOptions copts;
+  copts.ps_addresses = spec->ps;
+  copts.job_id = job->job_id();
+  copts.worker_task = spec->task_index;
+  copts.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  copts.wait_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s));
+  auto client = towerps::worker::NewGrpcParameterClient(copts, (*model)->VariableDefs(),
+                                                        job->placement());
+  if (!client.ok()) return Fail("parameter client", client.status());
+
+  if (spec->is_chief()) {
+    std::cout << (*model)->Summary() << "\n";
+    std::cout << "Placement (" << towerps::v1::PlacementStrategy_Name(job->placement()) << "):\n"
+              << (*client)->placement().Describe((*model)->VariableDefs()) << "\n";
+    std::cout << absl::StrFormat(
+                     "Job \"%s\": %s, %d workers, global batch %d, %d epochs, %d train / %d test examples\n",
+                     job->job_id(), towerps::v1::Mode_Name(job->mode()), num_workers,
+                     job->global_batch_size(), job->epochs(), train.size(), test.size())
+              << std::flush;
+  }
+  towerps::worker::TrainerOptions topts;
+  topts.job = *job;
+  topts.worker_task = spec->task_index;
+  topts.num_workers = num_workers;
+  topts.is_chief = spec->is_chief();
+  topts.log_every_steps = absl::GetFlag(FLAGS_log_every_steps);
+  topts.progress = [](const std::string& line) { std::cout << line << std::endl; };
+  towerps::worker::Trainer trainer(topts, **model, **client, train, test);
+  auto result = trainer.Run();
+  if (!result.ok()) return Fail("training failed", result.status());
+  if (spec->is_chief()) {
+    const std::string acc = std::isnan(result->test_accuracy)
+                                ? "n/a"
+                                : absl::StrFormat("%.4f", result->test_accuracy);
+    std::cout << absl::StrFormat("final: test_accuracy=%s test_loss=%.4f steps=%d wall_s=%.1f",
+                                 acc, result->test_loss, result->global_steps, result->wall_s)
+              << std::endl;
+  } else {
+    std::cout << absl::StrFormat("worker %d done: %d iterations, %d stale, wall_s=%.1f",
+                                 spec->task_index, result->iterations, result->stale_pushes,
+                                 result->wall_s)
+              << std::endl;
+  }
+  return 0;
+}

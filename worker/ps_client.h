@@ -1,0 +1,78 @@
+// The worker's view of the parameter servers: one object that registers a
+// job's variables on their ps tasks (by the placement plan), pushes gradients
+// and pulls weights, fanning out to every ps in parallel.
+//
+// Thread-compatible: one training loop drives one client. Buffers passed to
+// Pull/Push are used only during the call.
+#ifndef TOWERPS_WORKER_PS_CLIENT_H_
+#define TOWERPS_WORKER_PS_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/placement.h"
+#include "common/tensor.h"
+#include "proto/towerps.pb.h"
+
+namespace towerps::worker {
+
+struct ParameterClientOptions {
+  std::vector<std::string> ps_addresses;  // REQUIRED: one per ps task.
+  std::string job_id;                     // REQUIRED.
+  int worker_task = 0;
+  // Identifies this run of the worker; a restart must choose a new one.
+  // Default 0: chosen at random.
+  uint64_t incarnation = 0;
+  int64_t chunk_bytes = 4 << 20;          // Payload per streamed message.
+  absl::Duration rpc_timeout = absl::Seconds(60);   // Per attempt.
+  // How long Register waits for servers to come up and a Pull waits for its
+  // step (while logging) before giving up. Default: 10 minutes.
+  absl::Duration wait_timeout = absl::Minutes(10);
+  int max_push_attempts = 5;
+};
+
+struct PushResult {
+  int applied = 0;    // servers that applied or counted the gradient
+  int stale = 0;      // servers that dropped it as stale
+  int duplicate = 0;  // servers that had it already
+  int64_t global_step = 0;  // smallest step reported by the servers
+};
+
+class ParameterClient {
+ public:
+  virtual ~ParameterClient() = default;
+
+  // Registers each server's variables; idempotent. Returns the smallest global
+  // step across servers (0 for a new job).
+  virtual absl::StatusOr<int64_t> Register(const v1::TrainingConfig& config) = 0;
+
+  // Fills `weights` (in VariableDef order, shapes already set) from every
+  // server once each has reached `min_step`; returns the smallest step seen.
+  // `iteration` is this worker's next iteration (ASYNC staleness bound).
+  // DeadlineExceeded after wait_timeout, naming the servers and workers awaited.
+  virtual absl::StatusOr<int64_t> Pull(int64_t min_step, int64_t iteration,
+                                       const std::vector<common::Tensor*>& weights) = 0;
+
+  // Pushes one mean gradient per variable (VariableDef order) computed on
+  // weights of `step` from `num_examples` examples. Retries transport
+  // failures with the same sequence number, so it is applied at most once.
+  virtual absl::StatusOr<PushResult> Push(
+      int64_t step, int64_t num_examples,
+      const std::vector<const common::Tensor*>& grads) = 0;
+
+  virtual v1::StatusResponse Status(int ps_task) = 0;
+  virtual const common::Placement& placement() const = 0;
+};
+
+// Plans placement of `vars` over the servers and connects (lazily) to them.
+absl::StatusOr<std::unique_ptr<ParameterClient>> NewGrpcParameterClient(
+    ParameterClientOptions options, std::vector<v1::VariableDef> vars,
+    v1::PlacementStrategy strategy);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_PS_CLIENT_H_
