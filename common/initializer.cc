@@ -11,9 +11,14 @@ void InitializeValues(const v1::Initializer& init, absl::Span<float> out) {
     case v1::Initializer::GLOROT_UNIFORM: {
       const double fan = std::max<int64_t>(1, init.fan_in() + init.fan_out());
       const float limit = static_cast<float>(std::sqrt(6.0 / fan));
+      // Our own mapping from the generator's bits (not std::uniform_real_
+      // distribution, whose output differs between standard libraries), so
+      // every machine initializes identically.
       std::mt19937_64 gen(init.seed());
-      std::uniform_real_distribution<float> dist(-limit, limit);
-      for (float& v : out) v = dist(gen);
+      for (float& v : out) {
+        const float u = static_cast<float>(gen() >> 40) * (1.0f / 16777216.0f);
+        v = (2.0f * u - 1.0f) * limit;
+      }
       break;
     }
     case v1::Initializer::CONSTANT:

@@ -23,6 +23,8 @@ ABSL_FLAG(std::string, bind_address, "",
 ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
           "Default payload bytes per streamed pull message.");
 ABSL_FLAG(double, max_pull_wait_s, 30, "Longest a pull waits server-side.");
+ABSL_FLAG(double, wait_log_interval_s, 5,
+          "A sync step open this long logs which workers it waits for.");
 
 int main(int argc, char** argv) {
   towerps::common::TuneAllocatorForLargeMessages();
@@ -56,7 +58,8 @@ int main(int argc, char** argv) {
 
   towerps::ps::ParameterServer ps(
       {.task_index = spec->task_index,
-       .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s))});
+       .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),
+       .wait_log_interval = absl::Seconds(absl::GetFlag(FLAGS_wait_log_interval_s))});
   towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes));
   std::string address = absl::GetFlag(FLAGS_bind_address);
   if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything towerps needs on a fresh Debian 12 machine. Idempotent:
+# does nothing when every package is already there. Run as root (or with sudo).
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap          # Bazel 4.2.3, works offline with our WORKSPACE
+  g++ pkg-config
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
+  libabsl-dev libgtest-dev libgmock-dev
+  libopenblas-dev zlib1g-dev
+  dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
+  python3 iproute2 procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Real ps and worker processes on loopback (127.0.0.1 only). Every process is
+# started under `timeout` and killed on exit, so the test stops by itself.
+set -uo pipefail
+
+PS_BIN="${PWD}/ps/ps"
+WORKER_BIN="${PWD}/worker/worker"
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+export OPENBLAS_NUM_THREADS=1
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
+trap cleanup EXIT
+FAILS=0 PASSES=0
+pass() { echo "PASS: $1"; PASSES=$((PASSES + 1)); }
+fail() { echo "FAIL: $1"; FAILS=$((FAILS + 1)); }
+
+ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+s = [socket.socket() for _ in range(int(sys.argv[1]))]
+for x in s: x.bind(("127.0.0.1", 0))
+print(" ".join(str(x.getsockname()[1]) for x in s))
+PY
+}
+
+# expect_reject NAME WANT_SUBSTRING -- command...
+expect_reject() {
+  local name="$1" want="$2"; shift 3
+  local out rc
+  out=$(timeout 20 "$@" 2>&1); rc=$?
+  if [ "$rc" -eq 2 ] && grep -qF -- "$want" <<<"$out" && [ "$(wc -l <<<"$out")" -eq 1 ]; then
+    pass "$name"
+  else
+    fail "$name: rc=$rc, output: $out"
+  fi
+}
+
+echo "== bad cluster specs are rejected with one line naming the problem"
+expect_reject "missing job" "missing job name" -- "$PS_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2
+expect_reject "bad host:port" 'malformed address "localhost"' -- "$PS_BIN" --ps_hosts=localhost --worker_hosts=127.0.0.1:2 --job_name=ps
+expect_reject "bad port" 'invalid port "99999"' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:99999 --worker_hosts=127.0.0.1:2 --job_name=worker
+expect_reject "index out of range" "task index 2 is out of range" -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --task_index=2
+expect_reject "duplicate address" 'duplicate address "127.0.0.1:1"' -- "$PS_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:1 --job_name=ps
+expect_reject "wrong binary" 'this binary runs ps tasks' -- "$PS_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker
+TF_CONFIG='{"cluster": {"ps": ["127.0.0.1:1"]' expect_reject "malformed TF_CONFIG" "TF_CONFIG is not valid JSON" -- "$PS_BIN"
+expect_reject "unknown model" 'unknown model "resnet"' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --model=resnet
+expect_reject "bad batch size" "global_batch_size = -4" -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --batch_size=-4
+
+# run_cluster NAME NUM_PS NUM_WORKERS DELAY_PS_S WORKER_FLAGS...
+# Starts workers first and the ps DELAY_PS_S later (workers must wait for them).
+run_cluster() {
+  local name="$1" nps="$2" nw="$3" delay="$4"; shift 4
+  local p=($(ports $((nps + nw))))
+  local ps_hosts="" wk_hosts=""
+  for ((i = 0; i < nps; i++)); do ps_hosts+="${ps_hosts:+,}127.0.0.1:${p[$i]}"; done
+  for ((i = 0; i < nw; i++)); do wk_hosts+="${wk_hosts:+,}127.0.0.1:${p[$((nps + i))]}"; done
+  local dir="$TMP/$name"; mkdir -p "$dir"
+  local wpids=()
+  for ((i = 0; i < nw; i++)); do
+    timeout 180 "$WORKER_BIN" --ps_hosts="$ps_hosts" --worker_hosts="$wk_hosts" --job_name=worker \
+      --task_index=$i --log_every_steps=0 "$@" >"$dir/worker$i.log" 2>&1 &
+    wpids+=($!); PIDS+=($!)
+  done
+  sleep "$delay"
+  local pspids=()
+  for ((i = 0; i < nps; i++)); do
+    timeout 200 "$PS_BIN" --ps_hosts="$ps_hosts" --worker_hosts="$wk_hosts" --job_name=ps \
+      --task_index=$i --wait_log_interval_s=1 >"$dir/ps$i.log" 2>&1 &
+    pspids+=($!); PIDS+=($!)
+  done
+  RC=0
+  for w in "${wpids[@]}"; do wait "$w" || RC=$?; done
+  for s in "${pspids[@]}"; do kill "$s" 2>/dev/null; wait "$s" 2>/dev/null; done
+  DIR="$dir"
+}
+
+final_field() { sed -n "s/^final: .*$1=\([^ ]*\).*/\1/p" "$DIR/worker0.log"; }
+
+echo "== sync training: 2 ps, 2 workers, workers started before the servers"
+run_cluster sync 2 2 1 --mode=sync --max_train_examples=4000 --max_test_examples=1000 --epochs=2
+acc=$(final_field test_accuracy); steps=$(final_field steps)
+if [ "$RC" -eq 0 ] && [ "$steps" = "32" ] && python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.70 else 1)"; then
+  pass "sync: test_accuracy=$acc steps=$steps"
+else
+  fail "sync: rc=$RC acc=$acc steps=$steps"; tail -n 5 "$DIR"/*.log
+fi
+
+echo "== async training: every gradient applied (steps = workers x iterations)"
+run_cluster async 2 2 0 --mode=async --max_train_examples=4000 --max_test_examples=1000 --epochs=2
+acc=$(final_field test_accuracy); steps=$(final_field steps)
+if [ "$RC" -eq 0 ] && [ "$steps" = "64" ] && python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.65 else 1)"; then
+  pass "async: test_accuracy=$acc steps=$steps"
+else
+  fail "async: rc=$RC acc=$acc steps=$steps"; tail -n 5 "$DIR"/*.log
+fi
+
+echo "== sync with shards of different sizes finishes (1001 examples, batch 10)"
+run_cluster uneven 1 2 0 --mode=sync --max_train_examples=1001 --max_test_examples=200 --batch_size=10 --epochs=1
+steps=$(final_field steps)
+if [ "$RC" -eq 0 ] && [ "$steps" = "101" ] && grep -q "done: 101 iterations" "$DIR/worker1.log"; then
+  pass "uneven shards: steps=$steps"
+else
+  fail "uneven shards: rc=$RC steps=$steps"; tail -n 5 "$DIR"/*.log
+fi
+
+echo "== a sync step waiting on a worker names it"
+p=($(ports 3)); PSH=127.0.0.1:${p[0]}; WKH=127.0.0.1:${p[1]},127.0.0.1:${p[2]}
+dir="$TMP/waiting"; mkdir -p "$dir"
+timeout 120 "$PS_BIN" --ps_hosts=$PSH --worker_hosts=$WKH --job_name=ps --wait_log_interval_s=1 >"$dir/ps0.log" 2>&1 &
+PSPID=$!; PIDS+=($PSPID)
+COMMON=(--ps_hosts=$PSH --worker_hosts=$WKH --job_name=worker --max_train_examples=512 --max_test_examples=100 --epochs=1 --log_every_steps=0)
+timeout 120 "$WORKER_BIN" "${COMMON[@]}" --task_index=0 >"$dir/worker0.log" 2>&1 &
+W0=$!; PIDS+=($W0)
+for _ in $(seq 1 50); do grep -q "waiting for workers \[1\]" "$dir/ps0.log" && break; sleep 0.2; done
+if grep -q "waiting for workers \[1\]" "$dir/ps0.log"; then pass "ps names worker 1 as awaited"; else fail "no waiting log: $(cat "$dir/ps0.log")"; fi
+timeout 120 "$WORKER_BIN" "${COMMON[@]}" --task_index=1 >"$dir/worker1.log" 2>&1 &
+W1=$!; PIDS+=($W1)
+if wait $W0 && wait $W1 && grep -q "^final: " "$dir/worker0.log"; then pass "step completes once worker 1 arrives"; else fail "waiting run did not finish"; fi
+kill $PSPID 2>/dev/null
+
+echo "$PASSES passed, $FAILS failed"
+[ "$FAILS" -eq 0 ]

@@ -1,0 +1,198 @@
+#include "worker/layers.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "common/tensor.h"
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+
+namespace towerps::worker {
+namespace {
+
+using common::Tensor;
+
+void FillRandom(Tensor* t, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (int64_t i = 0; i < t->num_elements(); ++i) (*t)[i] = dist(gen);
+}
+
+// L = sum(y * r): a scalar whose gradient w.r.t. y is r.
+double Objective(Layer& layer, const Tensor& x, const Tensor& r) {
+  Tensor y;
+  EXPECT_TRUE(layer.Forward(x, &y).ok());
+  double sum = 0;
+  for (int64_t i = 0; i < y.num_elements(); ++i) sum += double{y[i]} * r[i];
+  return sum;
+}
+
+// Checks `analytic` against central differences of Objective in `wrt`.
+void ExpectMatchesFiniteDifferences(Layer& layer, const Tensor& x_in,
+                                    const Tensor& r, Tensor* wrt,
+                                    const Tensor& analytic, const char* what) {
+  ASSERT_EQ(wrt->shape(), analytic.shape()) << what;
+  const float eps = 1e-2f;
+  for (int64_t i = 0; i < wrt->num_elements(); ++i) {
+    const float saved = (*wrt)[i];
+    (*wrt)[i] = saved + eps;
+    const double plus = Objective(layer, x_in, r);
+    (*wrt)[i] = saved - eps;
+    const double minus = Objective(layer, x_in, r);
+    (*wrt)[i] = saved;
+    const double numeric = (plus - minus) / (2.0 * eps);
+    EXPECT_NEAR(analytic[i], numeric, 1e-2 * std::max(std::fabs(numeric), 1.0))
+        << what << "[" << i << "]";
+  }
+}
+
+TEST(DenseTest, ForwardComputesAffineMap) {
+  auto backend = NewCpuBackend();
+  Dense dense(*backend, "dense", 3, 2, /*use_bias=*/true);
+  EXPECT_EQ(dense.TypeName(), "Dense");
+  EXPECT_EQ(dense.name(), "dense");
+  EXPECT_EQ(dense.OutputDim(3), 2);
+  // kernel [[1,2],[3,4],[5,6]], bias [0.5,-1].
+  for (int i = 0; i < 6; ++i) dense.kernel()[i] = i + 1;
+  dense.bias()[0] = 0.5f;
+  dense.bias()[1] = -1.0f;
+  Tensor x({2, 3}, {1, 0, -1, 2, 1, 0});
+  Tensor y;
+  ASSERT_TRUE(dense.Forward(x, &y).ok());
+  ASSERT_EQ(y.shape(), (std::vector<int64_t>{2, 2}));
+  // Row 0: [1-5, 2-6] + b = [-3.5, -5]; row 1: [2+3, 4+4] + b = [5.5, 7].
+  EXPECT_FLOAT_EQ(y[0], -3.5f);
+  EXPECT_FLOAT_EQ(y[1], -5.0f);
+  EXPECT_FLOAT_EQ(y[2], 5.5f);
+  EXPECT_FLOAT_EQ(y[3], 7.0f);
+}
+
+TEST(DenseTest, GradientsMatchFiniteDifferences) {
+  auto backend = NewCpuBackend();
+  for (bool use_bias : {true, false}) {
+    Dense dense(*backend, "d", 4, 3, use_bias);
+    FillRandom(&dense.kernel(), 1);
+    if (use_bias) FillRandom(&dense.bias(), 2);
+    Tensor x({5, 4});
+    FillRandom(&x, 3);
+    Tensor r({5, 3});
+    FillRandom(&r, 4);
+
+    Tensor y, dx;
+    ASSERT_TRUE(dense.Forward(x, &y).ok());
+    ASSERT_TRUE(dense.Backward(x, y, r, &dx).ok());
+    const std::vector<Tensor*> grads = dense.grads();
+    const std::vector<Tensor*> params = dense.params();
+    ASSERT_EQ(params.size(), use_bias ? 2u : 1u);
+    ASSERT_EQ(grads.size(), params.size());
+    ExpectMatchesFiniteDifferences(dense, x, r, params[0], *grads[0], "kernel");
+    if (use_bias) {
+      ExpectMatchesFiniteDifferences(dense, x, r, params[1], *grads[1], "bias");
+    }
+    Tensor x_copy = x;
+    // dx: perturb the input itself.
+    const float eps = 1e-2f;
+    for (int64_t i = 0; i < x.num_elements(); ++i) {
+      x_copy[i] = x[i] + eps;
+      const double plus = Objective(dense, x_copy, r);
+      x_copy[i] = x[i] - eps;
+      const double minus = Objective(dense, x_copy, r);
+      x_copy[i] = x[i];
+      const double numeric = (plus - minus) / (2.0 * eps);
+      EXPECT_NEAR(dx[i], numeric, 1e-2 * std::max(std::fabs(numeric), 1.0))
+          << "dx[" << i << "]";
+    }
+  }
+}
+
+TEST(DenseTest, BackwardOverwritesGradientsAndAllowsNullDx) {
+  auto backend = NewCpuBackend();
+  Dense dense(*backend, "d", 2, 1, true);
+  dense.kernel()[0] = 1;
+  dense.kernel()[1] = 1;
+  Tensor x({1, 2}, {3, 4});
+  Tensor dy({1, 1}, {2});
+  Tensor y;
+  ASSERT_TRUE(dense.Forward(x, &y).ok());
+  ASSERT_TRUE(dense.Backward(x, y, dy, nullptr).ok());
+  ASSERT_TRUE(dense.Backward(x, y, dy, nullptr).ok());  // Not accumulated.
+  EXPECT_EQ((*dense.grads()[0])[0], 6.0f);
+  EXPECT_EQ((*dense.grads()[0])[1], 8.0f);
+  EXPECT_EQ((*dense.grads()[1])[0], 2.0f);
+}
+
+TEST(DenseTest, ReusesOutputBuffer) {
+  auto backend = NewCpuBackend();
+  Dense dense(*backend, "d", 3, 4, true);
+  Tensor x({8, 3});
+  Tensor y;
+  ASSERT_TRUE(dense.Forward(x, &y).ok());
+  const float* first = y.data();
+  Tensor smaller({5, 3});
+  ASSERT_TRUE(dense.Forward(smaller, &y).ok());
+  EXPECT_EQ(y.data(), first);
+  EXPECT_EQ(y.dim(0), 5);
+}
+
+TEST(DenseTest, RejectsWrongInputWidth) {
+  auto backend = NewCpuBackend();
+  Dense dense(*backend, "hidden", 3, 2, true);
+  Tensor x({2, 4});
+  Tensor y;
+  const absl::Status s = dense.Forward(x, &y);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("hidden"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("[2,4]"), std::string::npos) << s;
+  Tensor good({2, 3});
+  ASSERT_TRUE(dense.Forward(good, &y).ok());
+  Tensor bad_dy({2, 3});
+  EXPECT_EQ(dense.Backward(good, y, bad_dy, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ReLUTest, ForwardAndGradientMatchFiniteDifferences) {
+  auto backend = NewCpuBackend();
+  ReLU relu(*backend, "re_lu");
+  EXPECT_EQ(relu.TypeName(), "ReLU");
+  EXPECT_EQ(relu.OutputDim(17), 17);
+  EXPECT_TRUE(relu.params().empty());
+  Tensor x({3, 4});
+  FillRandom(&x, 5);
+  // Keep inputs away from the kink so finite differences are exact.
+  for (int64_t i = 0; i < x.num_elements(); ++i) {
+    if (std::fabs(x[i]) < 0.1f) x[i] = x[i] < 0 ? -0.5f : 0.5f;
+  }
+  Tensor r({3, 4});
+  FillRandom(&r, 6);
+  Tensor y, dx;
+  ASSERT_TRUE(relu.Forward(x, &y).ok());
+  for (int64_t i = 0; i < x.num_elements(); ++i) {
+    EXPECT_EQ(y[i], x[i] > 0 ? x[i] : 0.0f);
+  }
+  ASSERT_TRUE(relu.Backward(x, y, r, &dx).ok());
+  Tensor x_copy = x;
+  const float eps = 1e-2f;
+  for (int64_t i = 0; i < x.num_elements(); ++i) {
+    x_copy[i] = x[i] + eps;
+    const double plus = Objective(relu, x_copy, r);
+    x_copy[i] = x[i] - eps;
+    const double minus = Objective(relu, x_copy, r);
+    x_copy[i] = x[i];
+    EXPECT_NEAR(dx[i], (plus - minus) / (2.0 * eps), 1e-4) << i;
+    EXPECT_EQ(dx[i], x[i] > 0 ? r[i] : 0.0f);
+  }
+}
+
+TEST(ReLUTest, RejectsMismatchedShapes) {
+  auto backend = NewCpuBackend();
+  ReLU relu(*backend, "r");
+  Tensor x({2, 2}), y({2, 2}), dy({2, 3}), dx;
+  EXPECT_EQ(relu.Backward(x, y, dy, &dx).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor rank1({4});
+  EXPECT_EQ(relu.Forward(rank1, &y).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace towerps::worker

@@ -1,0 +1,55 @@
+// Loss functions over a batch: the loss value, the number of correct
+// predictions, and the gradient that starts backpropagation.
+//
+// Semantics follow Keras: a per-example loss, and the training objective is
+// the MEAN of per-example losses over the batch. The returned gradient is the
+// gradient of that mean; the returned loss is the SUM of per-example losses,
+// so that callers can average correctly across batches of different sizes.
+//
+// Tensors are host tensors; the loss is O(n * classes) and runs on the CPU.
+#ifndef TOWERPS_WORKER_LOSSES_H_
+#define TOWERPS_WORKER_LOSSES_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/tensor.h"
+#include "proto/towerps.pb.h"
+#include "worker/batch.h"
+
+namespace towerps::worker {
+
+struct LossResult {
+  // Sum over the batch of per-example losses.
+  double loss_sum = 0.0;
+  // Examples whose argmax prediction equals the label (classification only;
+  // always 0 for MSE and MAE). Ties go to the lowest index.
+  int64_t correct = 0;
+};
+
+// Computes `type`'s loss of `logits_or_pred` ([n, d]) against `batch`.
+//
+//  - SOFTMAX_CROSS_ENTROPY (and LOSS_UNSPECIFIED, its default):
+//    per-example loss -log(softmax(logits)[label]) over d classes, with
+//    integer labels from batch.labels (n of them, each in [0, d)). Computed
+//    stably (the row max is subtracted before exponentiating).
+//  - MSE: per-example mean over d of (pred - target)^2; batch.targets [n, d].
+//  - MAE: per-example mean over d of |pred - target|; batch.targets [n, d].
+//    The gradient at pred == target is taken as 0.
+//
+// If `dlogits` is non-null it is resized to [n, d] and receives
+// d(mean over the batch of per-example losses)/d(logits_or_pred); pass null
+// for evaluation. batch.features is not read. n == 0 gives a zero result.
+//
+// Returns InvalidArgument, naming what was wrong, when logits_or_pred is not
+// rank 2, the label count or targets shape does not match, a label is out of
+// range, or `type` is not a known loss. On error `*out` and `*dlogits` are
+// unspecified.
+absl::Status ComputeLoss(v1::LossType type,
+                         const common::Tensor& logits_or_pred,
+                         const Batch& batch, common::Tensor* dlogits,
+                         LossResult* out);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_LOSSES_H_

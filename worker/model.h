@@ -1,0 +1,137 @@
+// A feed-forward model built from a v1::ModelSpec: its variables, a training
+// step's gradients and an evaluation pass.
+//
+// Lifecycle: Create() -> (load weights(), e.g. from a pull, or
+// InitializeWeights()) -> ComputeGradients() / Evaluate(), repeatedly. The
+// model owns its weights, gradients and activation buffers; buffers are reused
+// from step to step.
+#ifndef TOWERPS_WORKER_MODEL_H_
+#define TOWERPS_WORKER_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "proto/towerps.pb.h"
+#include "worker/backend.h"
+#include "worker/batch.h"
+#include "worker/layers.h"
+#include "worker/losses.h"
+
+namespace towerps::worker {
+
+// Not thread-safe: one Model per thread (each with its own Backend).
+class Model {
+ public:
+  // Validates `spec` and builds the layers, with all weights zero.
+  //
+  // Layer names default like Keras' ("dense", "dense_1", ...; "re_lu",
+  // "re_lu_1", ... for RELU_LAYER), skipping names given explicitly. A DENSE
+  // layer with activation RELU becomes a Dense layer followed by a ReLU layer
+  // ("<name>/relu"); Summary() shows them as one row, as Keras does.
+  //
+  // Returns InvalidArgument, naming the layer (index and name) and the field,
+  // when: input_dim <= 0; there are no layers; a layer type is unset or
+  // unknown; a DENSE layer has units <= 0 or an unknown activation; two layers
+  // share a name or a name contains '/'; the loss type is unknown.
+  // `backend` must outlive the model.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(
+      const v1::ModelSpec& spec, Backend& backend);
+
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  ~Model();
+
+  // The trainable variables, in a fixed order: for each Dense layer,
+  // "<layer>/kernel" [in, out] (GLOROT_UNIFORM, fan_in = in, fan_out = out)
+  // then, unless no_bias, "<layer>/bias" [out] (ZEROS); all DT_FLOAT32.
+  // Variable i's Glorot seed is VariableSeed(spec.init_seed or 1, i).
+  std::vector<v1::VariableDef> VariableDefs() const;
+
+  // The weight tensors and their gradients, in VariableDefs() order. The
+  // pointers stay valid for the model's lifetime; callers may write weights.
+  std::vector<common::Tensor*> weights();
+  std::vector<common::Tensor*> gradients();
+
+  // Fills every weight from its VariableDef's initializer with
+  // common::InitializeValues, the function the parameter server uses, so the
+  // values equal a fresh server's without one (for tests and local runs).
+  void InitializeWeights();
+
+  // Forward pass, loss and backward pass. Overwrites gradients() with
+  // d(mean over the batch of per-example losses)/d(weights). Returns the SUM
+  // of per-example losses and the number of correct predictions. A batch of
+  // size 0 gives zero gradients and a zero result.
+  // Returns InvalidArgument when the features are not [n, input_dim()] or the
+  // labels/targets do not fit (see ComputeLoss); gradients are then
+  // unspecified.
+  absl::StatusOr<LossResult> ComputeGradients(const Batch& batch);
+
+  // Forward pass and loss only; gradients() are untouched. loss_sum is the
+  // sum over the batch, so callers can average across batches. Errors as for
+  // ComputeGradients.
+  absl::StatusOr<LossResult> Evaluate(const Batch& batch);
+
+  const std::string& name() const { return name_; }
+  v1::LossType loss() const { return loss_; }
+  int64_t input_dim() const { return input_dim_; }
+  int64_t output_dim() const { return output_dim_; }
+  // Total number of weight elements.
+  int64_t num_parameters() const { return num_parameters_; }
+  const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+
+  // A Keras-like table:
+  //   Model: "mlp"
+  //   _______________________________________________________________
+  //    Layer (type)                Output Shape              Param #
+  //   ===============================================================
+  //    dense (Dense)               (None, 256)               200960
+  //   ...
+  //   Total params: 269,322
+  //   Trainable params: 269,322
+  //   Non-trainable params: 0
+  std::string Summary() const;
+
+ private:
+  // One row of Summary(): a spec layer (a Dense and its fused ReLU are one).
+  struct SummaryRow {
+    std::string name;
+    std::string type;
+    int64_t output_dim;
+    int64_t params;
+  };
+
+  Model(std::string name, v1::LossType loss, int64_t input_dim,
+        uint64_t init_seed);
+
+  // Runs every layer on `features`; the result is activations_.back().
+  absl::Status Forward(const common::Tensor& features);
+
+  // Constant after construction. The layers hold the Backend.
+  const std::string name_;
+  const v1::LossType loss_;
+  const int64_t input_dim_;
+  const uint64_t init_seed_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<SummaryRow> summary_rows_;
+  int64_t output_dim_ = 0;
+  int64_t num_parameters_ = 0;
+
+  // Per-step scratch, reused. activations_[i] is layer i's output;
+  // deltas_[i] is dL/d(activations_[i]).
+  std::vector<common::Tensor> activations_;
+  std::vector<common::Tensor> deltas_;
+};
+
+// The Glorot seed of variable `index`: SplitMix64's finalizer applied to
+// base_seed + (index + 1) * 0x9E3779B97F4A7C15, so that every variable draws
+// an independent-looking stream that is the same on every worker.
+uint64_t VariableSeed(uint64_t base_seed, int64_t index);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_MODEL_H_
