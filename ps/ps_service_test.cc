@@ -1,0 +1,143 @@
+// ParameterService over real gRPC on loopback: chunked pulls, retried pushes
+// applied once, malformed streams rejected without touching state.
+#include "ps/ps_service.h"
+
+#include <cstring>
+
+#include "common/rpc.h"
+#include "grpcpp/client_context.h"
+#include "gtest/gtest.h"
+#include "proto/towerps.grpc.pb.h"
+
+namespace towerps::ps {
+namespace {
+
+class PsServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    service_ = std::make_unique<ParameterServiceImpl>(ps_, /*default_chunk_bytes=*/4096);
+    int port = 0;
+    auto s = common::StartServer("127.0.0.1:0", {service_.get()}, &port);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = std::move(*s);
+    stub_ = v1::ParameterService::NewStub(common::NewChannel("127.0.0.1:" + std::to_string(port)));
+    v1::RegisterRequest r;
+    r.set_job_id("j");
+    r.mutable_config()->set_mode(v1::ASYNC);
+    r.mutable_config()->set_num_workers(1);
+    r.mutable_config()->mutable_optimizer()->set_learning_rate(1.0f);
+    auto* v = r.add_variables();
+    v->set_name("big");
+    v->add_shape(5000);  // 20000 bytes: several 4096-byte chunks
+    v->set_dtype(v1::DT_FLOAT32);
+    v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->RegisterVariables(&ctx, r, &resp).ok());
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  // Streams a push of `values` (one per element) in 1000-element slices.
+  grpc::Status Push(uint64_t seq, float value, v1::PushResponse* resp,
+                    int elements = 5000, bool header = true) {
+    grpc::ClientContext ctx;
+    auto w = stub_->Push(&ctx, resp);
+    v1::PushRequest m;
+    if (header) {
+      auto* h = m.mutable_header();
+      h->set_job_id("j");
+      h->set_incarnation(1);
+      h->set_sequence(seq);
+      h->set_num_examples(1);
+    }
+    w->Write(m);
+    std::vector<float> chunk(1000, value);
+    for (int off = 0; off < elements; off += 1000) {
+      v1::PushRequest s;
+      auto* sl = s.add_slices();
+      sl->set_offset(off);
+      sl->set_data(chunk.data(), std::min(1000, elements - off) * 4);
+      w->Write(s);
+    }
+    w->WritesDone();
+    return w->Finish();
+  }
+
+  std::vector<float> Pull(int* messages) {
+    grpc::ClientContext ctx;
+    v1::PullRequest req;
+    req.set_job_id("j");
+    auto r = stub_->Pull(&ctx, req);
+    std::vector<float> out(5000, -99.0f);
+    v1::PullResponse m;
+    *messages = 0;
+    while (r->Read(&m)) {
+      ++*messages;
+      for (const auto& s : m.slices()) {
+        std::memcpy(out.data() + s.offset(), s.data().data(), s.data().size());
+      }
+    }
+    EXPECT_TRUE(r->Finish().ok());
+    return out;
+  }
+
+  ParameterServer ps_{{}};
+  std::unique_ptr<ParameterServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::ParameterService::Stub> stub_;
+};
+
+TEST_F(PsServiceTest, PullIsChunkedAndComplete) {
+  int messages = 0;
+  std::vector<float> w = Pull(&messages);
+  EXPECT_EQ(messages, 5);  // ceil(20000 / 4096)
+  for (float x : w) EXPECT_EQ(x, 0.0f);
+}
+
+TEST_F(PsServiceTest, RetriedPushOverTheWireIsAppliedOnce) {
+  v1::PushResponse resp;
+  ASSERT_TRUE(Push(1, 2.0f, &resp).ok());
+  EXPECT_EQ(resp.outcome(), v1::PushResponse::APPLIED);
+  ASSERT_TRUE(Push(1, 2.0f, &resp).ok());  // the retry
+  EXPECT_EQ(resp.outcome(), v1::PushResponse::DUPLICATE);
+  int messages = 0;
+  for (float x : Pull(&messages)) ASSERT_FLOAT_EQ(x, -2.0f);  // lr 1, applied once
+}
+
+TEST_F(PsServiceTest, MalformedStreamsAreRejectedAndChangeNothing) {
+  v1::PushResponse resp;
+  grpc::Status s = Push(1, 2.0f, &resp, /*elements=*/3000);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("incomplete"), std::string::npos) << s.error_message();
+  s = Push(1, 2.0f, &resp, 5000, /*header=*/false);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("header"), std::string::npos);
+  {
+    grpc::ClientContext ctx;
+    auto w = stub_->Push(&ctx, &resp);
+    w->WritesDone();
+    EXPECT_EQ(w->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // The server is still up and the weights are untouched.
+  int messages = 0;
+  for (float x : Pull(&messages)) ASSERT_EQ(x, 0.0f);
+  v1::StatusResponse st;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::StatusRequest(), &st).ok());
+  EXPECT_EQ(st.jobs(0).global_step(), 0);
+}
+
+TEST_F(PsServiceTest, UnknownJobIsNotFound) {
+  grpc::ClientContext ctx;
+  v1::PullRequest req;
+  req.set_job_id("nope");
+  auto r = stub_->Pull(&ctx, req);
+  v1::PullResponse m;
+  while (r->Read(&m)) {
+  }
+  grpc::Status s = r->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_NE(s.error_message().find("\"nope\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace towerps::ps
