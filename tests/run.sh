@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
 # The project's test command: installs what is missing, then runs every test.
-set -euo pipefail
+# Ends with a plain "N passed, N failed" line counted over Bazel test targets.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-deploy/setup.sh
-bazel test --test_output=errors //... "$@"
+deploy/setup.sh || exit 1
+log=$(mktemp)
+bazel test --test_output=errors --test_summary=short //... "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
+failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$log")
+rm -f "$log"
+echo "tests: $passed passed, $failed failed"
+exit "$rc"

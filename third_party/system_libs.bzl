@@ -3,7 +3,8 @@
 Nothing is downloaded. `@system_libs` turns pkg-config's flags into cc_library
 targets (headers come from /usr/include, which the autoconfigured toolchain
 treats as a system directory) and exposes protoc and grpc_cpp_plugin.
-`@local_cuda` looks for the CUDA toolkit ($CUDA_PATH, then /usr/local/cuda); it
+`@local_cuda` looks for the CUDA toolkit ($CUDA_PATH, then /usr/local/cuda;
+TOWERPS_NO_CUDA=1 forces a CPU-only build); it
 sets HAS_CUDA in @local_cuda//:defs.bzl, which BUILD files use to choose the
 CUDA or CPU-only implementation.
 """
@@ -60,9 +61,12 @@ _system_libs = repository_rule(
 
 def _local_cuda_impl(ctx):
     candidates = []
-    if ctx.os.environ.get("CUDA_PATH"):
+    if ctx.os.environ.get("TOWERPS_NO_CUDA") == "1":
+        candidates = ["/nonexistent"]  # forced CPU-only build
+    elif ctx.os.environ.get("CUDA_PATH"):
         candidates.append(ctx.os.environ["CUDA_PATH"])
-    candidates.append("/usr/local/cuda")
+    if not candidates or candidates[0] != "/nonexistent":
+        candidates.append("/usr/local/cuda")
     root = None
     for c in candidates:
         if ctx.path(c + "/bin/nvcc").exists:
@@ -70,26 +74,22 @@ def _local_cuda_impl(ctx):
             break
     build = ['package(default_visibility = ["//visibility:public"])', ""]
     if root == None:
-        ctx.file("defs.bzl", "HAS_CUDA = False\nCUDA_ROOT = None\n")
+        ctx.file("defs.bzl", "HAS_CUDA = False\nCUDA_ROOT = None\nNVCC = None\n")
         build.append('cc_library(name = "cuda_libs")')
     else:
-        ctx.file("defs.bzl", "HAS_CUDA = True\nCUDA_ROOT = %r\n" % root)
-        ctx.symlink(root + "/bin/nvcc", "nvcc")
-        ctx.symlink(root + "/include", "include")
-        build.append('exports_files(["nvcc"])')
+        ctx.file("defs.bzl", "HAS_CUDA = True\nCUDA_ROOT = %r\nNVCC = %r\n" % (root, root + "/bin/nvcc"))
         libdirs = [d for d in [root + "/lib64", root + "/lib"] if ctx.path(d).exists]
         linkopts = []
         for d in libdirs:
             linkopts += ["-L" + d, "-Wl,-rpath," + d]
         linkopts += ["-lcudart", "-lcublas", "-lnccl"]
         build.append("cc_library(name = \"cuda_libs\", linkopts = %r)" % linkopts)
-        build.append('cc_library(name = "cuda_headers", hdrs = glob(["include/**/*.h", "include/**/*.hpp"]), includes = ["include"])')
     ctx.file("BUILD", "\n".join(build) + "\n")
     ctx.file("WORKSPACE", 'workspace(name = "local_cuda")\n')
 
 _local_cuda = repository_rule(
     implementation = _local_cuda_impl,
-    environ = ["CUDA_PATH"],
+    environ = ["CUDA_PATH", "TOWERPS_NO_CUDA"],
     local = True,
 )
 

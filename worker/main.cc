@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "common/cluster_spec.h"
+#include "common/gpu_info.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "worker/backend.h"
@@ -102,6 +103,7 @@ int main(int argc, char** argv) {
               << spec->job_name << "\"\n";
     return 2;
   }
+  TLOG(INFO) << spec->TaskName() << ": " << towerps::common::DescribeGpus(towerps::common::QueryGpus());
   if (absl::GetFlag(FLAGS_blas_threads) > 0) openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
 
   absl::StatusOr<JobSpec> job = absl::GetFlag(FLAGS_job_spec).empty()

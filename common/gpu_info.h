@@ -1,0 +1,37 @@
+// What the CUDA side of this build can see: GPUs and library versions.
+//
+// Two implementations, chosen in common/BUILD: gpu_info_cuda.cu (compiled by
+// nvcc where the toolkit is installed; links cudart, cuBLAS and NCCL) and
+// gpu_info_none.cc (CPU-only builds). No GPU is a normal answer, not an error.
+// Thread-safe.
+#ifndef TOWERPS_COMMON_GPU_INFO_H_
+#define TOWERPS_COMMON_GPU_INFO_H_
+
+#include <string>
+#include <vector>
+
+namespace towerps::common {
+
+struct GpuDevice {
+  int index = 0;
+  std::string name;
+  long long memory_bytes = 0;
+};
+
+struct GpuInfo {
+  bool cuda_built = false;       // This binary was built with the toolkit.
+  std::vector<GpuDevice> devices;  // Empty where there is no GPU or driver.
+  std::string note;              // Why there are none, e.g. the driver's answer.
+  int cublas_version = 0;        // 0 when not built with CUDA.
+  int nccl_version = 0;
+};
+
+GpuInfo QueryGpus();
+
+// One line: "CUDA: 2 GPU(s) [NVIDIA H100 ...]; cuBLAS 130000; NCCL 22703" or
+// "CUDA: not built (CPU-only)".
+std::string DescribeGpus(const GpuInfo& info);
+
+}  // namespace towerps::common
+
+#endif  // TOWERPS_COMMON_GPU_INFO_H_
