@@ -215,4 +215,20 @@ absl::StatusOr<ClusterSpec> ResolveClusterSpec(const std::string& ps_hosts,
   return ClusterSpecFromFlags(ps_hosts, worker_hosts, job_name, task_index);
 }
 
+absl::StatusOr<ClusterSpec> ClusterSpecForRole(const std::string& role,
+                                               const std::string& ps_hosts,
+                                               const std::string& worker_hosts,
+                                               const std::string& job_name,
+                                               int task_index,
+                                               const std::string& tf_config) {
+  TOWERPS_ASSIGN_OR_RETURN(
+      ClusterSpec spec,
+      ResolveClusterSpec(ps_hosts, worker_hosts, job_name, task_index, tf_config));
+  if (spec.job_name != role) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this binary runs ", role, " tasks, but the job name is \"", spec.job_name, "\""));
+  }
+  return spec;
+}
+
 }  // namespace towerps::common

@@ -47,6 +47,15 @@ absl::StatusOr<ClusterSpec> ResolveClusterSpec(const std::string& ps_hosts,
                                                int task_index,
                                                const std::string& tf_config);
 
+// ResolveClusterSpec for a binary that runs `role` tasks ("ps" or "worker"):
+// InvalidArgument if the spec names another job.
+absl::StatusOr<ClusterSpec> ClusterSpecForRole(const std::string& role,
+                                               const std::string& ps_hosts,
+                                               const std::string& worker_hosts,
+                                               const std::string& job_name,
+                                               int task_index,
+                                               const std::string& tf_config);
+
 // Checks job name, index range, host:port syntax and duplicate addresses.
 absl::Status ValidateClusterSpec(const ClusterSpec& spec);
 

@@ -92,5 +92,11 @@ TEST(ClusterSpecTest, FlagsWinOverTfConfig) {
   ExpectRejected(ResolveClusterSpec("", "", "", 0, ""), "missing job name");
 }
 
+TEST(ClusterSpecTest, RoleMustMatchTheBinary) {
+  EXPECT_TRUE(ClusterSpecForRole("ps", "a:1", "b:1", "ps", 0, "").ok());
+  ExpectRejected(ClusterSpecForRole("ps", "a:1", "b:1", "worker", 0, ""),
+                 "this binary runs ps tasks, but the job name is \"worker\"");
+}
+
 }  // namespace
 }  // namespace towerps::common

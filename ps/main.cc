@@ -32,17 +32,13 @@ int main(int argc, char** argv) {
                                "--worker_hosts=h2:2222 --job_name=ps --task_index=0");
   absl::ParseCommandLine(argc, argv);
   const char* tf_config = std::getenv("TF_CONFIG");
-  auto spec = towerps::common::ResolveClusterSpec(
+  auto spec = towerps::common::ClusterSpecForRole(
+      "ps",
       absl::GetFlag(FLAGS_ps_hosts), absl::GetFlag(FLAGS_worker_hosts),
       absl::GetFlag(FLAGS_job_name), absl::GetFlag(FLAGS_task_index),
       tf_config ? tf_config : "");
   if (!spec.ok()) {
     std::cerr << "ps: invalid cluster spec: " << spec.status().message() << "\n";
-    return 2;
-  }
-  if (spec->job_name != "ps") {
-    std::cerr << "ps: invalid cluster spec: this binary runs ps tasks, but the job name is \""
-              << spec->job_name << "\"\n";
     return 2;
   }
   if (absl::GetFlag(FLAGS_chunk_bytes) < 4096) {

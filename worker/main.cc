@@ -93,17 +93,12 @@ int main(int argc, char** argv) {
                                "--worker_hosts=h2:2222 --job_name=worker --task_index=0 --model=mlp");
   absl::ParseCommandLine(argc, argv);
   const char* tf_config = std::getenv("TF_CONFIG");
-  auto spec = towerps::common::ResolveClusterSpec(
+  auto spec = towerps::common::ClusterSpecForRole(
+      "worker",
       absl::GetFlag(FLAGS_ps_hosts), absl::GetFlag(FLAGS_worker_hosts),
       absl::GetFlag(FLAGS_job_name), absl::GetFlag(FLAGS_task_index),
       tf_config ? tf_config : "");
   if (!spec.ok()) return Fail("invalid cluster spec", spec.status(), 2);
-  if (spec->job_name != "worker") {
-    std::cerr << "worker: invalid cluster spec: this binary runs worker tasks, but the job name is \""
-              << spec->job_name << "\"\n";
-    return 2;
-  }
-  TLOG(INFO) << spec->TaskName() << ": " << towerps::common::DescribeGpus(towerps::common::QueryGpus());
   if (absl::GetFlag(FLAGS_blas_threads) > 0) openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
 
   absl::StatusOr<JobSpec> job = absl::GetFlag(FLAGS_job_spec).empty()
@@ -118,6 +113,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<towerps::worker::Backend> backend = towerps::worker::NewCpuBackend();
   auto model = towerps::worker::Model::Create(job->model(), *backend);
   if (!model.ok()) return Fail("model", model.status(), 2);
+
+  TLOG(INFO) << spec->TaskName() << ": " << towerps::common::DescribeGpus(towerps::common::QueryGpus());
 
   // Data: every worker reads the set and trains on its slices of each batch.
   towerps::worker::Dataset train, test;
