@@ -20,7 +20,7 @@ namespace towerps::common {
 constexpr int kMaxMessageBytes = 64 << 20;
 
 // Default payload per chunk of a streamed tensor (see tests/bench).
-constexpr int64_t kDefaultChunkBytes = 4 << 20;
+constexpr int64_t kDefaultChunkBytes = 1 << 20;
 
 // Starts a server on `address` ("host:port"; port 0 picks a free one) with the
 // given services (not owned; they must outlive the server). *bound_port gets

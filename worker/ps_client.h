@@ -27,7 +27,7 @@ struct ParameterClientOptions {
   // Identifies this run of the worker; a restart must choose a new one.
   // Default 0: chosen at random.
   uint64_t incarnation = 0;
-  int64_t chunk_bytes = 4 << 20;          // Payload per streamed message.
+  int64_t chunk_bytes = 1 << 20;          // Payload per streamed message.
   absl::Duration rpc_timeout = absl::Seconds(60);   // Per attempt.
   // How long Register waits for servers to come up and a Pull waits for its
   // step (while logging) before giving up. Default: 10 minutes.
