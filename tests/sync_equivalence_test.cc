@@ -81,16 +81,14 @@ worker::Dataset RandomData() {
 // Trains `num_workers` workers (threads) against a fresh cluster; returns the
 // final weights, pulled from the servers.
 std::vector<common::Tensor> Train(int num_workers, int num_ps, const worker::Dataset& data,
-                                  int64_t* steps) {
+                                  int64_t* steps, int towers = 1) {
   Cluster cluster(num_ps);
   v1::JobSpec job = SmallJob(v1::SYNC);
   job.set_global_batch_size(20);  // per-worker batch = 20 / num_workers
-  std::vector<std::unique_ptr<worker::Backend>> backends;
-  std::vector<std::unique_ptr<worker::Model>> models;
+  std::vector<std::unique_ptr<worker::Towers>> models;
   std::vector<std::unique_ptr<worker::ParameterClient>> clients;
   for (int w = 0; w < num_workers; ++w) {
-    backends.push_back(worker::NewCpuBackend());
-    auto m = worker::Model::Create(job.model(), *backends.back());
+    auto m = worker::Towers::Create(job.model(), towers, [] { return worker::NewCpuBackend(); });
     EXPECT_TRUE(m.ok()) << m.status();
     models.push_back(std::move(*m));
     worker::ParameterClientOptions o;
@@ -98,7 +96,7 @@ std::vector<common::Tensor> Train(int num_workers, int num_ps, const worker::Dat
     o.job_id = job.job_id();
     o.worker_task = w;
     o.chunk_bytes = 4096;  // several messages per variable
-    auto c = worker::NewGrpcParameterClient(o, models.back()->VariableDefs(), job.placement());
+    auto c = worker::NewGrpcParameterClient(o, models.back()->primary().VariableDefs(), job.placement());
     EXPECT_TRUE(c.ok()) << c.status();
     clients.push_back(std::move(*c));
   }
@@ -146,6 +144,22 @@ TEST(SyncEquivalenceTest, TwoWorkersMatchOneWorkerWithTheWholeBatch) {
   }
   EXPECT_GT(moved, 0.0);
   EXPECT_LT(max_rel, 1e-4) << "2-worker sync weights differ from 1 worker with 2B";
+}
+
+TEST(SyncEquivalenceTest, TowersInsideAWorkerMatchOneDevice) {
+  const worker::Dataset data = RandomData();
+  int64_t s1 = 0, s4 = 0;
+  std::vector<common::Tensor> one = Train(1, 1, data, &s1, /*towers=*/1);
+  std::vector<common::Tensor> four = Train(2, 2, data, &s4, /*towers=*/4);
+  EXPECT_EQ(s1, s4);
+  double max_rel = 0;
+  for (size_t v = 0; v < one.size(); ++v) {
+    for (int64_t i = 0; i < one[v].num_elements(); ++i) {
+      const double a = one[v][i], b = four[v][i];
+      max_rel = std::max(max_rel, std::abs(a - b) / std::max(1e-3, std::abs(a)));
+    }
+  }
+  EXPECT_LT(max_rel, 1e-4) << "2 workers x 4 towers differ from 1 device";
 }
 
 TEST(SyncEquivalenceTest, DifferentDataOrderGivesDifferentWeights) {

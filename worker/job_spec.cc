@@ -96,6 +96,7 @@ v1::JobSpec JobWithDefaults(const v1::JobSpec& in) {
   if (j.mode() == v1::MODE_UNSPECIFIED) j.set_mode(v1::SYNC);
   if (j.global_batch_size() == 0) j.set_global_batch_size(256);
   if (j.epochs() == 0) j.set_epochs(1);
+  if (j.towers() == 0) j.set_towers(1);
   if (j.placement() == v1::PLACEMENT_UNSPECIFIED) j.set_placement(v1::GREEDY_BYTES);
   v1::ModelSpec* m = j.mutable_model();
   if (m->loss() == v1::LOSS_UNSPECIFIED) m->set_loss(v1::SOFTMAX_CROSS_ENTROPY);
@@ -116,6 +117,7 @@ absl::Status ValidateJob(const v1::JobSpec& j, int num_workers) {
   }
   if (j.epochs() <= 0) return bad(absl::StrCat("epochs = ", j.epochs(), " (want > 0)"));
   if (j.max_steps() < 0) return bad("max_steps is negative");
+  if (j.towers() < 1) return bad(absl::StrCat("towers = ", j.towers(), " (want >= 1)"));
   if (!v1::Mode_IsValid(j.mode())) return bad("mode is unknown");
   if (j.replicas_to_aggregate() < 0 || j.replicas_to_aggregate() > num_workers) {
     return bad(absl::StrCat("replicas_to_aggregate = ", j.replicas_to_aggregate(),

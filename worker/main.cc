@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -20,6 +21,7 @@
 #include "worker/job_spec.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
+#include "worker/towers.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks.");
@@ -43,7 +45,9 @@ ABSL_FLAG(std::string, data_dir, "", "Override: Fashion-MNIST directory.");
 ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
           "Payload bytes per streamed message.");
 ABSL_FLAG(int, log_every_steps, 50, "Progress line every N steps.");
-ABSL_FLAG(int, blas_threads, 0, "BLAS threads (0: OpenBLAS' default).");
+ABSL_FLAG(int, towers, 0, "Override: data-parallel towers in this worker.");
+ABSL_FLAG(int, blas_threads, 0,
+          "BLAS threads per tower (0: cores / towers, so towers never oversubscribe).");
 ABSL_FLAG(double, wait_timeout_s, 600, "Longest wait for servers or a step before failing.");
 
 namespace {
@@ -75,6 +79,7 @@ absl::Status ApplyOverrides(JobSpec* job) {
   if (absl::GetFlag(FLAGS_max_test_examples) != 0) {
     job->mutable_data()->set_max_test_examples(absl::GetFlag(FLAGS_max_test_examples));
   }
+  if (absl::GetFlag(FLAGS_towers) != 0) job->set_towers(absl::GetFlag(FLAGS_towers));
   if (absl::GetFlag(FLAGS_max_steps) != 0) job->set_max_steps(absl::GetFlag(FLAGS_max_steps));
   if (absl::GetFlag(FLAGS_replicas_to_aggregate) >= 0) {
     job->set_replicas_to_aggregate(absl::GetFlag(FLAGS_replicas_to_aggregate));
@@ -99,7 +104,6 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_job_name), absl::GetFlag(FLAGS_task_index),
       tf_config ? tf_config : "");
   if (!spec.ok()) return Fail("invalid cluster spec", spec.status(), 2);
-  if (absl::GetFlag(FLAGS_blas_threads) > 0) openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
 
   absl::StatusOr<JobSpec> job = absl::GetFlag(FLAGS_job_spec).empty()
                                     ? towerps::worker::BuiltinJob(absl::GetFlag(FLAGS_model))
@@ -110,9 +114,21 @@ int main(int argc, char** argv) {
   const int num_workers = static_cast<int>(spec->worker.size());
   if (auto s = towerps::worker::ValidateJob(*job, num_workers); !s.ok()) return Fail("job spec", s, 2);
 
-  std::unique_ptr<towerps::worker::Backend> backend = towerps::worker::NewCpuBackend();
-  auto model = towerps::worker::Model::Create(job->model(), *backend);
-  if (!model.ok()) return Fail("model", model.status(), 2);
+  auto towers = towerps::worker::Towers::Create(job->model(), job->towers(),
+                                                [] { return towerps::worker::NewCpuBackend(); });
+  if (!towers.ok()) return Fail("model", towers.status(), 2);
+  towerps::worker::Model* model = &(*towers)->primary();
+  // Towers on CPU share the cores: never more BLAS threads in all than cores.
+  if (absl::GetFlag(FLAGS_blas_threads) > 0 || job->towers() > 1) {
+    const int threads = absl::GetFlag(FLAGS_blas_threads) > 0
+                            ? absl::GetFlag(FLAGS_blas_threads)
+                            : towerps::worker::BlasThreadsPerTower(
+                                  static_cast<int>(std::thread::hardware_concurrency()),
+                                  job->towers());
+    openblas_set_num_threads(threads);
+    TLOG(INFO) << job->towers() << " tower(s), " << threads << " BLAS thread(s) each; reduction: "
+               << (*towers)->reducer().Name();
+  }
 
   TLOG(INFO) << spec->TaskName() << ": " << towerps::common::DescribeGpus(towerps::common::QueryGpus());
 
@@ -120,9 +136,9 @@ int main(int argc, char** argv) {
   towerps::worker::Dataset train, test;
   const auto& d = job->data();
   if (d.source() == towerps::v1::DataSpec::ONES) {
-    train = towerps::worker::MakeOnes(d.ones_examples(), (*model)->input_dim(),
+    train = towerps::worker::MakeOnes(d.ones_examples(), model->input_dim(),
                                       d.ones_target_dim() > 0 ? d.ones_target_dim()
-                                                              : (*model)->output_dim());
+                                                              : model->output_dim());
     test = train;
   } else {
     auto tr = towerps::worker::LoadFashionMnist(d.dir(), true, d.max_train_examples());
@@ -139,14 +155,14 @@ int main(int argc, char** argv) {
   copts.worker_task = spec->task_index;
   copts.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   copts.wait_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s));
-  auto client = towerps::worker::NewGrpcParameterClient(copts, (*model)->VariableDefs(),
+  auto client = towerps::worker::NewGrpcParameterClient(copts, model->VariableDefs(),
                                                         job->placement());
   if (!client.ok()) return Fail("parameter client", client.status());
 
   if (spec->is_chief()) {
-    std::cout << (*model)->Summary() << "\n";
+    std::cout << model->Summary() << "\n";
     std::cout << "Placement (" << towerps::v1::PlacementStrategy_Name(job->placement()) << "):\n"
-              << (*client)->placement().Describe((*model)->VariableDefs()) << "\n";
+              << (*client)->placement().Describe(model->VariableDefs()) << "\n";
     std::cout << absl::StrFormat(
                      "Job \"%s\": %s, %d workers, global batch %d, %d epochs, %d train / %d test examples\n",
                      job->job_id(), towerps::v1::Mode_Name(job->mode()), num_workers,
@@ -160,7 +176,7 @@ int main(int argc, char** argv) {
   topts.is_chief = spec->is_chief();
   topts.log_every_steps = absl::GetFlag(FLAGS_log_every_steps);
   topts.progress = [](const std::string& line) { std::cout << line << std::endl; };
-  towerps::worker::Trainer trainer(topts, **model, **client, train, test);
+  towerps::worker::Trainer trainer(topts, **towers, **client, train, test);
   auto result = trainer.Run();
   if (!result.ok()) return Fail("training failed", result.status());
   if (spec->is_chief()) {

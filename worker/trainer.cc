@@ -32,9 +32,9 @@ absl::StatusOr<std::pair<double, double>> EvaluateModel(Model& model, const Data
   return std::make_pair(loss / n, acc);
 }
 
-Trainer::Trainer(TrainerOptions options, Model& model, ParameterClient& client,
+Trainer::Trainer(TrainerOptions options, Towers& towers, ParameterClient& client,
                  const Dataset& train, const Dataset& test)
-    : options_(std::move(options)), model_(model), client_(client), train_(train),
+    : options_(std::move(options)), towers_(towers), client_(client), train_(train),
       test_(test) {}
 
 void Trainer::Progress(const std::string& line) {
@@ -46,7 +46,7 @@ void Trainer::Progress(const std::string& line) {
 }
 
 absl::Status Trainer::EvalAndReport(int64_t epoch, TrainResult* result) {
-  TOWERPS_ASSIGN_OR_RETURN(auto eval, EvaluateModel(model_, test_));
+  TOWERPS_ASSIGN_OR_RETURN(auto eval, EvaluateModel(towers_.primary(), test_));
   result->test_loss = eval.first;
   result->test_accuracy = eval.second;
   result->evaluated = true;
@@ -78,9 +78,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   *config.mutable_optimizer() = job.optimizer();
   TOWERPS_ASSIGN_OR_RETURN(int64_t step, client_.Register(config));
 
-  std::vector<common::Tensor*> weights = model_.weights();
+  std::vector<common::Tensor*> weights = towers_.weights();
   std::vector<const common::Tensor*> grads;
-  for (common::Tensor* g : model_.gradients()) grads.push_back(g);
+  for (common::Tensor* g : towers_.gradients()) grads.push_back(g);
 
   TrainResult result;
   Batch batch;
@@ -112,7 +112,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       perm_epoch = epoch;
     }
     GatherBatch(train_, WorkerSlice(perm, G, b, W, w), &batch);
-    TOWERPS_ASSIGN_OR_RETURN(LossResult r, model_.ComputeGradients(batch));
+    TOWERPS_ASSIGN_OR_RETURN(LossResult r, towers_.ComputeGradients(batch));
     TOWERPS_ASSIGN_OR_RETURN(PushResult pr, client_.Push(pulled, batch.size(), grads));
     ++result.iterations;
     if (pr.stale > 0) ++result.stale_pushes;

@@ -21,6 +21,7 @@
 #include "worker/dataset.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
+#include "worker/towers.h"
 
 namespace towerps::worker {
 
@@ -50,7 +51,7 @@ absl::StatusOr<std::pair<double, double>> EvaluateModel(Model& model, const Data
 class Trainer {
  public:
   // Not owned; all must outlive the trainer. `test` may equal `train`.
-  Trainer(TrainerOptions options, Model& model, ParameterClient& client,
+  Trainer(TrainerOptions options, Towers& towers, ParameterClient& client,
           const Dataset& train, const Dataset& test);
 
   // Registers the job, trains, and (chief) evaluates the final weights.
@@ -61,7 +62,7 @@ class Trainer {
   absl::Status EvalAndReport(int64_t epoch, TrainResult* result);
 
   const TrainerOptions options_;
-  Model& model_;
+  Towers& towers_;
   ParameterClient& client_;
   const Dataset& train_;
   const Dataset& test_;

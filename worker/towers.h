@@ -1,0 +1,78 @@
+// Data-parallel towers inside one worker: N replicas of the model, each with
+// its own backend, train on contiguous parts of the worker's batch at the same
+// time; their gradients are reduced into one mean gradient (weighted by each
+// tower's examples), so one step pushes once and equals one replica on the
+// whole batch.
+//
+// Reduction goes through GradientReducer; the host reducer (BLAS saxpy/scal)
+// serves CPU towers. Thread-compatible: one training loop drives it.
+#ifndef TOWERPS_WORKER_TOWERS_H_
+#define TOWERPS_WORKER_TOWERS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "proto/towerps.pb.h"
+#include "worker/backend.h"
+#include "worker/batch.h"
+#include "worker/losses.h"
+#include "worker/model.h"
+
+namespace towerps::worker {
+
+// Sums towers' gradients into tower 0's, weighted, then divides by the total.
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  // grads[t][v]: tower t's mean gradient of variable v over examples[t]
+  // examples. On return grads[0][v] holds the mean over all examples (zeros
+  // if there were none). REQUIRES: matching shapes.
+  virtual absl::Status Reduce(const std::vector<std::vector<common::Tensor*>>& grads,
+                              const std::vector<int64_t>& examples) = 0;
+  virtual std::string Name() const = 0;
+};
+
+std::unique_ptr<GradientReducer> NewHostReducer();
+
+class Towers {
+ public:
+  // Builds `num_towers` replicas of `spec`, each on a backend from
+  // `make_backend`. InvalidArgument for num_towers < 1 or a bad spec.
+  static absl::StatusOr<std::unique_ptr<Towers>> Create(
+      const v1::ModelSpec& spec, int num_towers,
+      const std::function<std::unique_ptr<Backend>()>& make_backend);
+
+  int num_towers() const { return static_cast<int>(models_.size()); }
+  Model& primary() { return *models_[0]; }
+  const GradientReducer& reducer() const { return *reducer_; }
+
+  // Tower 0's weights: write pulled values here; ComputeGradients copies them
+  // to the other towers first.
+  std::vector<common::Tensor*> weights() { return models_[0]->weights(); }
+  // The reduced gradient after ComputeGradients (tower 0's tensors).
+  std::vector<common::Tensor*> gradients() { return models_[0]->gradients(); }
+
+  // Splits `batch` into num_towers contiguous parts (sizes differ by at most
+  // one), runs every tower on its own thread and reduces. Returns the summed
+  // loss and correct counts over the whole batch.
+  absl::StatusOr<LossResult> ComputeGradients(const Batch& batch);
+
+ private:
+  Towers() = default;
+
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::unique_ptr<Model>> models_;
+  std::unique_ptr<GradientReducer> reducer_;
+  std::vector<Batch> parts_;  // reused per step
+};
+
+// BLAS threads per tower so that all towers together use at most `cores`.
+int BlasThreadsPerTower(int cores, int towers);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_TOWERS_H_

@@ -1,0 +1,106 @@
+#include "worker/towers.h"
+
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace towerps::worker {
+namespace {
+
+v1::ModelSpec Spec(v1::LossType loss) {
+  v1::ModelSpec m;
+  m.set_name("t");
+  m.set_input_dim(12);
+  m.set_init_seed(5);
+  for (int units : {32, 16, 6}) {
+    auto* l = m.add_layers();
+    l->set_type(v1::LayerSpec::DENSE);
+    l->set_units(units);
+    if (units != 6) l->set_activation(v1::RELU);
+  }
+  m.set_loss(loss);
+  return m;
+}
+
+Batch RandomBatch(int rows, bool regression) {
+  Batch b;
+  b.features = common::Tensor({rows, 12});
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < b.features.num_elements(); ++i) b.features[i] = normal(gen);
+  if (regression) {
+    b.targets = common::Tensor({rows, 6});
+    for (int64_t i = 0; i < b.targets.num_elements(); ++i) b.targets[i] = normal(gen);
+  } else {
+    for (int i = 0; i < rows; ++i) b.labels.push_back(i % 6);
+  }
+  return b;
+}
+
+std::unique_ptr<Towers> Make(const v1::ModelSpec& spec, int n) {
+  auto t = Towers::Create(spec, n, [] { return NewCpuBackend(); });
+  EXPECT_TRUE(t.ok()) << t.status();
+  (*t)->primary().InitializeWeights();
+  return std::move(*t);
+}
+
+void ExpectSameGradients(v1::LossType loss, int rows, int towers) {
+  const v1::ModelSpec spec = Spec(loss);
+  const Batch batch = RandomBatch(rows, loss != v1::SOFTMAX_CROSS_ENTROPY);
+  auto one = Make(spec, 1);
+  auto many = Make(spec, towers);
+  auto r1 = one->ComputeGradients(batch);
+  auto rn = many->ComputeGradients(batch);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  ASSERT_TRUE(rn.ok()) << rn.status();
+  EXPECT_NEAR(rn->loss_sum, r1->loss_sum, 1e-4 * std::abs(r1->loss_sum) + 1e-6);
+  EXPECT_EQ(rn->correct, r1->correct);
+  auto g1 = one->gradients();
+  auto gn = many->gradients();
+  ASSERT_EQ(g1.size(), gn.size());
+  double norm = 0;
+  for (size_t v = 0; v < g1.size(); ++v) {
+    for (int64_t i = 0; i < g1[v]->num_elements(); ++i) {
+      const float a = (*g1[v])[i], b = (*gn[v])[i];
+      ASSERT_NEAR(b, a, 1e-5f + 1e-4f * std::abs(a)) << "variable " << v << " element " << i;
+      norm += std::abs(a);
+    }
+  }
+  EXPECT_GT(norm, 1e-3);  // the gradients are not trivially zero
+}
+
+TEST(TowersTest, FourTowersEqualOneDeviceOnTheWholeBatch) {
+  ExpectSameGradients(v1::SOFTMAX_CROSS_ENTROPY, 64, 4);
+}
+
+TEST(TowersTest, UnevenSplitsAndRegressionLosses) {
+  ExpectSameGradients(v1::SOFTMAX_CROSS_ENTROPY, 37, 4);
+  ExpectSameGradients(v1::MSE, 37, 3);
+  ExpectSameGradients(v1::MAE, 10, 4);
+}
+
+TEST(TowersTest, MoreTowersThanExamplesLeavesSomeIdle) {
+  ExpectSameGradients(v1::SOFTMAX_CROSS_ENTROPY, 3, 4);
+}
+
+TEST(TowersTest, HostReducerComputesTheWeightedMean) {
+  common::Tensor a({2}, {1.0f, 2.0f}), b({2}, {4.0f, 8.0f}), c({2}, {100.0f, 100.0f});
+  auto r = NewHostReducer();
+  ASSERT_TRUE(r->Reduce({{&a}, {&b}, {&c}}, {1, 3, 0}).ok());
+  EXPECT_FLOAT_EQ(a[0], (1.0f + 12.0f) / 4.0f);
+  EXPECT_FLOAT_EQ(a[1], (2.0f + 24.0f) / 4.0f);
+  common::Tensor z({1}, {5.0f}), y({1}, {7.0f});
+  ASSERT_TRUE(r->Reduce({{&z}, {&y}}, {0, 0}).ok());
+  EXPECT_FLOAT_EQ(z[0], 0.0f);
+}
+
+TEST(TowersTest, BadArgumentsAreRejected) {
+  EXPECT_EQ(Towers::Create(Spec(v1::MSE), 0, [] { return NewCpuBackend(); }).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BlasThreadsPerTower(2, 4), 1);
+  EXPECT_EQ(BlasThreadsPerTower(16, 4), 4);
+}
+
+}  // namespace
+}  // namespace towerps::worker
