@@ -44,6 +44,8 @@ expect_reject "duplicate address" 'duplicate address "127.0.0.1:1"' -- "$PS_BIN"
 expect_reject "wrong binary" 'this binary runs ps tasks' -- "$PS_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker
 TF_CONFIG='{"cluster": {"ps": ["127.0.0.1:1"]' expect_reject "malformed TF_CONFIG" "TF_CONFIG is not valid JSON" -- "$PS_BIN"
 expect_reject "unknown model" 'unknown model "resnet"' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --model=resnet
+expect_reject "missing GPU" "no physical GPU 9" -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --virtual_devices=GPU:9=100x2
+expect_reject "bad virtual devices" 'entry "CPU=0": zero count' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --virtual_devices=CPU=0
 expect_reject "bad batch size" "global_batch_size = -4" -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --batch_size=-4
 
 # run_cluster NAME NUM_PS NUM_WORKERS DELAY_PS_S WORKER_FLAGS...
@@ -101,6 +103,22 @@ if [ "$RC" -eq 0 ] && [ "$steps" = "101" ] && grep -q "done: 101 iterations" "$D
   pass "uneven shards: steps=$steps"
 else
   fail "uneven shards: rc=$RC steps=$steps"; tail -n 5 "$DIR"/*.log
+fi
+
+echo "== towers and layers on CPU virtual devices, placement logged"
+run_cluster devices 1 1 0 --virtual_devices=CPU=3 --towers=3 --log_device_placement --max_train_examples=600 --max_test_examples=200 --epochs=1
+if [ "$RC" -eq 0 ] && grep -q "tower 2: /job:worker/replica:0/task:0/device:CPU:2" "$DIR/worker0.log" \
+   && grep -q '^final: ' "$DIR/worker0.log"; then
+  pass "3 towers on CPU:0-2"
+else
+  fail "towers on devices: rc=$RC"; tail -n 5 "$DIR"/*.log
+fi
+run_cluster layers 1 1 0 --virtual_devices=CPU=3 --layout=classic --log_device_placement --max_train_examples=600 --max_test_examples=200 --epochs=1
+if [ "$RC" -eq 0 ] && grep -q 'layer "dense_2": /job:worker/replica:0/task:0/device:CPU:2' "$DIR/worker0.log" \
+   && grep -q '^final: ' "$DIR/worker0.log"; then
+  pass "layers split over CPU:0-2 (classic layout)"
+else
+  fail "layers on devices: rc=$RC"; tail -n 5 "$DIR"/*.log
 fi
 
 echo "== a sync step waiting on a worker names it"

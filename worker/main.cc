@@ -13,11 +13,13 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "common/cluster_spec.h"
+#include "common/device_manager.h"
 #include "common/gpu_info.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "worker/backend.h"
 #include "worker/dataset.h"
+#include "worker/device_placer.h"
 #include "worker/job_spec.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
@@ -46,6 +48,14 @@ ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
           "Payload bytes per streamed message.");
 ABSL_FLAG(int, log_every_steps, 50, "Progress line every N steps.");
 ABSL_FLAG(int, towers, 0, "Override: data-parallel towers in this worker.");
+ABSL_FLAG(std::string, virtual_devices, "",
+          "Split physical devices: e.g. \"CPU=4\" or \"GPU:0=1000x6;GPU:1=1000x6\" (MB x count).");
+ABSL_FLAG(std::string, visible_devices, "", "Physical GPUs to use, e.g. \"0,2\". Default: all.");
+ABSL_FLAG(bool, log_device_placement, false, "Log the device of every tower and layer.");
+ABSL_FLAG(bool, allow_soft_placement, false,
+          "Place on the default device (and log it) when a requested device is missing.");
+ABSL_FLAG(std::string, layout, "",
+          "\"classic\": first layer on device 0, hidden layer i on min(i+1, last), output on the last.");
 ABSL_FLAG(int, blas_threads, 0,
           "BLAS threads per tower (0: cores / towers, so towers never oversubscribe).");
 ABSL_FLAG(double, wait_timeout_s, 600, "Longest wait for servers or a step before failing.");
@@ -114,8 +124,49 @@ int main(int argc, char** argv) {
   const int num_workers = static_cast<int>(spec->worker.size());
   if (auto s = towerps::worker::ValidateJob(*job, num_workers); !s.ok()) return Fail("job spec", s, 2);
 
-  auto towers = towerps::worker::Towers::Create(job->model(), job->towers(),
-                                                [] { return towerps::worker::NewCpuBackend(); });
+  // Devices: the physical ones, split as asked. CUDA has already applied
+  // CUDA_VISIBLE_DEVICES to what it reports, so it is not passed again here.
+  towerps::common::DeviceManagerOptions dopts;
+  dopts.task_name = spec->TaskName();
+  dopts.virtual_devices = absl::GetFlag(FLAGS_virtual_devices);
+  dopts.visible_devices = absl::GetFlag(FLAGS_visible_devices);
+  dopts.physical = towerps::common::DiscoverPhysicalDevices();
+  dopts.allow_soft_placement = absl::GetFlag(FLAGS_allow_soft_placement);
+  dopts.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);
+  auto devices = towerps::common::DeviceManager::Create(dopts);
+  if (!devices.ok()) return Fail("devices", devices.status(), 2);
+  std::vector<std::string> device_names;
+  for (const auto* d : (*devices)->devices()) device_names.push_back(d->short_name());
+  if (absl::GetFlag(FLAGS_layout) == "classic") {
+    if (auto s = towerps::worker::ApplyClassicLayout(device_names, job->mutable_model()); !s.ok()) {
+      return Fail("layout", s, 2);
+    }
+  } else if (!absl::GetFlag(FLAGS_layout).empty()) {
+    return Fail("flags", absl::InvalidArgumentError("--layout must be \"classic\" or empty"), 2);
+  }
+  bool layers_placed = false;
+  for (const auto& l : job->model().layers()) layers_placed |= !l.device().empty();
+  if (layers_placed && job->towers() > 1) {
+    return Fail("job spec", absl::InvalidArgumentError(
+                                "towers > 1 with per-layer devices is not supported yet"), 2);
+  }
+  // Tower t runs on the t-th device of the preferred type (GPU if any).
+  auto tower_devices = (*devices)->DevicesOfType("GPU");
+  if (tower_devices.empty()) tower_devices = (*devices)->DevicesOfType("CPU");
+  std::vector<std::unique_ptr<towerps::worker::DevicePlacer>> placers;
+  for (int t = 0; t < job->towers(); ++t) {
+    placers.push_back(std::make_unique<towerps::worker::DevicePlacer>(
+        **devices, [] { return towerps::worker::NewCpuBackend(); }));
+    if (absl::GetFlag(FLAGS_log_device_placement) && !layers_placed) {
+      TLOG(INFO) << "tower " << t << ": "
+                 << tower_devices[t % tower_devices.size()]->name();
+    }
+  }
+  auto towers = towerps::worker::Towers::Create(
+      job->model(), job->towers(), [&](int t) {
+        return placers[t]->Placer(
+            layers_placed ? "" : tower_devices[t % tower_devices.size()]->short_name());
+      });
   if (!towers.ok()) return Fail("model", towers.status(), 2);
   towerps::worker::Model* model = &(*towers)->primary();
   // Towers on CPU share the cores: never more BLAS threads in all than cores.

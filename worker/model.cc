@@ -59,6 +59,14 @@ Model::~Model() = default;
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
                                                      Backend& backend) {
+  return Create(spec, [&backend](const std::string&, const std::string&)
+                          -> absl::StatusOr<LayerPlacement> {
+    return LayerPlacement{&backend, ""};
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
+                                                     const LayerPlacer& placer) {
   const std::string model_label =
       spec.name().empty() ? "model" : absl::StrCat("model '", spec.name(), "'");
   if (spec.input_dim() <= 0) {
@@ -123,6 +131,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
           name = UniqueName("dense", used);
           used.insert(name);
         }
+        TOWERPS_ASSIGN_OR_RETURN(LayerPlacement where, placer(name, layer.device()));
+        Backend& backend = *where.backend;
+        model->layer_devices_.push_back(where.device);
         auto dense = std::make_unique<Dense>(backend, name, width,
                                              layer.units(), !layer.no_bias());
         const int64_t params =
@@ -142,7 +153,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
           name = UniqueName("re_lu", used);
           used.insert(name);
         }
-        model->layers_.push_back(std::make_unique<ReLU>(backend, name));
+        {
+          TOWERPS_ASSIGN_OR_RETURN(LayerPlacement where, placer(name, layer.device()));
+          model->layer_devices_.push_back(where.device);
+          model->layers_.push_back(std::make_unique<ReLU>(*where.backend, name));
+        }
         model->summary_rows_.push_back({name, "ReLU", width, 0});
         break;
       case v1::LayerSpec::LAYER_UNSPECIFIED:

@@ -9,6 +9,7 @@
 #define TOWERPS_WORKER_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,26 @@ class Model {
   // `backend` must outlive the model.
   static absl::StatusOr<std::unique_ptr<Model>> Create(
       const v1::ModelSpec& spec, Backend& backend);
+
+  // Where one spec layer computes: its device's backend (not owned; must
+  // outlive the model) and the device's name, for logs and Summary().
+  struct LayerPlacement {
+    Backend* backend = nullptr;
+    std::string device;
+  };
+  // Called once per spec layer with its final name and its `device` field
+  // (may be empty); an error aborts Create and is returned as is.
+  using LayerPlacer = std::function<absl::StatusOr<LayerPlacement>(
+      const std::string& layer_name, const std::string& requested_device)>;
+
+  // As above, with each layer on the device `placer` picks (model
+  // parallelism). Virtual CPU devices share host memory, so activations and
+  // their gradients cross devices without a copy; a GPU backend copies them.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(
+      const v1::ModelSpec& spec, const LayerPlacer& placer);
+
+  // The device of each spec layer, in order ("" without a placer).
+  const std::vector<std::string>& layer_devices() const { return layer_devices_; }
 
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -119,6 +140,7 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<SummaryRow> summary_rows_;
   int64_t output_dim_ = 0;
+  std::vector<std::string> layer_devices_;
   int64_t num_parameters_ = 0;
 
   // Per-step scratch, reused. activations_[i] is layer i's output;

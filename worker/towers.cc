@@ -86,6 +86,24 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(
   return t;
 }
 
+absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(
+    const v1::ModelSpec& spec, int num_towers,
+    const std::function<Model::LayerPlacer(int tower)>& placer_for_tower) {
+  if (num_towers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("towers = ", num_towers, " (want >= 1)"));
+  }
+  std::unique_ptr<Towers> t(new Towers());
+  for (int i = 0; i < num_towers; ++i) {
+    TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<Model> m,
+                             Model::Create(spec, placer_for_tower(i)));
+    t->models_.push_back(std::move(m));
+  }
+  t->reducer_ = NewHostReducer();
+  t->parts_.resize(num_towers);
+  return t;
+}
+
 absl::StatusOr<LossResult> Towers::ComputeGradients(const Batch& batch) {
   const int n = num_towers();
   if (n == 1) return models_[0]->ComputeGradients(batch);

@@ -46,6 +46,12 @@ class Towers {
       const v1::ModelSpec& spec, int num_towers,
       const std::function<std::unique_ptr<Backend>()>& make_backend);
 
+  // As above, tower t's layers placed by `placer_for_tower(t)` (e.g. a
+  // DevicePlacer's, which owns the backends and must outlive the towers).
+  static absl::StatusOr<std::unique_ptr<Towers>> Create(
+      const v1::ModelSpec& spec, int num_towers,
+      const std::function<Model::LayerPlacer(int tower)>& placer_for_tower);
+
   int num_towers() const { return static_cast<int>(models_.size()); }
   Model& primary() { return *models_[0]; }
   const GradientReducer& reducer() const { return *reducer_; }

@@ -1,0 +1,137 @@
+// Model parallelism on CPU virtual devices: a model split layer-wise over 3
+// devices gives the same loss and gradients as unsplit; placement is logged;
+// a missing device is an error listing the devices; soft placement falls back.
+#include "worker/device_placer.h"
+
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace towerps::worker {
+namespace {
+
+v1::ModelSpec Spec() {
+  v1::ModelSpec m;
+  m.set_name("split");
+  m.set_input_dim(10);
+  for (int units : {24, 24, 16, 5}) {
+    auto* l = m.add_layers();
+    l->set_type(v1::LayerSpec::DENSE);
+    l->set_units(units);
+    if (units != 5) l->set_activation(v1::RELU);
+  }
+  m.set_loss(v1::SOFTMAX_CROSS_ENTROPY);
+  return m;
+}
+
+Batch RandomBatch() {
+  Batch b;
+  b.features = common::Tensor({9, 10});
+  std::mt19937 gen(4);
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < b.features.num_elements(); ++i) b.features[i] = normal(gen);
+  for (int i = 0; i < 9; ++i) b.labels.push_back(i % 5);
+  return b;
+}
+
+std::unique_ptr<common::DeviceManager> Cpus(int n, bool soft, std::vector<std::string>* log) {
+  common::DeviceManagerOptions o;
+  o.task_name = "/job:worker/replica:0/task:0";
+  o.virtual_devices = "CPU=" + std::to_string(n);
+  o.physical = {{"CPU", 0, int64_t{1} << 34, "host"}};
+  o.allow_soft_placement = soft;
+  o.log_device_placement = true;
+  o.log_sink = [log](const std::string& line) { log->push_back(line); };
+  auto m = common::DeviceManager::Create(o);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return std::move(*m);
+}
+
+TEST(DevicePlacerTest, ClassicLayoutOverThreeCpusMatchesUnsplit) {
+  std::vector<std::string> log;
+  auto devices = Cpus(3, false, &log);
+  v1::ModelSpec spec = Spec();
+  ASSERT_TRUE(ApplyClassicLayout({"CPU:0", "CPU:1", "CPU:2"}, &spec).ok());
+  EXPECT_EQ(spec.layers(0).device(), "CPU:0");
+  EXPECT_EQ(spec.layers(1).device(), "CPU:1");
+  EXPECT_EQ(spec.layers(2).device(), "CPU:2");
+  EXPECT_EQ(spec.layers(3).device(), "CPU:2");
+
+  DevicePlacer placer(*devices, [] { return NewCpuBackend(); });
+  auto split = Model::Create(spec, placer.Placer());
+  ASSERT_TRUE(split.ok()) << split.status();
+  auto backend = NewCpuBackend();
+  auto whole = Model::Create(Spec(), *backend);
+  ASSERT_TRUE(whole.ok());
+  (*split)->InitializeWeights();
+  (*whole)->InitializeWeights();
+
+  EXPECT_EQ((*split)->layer_devices(),
+            (std::vector<std::string>{"/job:worker/replica:0/task:0/device:CPU:0",
+                                      "/job:worker/replica:0/task:0/device:CPU:1",
+                                      "/job:worker/replica:0/task:0/device:CPU:2",
+                                      "/job:worker/replica:0/task:0/device:CPU:2"}));
+  ASSERT_EQ(log.size(), 4u);
+  EXPECT_EQ(log[1], "layer \"dense_1\": /job:worker/replica:0/task:0/device:CPU:1");
+
+  const Batch batch = RandomBatch();
+  auto a = (*split)->ComputeGradients(batch);
+  auto b = (*whole)->ComputeGradients(batch);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_DOUBLE_EQ(a->loss_sum, b->loss_sum);
+  auto ga = (*split)->gradients();
+  auto gb = (*whole)->gradients();
+  double norm = 0;
+  for (size_t v = 0; v < ga.size(); ++v) {
+    for (int64_t i = 0; i < ga[v]->num_elements(); ++i) {
+      ASSERT_FLOAT_EQ((*ga[v])[i], (*gb[v])[i]) << "variable " << v;
+      norm += std::abs((*gb[v])[i]);
+    }
+  }
+  EXPECT_GT(norm, 1e-3);
+}
+
+TEST(DevicePlacerTest, MissingDeviceIsAnErrorListingDevices) {
+  std::vector<std::string> log;
+  auto devices = Cpus(2, false, &log);
+  v1::ModelSpec spec = Spec();
+  spec.mutable_layers(2)->set_device("GPU:7");
+  DevicePlacer placer(*devices, [] { return NewCpuBackend(); });
+  auto m = Model::Create(spec, placer.Placer());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("no device GPU:7 for layer \"dense_2\"; devices: CPU:0, CPU:1"),
+            std::string::npos)
+      << m.status();
+}
+
+TEST(DevicePlacerTest, SoftPlacementFallsBackAndSaysSo) {
+  std::vector<std::string> log;
+  auto devices = Cpus(2, true, &log);
+  v1::ModelSpec spec = Spec();
+  spec.mutable_layers(2)->set_device("GPU:7");
+  DevicePlacer placer(*devices, [] { return NewCpuBackend(); });
+  auto m = Model::Create(spec, placer.Placer());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->layer_devices()[2], "/job:worker/replica:0/task:0/device:CPU:0");
+  bool fallback_logged = false;
+  for (const auto& line : log) {
+    if (line.find("no device GPU:7") != std::string::npos &&
+        line.find("allow_soft_placement") != std::string::npos) {
+      fallback_logged = true;
+    }
+  }
+  EXPECT_TRUE(fallback_logged);
+}
+
+TEST(DevicePlacerTest, ClassicLayoutNeedsDevices) {
+  v1::ModelSpec spec = Spec();
+  EXPECT_EQ(ApplyClassicLayout({}, &spec).code(), absl::StatusCode::kInvalidArgument);
+  // More layers than devices: the tail shares the last device.
+  ASSERT_TRUE(ApplyClassicLayout({"CPU:0", "CPU:1"}, &spec).ok());
+  EXPECT_EQ(spec.layers(2).device(), "CPU:1");
+}
+
+}  // namespace
+}  // namespace towerps::worker
