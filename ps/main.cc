@@ -8,16 +8,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/cluster_spec.h"
+#include "common/cluster_flags.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_service.h"
 
-ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks.");
-ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks.");
-ABSL_FLAG(std::string, job_name, "", "This task's job: must be \"ps\" here.");
-ABSL_FLAG(int, task_index, 0, "This task's index within its job.");
 ABSL_FLAG(std::string, bind_address, "",
           "Address to listen on. Default: 0.0.0.0 with this task's port.");
 ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
@@ -31,12 +27,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("towerps parameter server. Example:\n  ps --ps_hosts=h1:2222 "
                                "--worker_hosts=h2:2222 --job_name=ps --task_index=0");
   absl::ParseCommandLine(argc, argv);
-  const char* tf_config = std::getenv("TF_CONFIG");
-  auto spec = towerps::common::ClusterSpecForRole(
-      "ps",
-      absl::GetFlag(FLAGS_ps_hosts), absl::GetFlag(FLAGS_worker_hosts),
-      absl::GetFlag(FLAGS_job_name), absl::GetFlag(FLAGS_task_index),
-      tf_config ? tf_config : "");
+  auto spec = towerps::common::ClusterSpecFromCommandLine("ps");
   if (!spec.ok()) {
     std::cerr << "ps: invalid cluster spec: " << spec.status().message() << "\n";
     return 2;

@@ -12,7 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "common/cluster_spec.h"
+#include "common/cluster_flags.h"
 #include "common/device_manager.h"
 #include "common/gpu_info.h"
 #include "common/logging.h"
@@ -26,10 +26,6 @@
 #include "worker/towers.h"
 #include "worker/trainer.h"
 
-ABSL_FLAG(std::string, ps_hosts, "", "Comma-separated host:port of the ps tasks.");
-ABSL_FLAG(std::string, worker_hosts, "", "Comma-separated host:port of the worker tasks.");
-ABSL_FLAG(std::string, job_name, "", "This task's job: must be \"worker\" here.");
-ABSL_FLAG(int, task_index, 0, "This task's index within its job.");
 ABSL_FLAG(std::string, model, "mlp", "Built-in job: mlp or dense_stack (ignored with --job_spec).");
 ABSL_FLAG(std::string, job_spec, "", "JobSpec file, JSON or protobuf text format.");
 ABSL_FLAG(std::string, mode, "", "Override: sync or async.");
@@ -107,12 +103,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("towerps worker. Example:\n  worker --ps_hosts=h1:2222 "
                                "--worker_hosts=h2:2222 --job_name=worker --task_index=0 --model=mlp");
   absl::ParseCommandLine(argc, argv);
-  const char* tf_config = std::getenv("TF_CONFIG");
-  auto spec = towerps::common::ClusterSpecForRole(
-      "worker",
-      absl::GetFlag(FLAGS_ps_hosts), absl::GetFlag(FLAGS_worker_hosts),
-      absl::GetFlag(FLAGS_job_name), absl::GetFlag(FLAGS_task_index),
-      tf_config ? tf_config : "");
+  auto spec = towerps::common::ClusterSpecFromCommandLine("worker");
   if (!spec.ok()) return Fail("invalid cluster spec", spec.status(), 2);
 
   absl::StatusOr<JobSpec> job = absl::GetFlag(FLAGS_job_spec).empty()
