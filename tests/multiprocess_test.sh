@@ -46,6 +46,7 @@ TF_CONFIG='{"cluster": {"ps": ["127.0.0.1:1"]' expect_reject "malformed TF_CONFI
 expect_reject "unknown model" 'unknown model "resnet"' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --model=resnet
 expect_reject "missing GPU" "no physical GPU 9" -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --virtual_devices=GPU:9=100x2
 expect_reject "bad virtual devices" 'entry "CPU=0": zero count' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --virtual_devices=CPU=0
+expect_reject "device memory limit" 'layer "dense": /job:worker/replica:0/task:0/device:CPU:0: cannot allocate' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --model=dense_stack --virtual_devices=CPU=8x2 --layout=classic
 expect_reject "bad batch size" "global_batch_size = -4" -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --batch_size=-4
 
 # run_cluster NAME NUM_PS NUM_WORKERS DELAY_PS_S WORKER_FLAGS...

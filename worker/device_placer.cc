@@ -28,6 +28,33 @@ absl::Status ApplyClassicLayout(const std::vector<std::string>& devices,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<MemoryReservation>> MemoryReservation::Reserve(
+    const Model& model, const common::DeviceManager& devices, int64_t max_batch) {
+  std::unique_ptr<MemoryReservation> r(new MemoryReservation());
+  const std::vector<Model::LayerMemory> use = model.MemoryUse(max_batch);
+  const std::vector<std::string>& where = model.layer_devices();
+  for (size_t i = 0; i < use.size() && i < where.size(); ++i) {
+    common::VirtualDevice* device = nullptr;
+    for (common::VirtualDevice* d : devices.devices()) {
+      if (d->name() == where[i]) device = d;
+    }
+    if (device == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer \"", use[i].layer, "\" is on \"", where[i], "\", not a device of this worker"));
+    }
+    auto p = device->allocator().Allocate(use[i].bytes);
+    if (!p.ok()) {
+      return common::Annotate(p.status(), absl::StrCat("layer \"", use[i].layer, "\""));
+    }
+    r->held_.emplace_back(&device->allocator(), *p);
+  }
+  return r;
+}
+
+MemoryReservation::~MemoryReservation() {
+  for (auto& [allocator, p] : held_) allocator->Deallocate(p);
+}
+
 DevicePlacer::DevicePlacer(const common::DeviceManager& devices,
                            std::function<std::unique_ptr<Backend>()> make_backend)
     : devices_(devices), make_backend_(std::move(make_backend)) {}

@@ -28,6 +28,26 @@ namespace towerps::worker {
 absl::Status ApplyClassicLayout(const std::vector<std::string>& devices,
                                 v1::ModelSpec* spec);
 
+// Charges each layer's MemoryUse(max_batch) to the allocator of the device it
+// was placed on and holds the bytes until destroyed, so a model that does not
+// fit its virtual devices fails at start with the allocator's error (device,
+// bytes asked, bytes left) instead of later.
+class MemoryReservation {
+ public:
+  // ResourceExhausted (prefixed with the layer) if a device is too small;
+  // nothing stays reserved then. REQUIRES: `model` was placed by a
+  // DevicePlacer on `devices`.
+  static absl::StatusOr<std::unique_ptr<MemoryReservation>> Reserve(
+      const Model& model, const common::DeviceManager& devices, int64_t max_batch);
+  ~MemoryReservation();
+  MemoryReservation(const MemoryReservation&) = delete;
+  MemoryReservation& operator=(const MemoryReservation&) = delete;
+
+ private:
+  MemoryReservation() = default;
+  std::vector<std::pair<common::Allocator*, void*>> held_;
+};
+
 class DevicePlacer {
  public:
   // `devices` is not owned and must outlive this object and its models.

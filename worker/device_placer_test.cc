@@ -135,3 +135,47 @@ TEST(DevicePlacerTest, ClassicLayoutNeedsDevices) {
 
 }  // namespace
 }  // namespace towerps::worker
+
+namespace towerps::worker {
+namespace {
+
+TEST(MemoryReservationTest, ChargesEachLayerToItsDeviceAndReleases) {
+  std::vector<std::string> log;
+  common::DeviceManagerOptions o;
+  o.task_name = "/job:worker/replica:0/task:0";
+  o.virtual_devices = "CPU=1x2";  // two devices of 1 MB
+  o.physical = {{"CPU", 0, int64_t{1} << 34, "host"}};
+  auto devices = common::DeviceManager::Create(o);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  v1::ModelSpec spec = Spec();  // 10-24(relu)-24(relu)-16(relu)-5
+  ASSERT_TRUE(ApplyClassicLayout({"CPU:0", "CPU:1"}, &spec).ok());
+  DevicePlacer placer(**devices, [] { return NewCpuBackend(); });
+  auto model = Model::Create(spec, placer.Placer());
+  ASSERT_TRUE(model.ok()) << model.status();
+  // Layer 0 on CPU:0: weights 10*24+24 = 264 floats, x2 for gradients; batch 8:
+  // outputs and deltas of Dense and ReLU, 2*2*8*24 floats.
+  const int64_t layer0 = (2 * 264 + 2 * 2 * 8 * 24) * 4;
+  {
+    auto r = MemoryReservation::Reserve(**model, **devices, /*max_batch=*/8);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ((*devices)->devices()[0]->bytes_in_use(), layer0);
+    EXPECT_GT((*devices)->devices()[1]->bytes_in_use(), 0);
+  }
+  EXPECT_EQ((*devices)->devices()[0]->bytes_in_use(), 0);
+  EXPECT_EQ((*devices)->devices()[1]->bytes_in_use(), 0);
+
+  // A batch too large for 1 MB devices: the error names layer, device and bytes.
+  auto too_big = MemoryReservation::Reserve(**model, **devices, /*max_batch=*/100000);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.status().message().find("layer \"dense\": /job:worker/replica:0/task:0/device:CPU:0: cannot allocate"),
+            std::string::npos)
+      << too_big.status();
+  EXPECT_NE(too_big.status().message().find("of 1048576 bytes left"), std::string::npos);
+  // Nothing stays reserved after a failure.
+  EXPECT_EQ((*devices)->devices()[0]->bytes_in_use(), 0);
+  EXPECT_EQ((*devices)->devices()[1]->bytes_in_use(), 0);
+}
+
+}  // namespace
+}  // namespace towerps::worker

@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cluster_flags.h"
 #include "common/device_manager.h"
@@ -159,6 +160,23 @@ int main(int argc, char** argv) {
             layers_placed ? "" : tower_devices[t % tower_devices.size()]->short_name());
       });
   if (!towers.ok()) return Fail("model", towers.status(), 2);
+  // Charge every tower's layers to their devices' memory limits now, so a
+  // model that does not fit fails here with the device and the numbers.
+  constexpr int64_t kEvalBatch = 1000;  // EvaluateModel's batch
+  const int64_t worker_batch =
+      (job->global_batch_size() + num_workers - 1) / num_workers;
+  const int64_t tower_batch = (worker_batch + job->towers() - 1) / job->towers();
+  std::vector<std::unique_ptr<towerps::worker::MemoryReservation>> reservations;
+  for (int t = 0; t < job->towers(); ++t) {
+    const int64_t max_batch =
+        (t == 0 && spec->is_chief()) ? std::max(tower_batch, kEvalBatch) : tower_batch;
+    auto r = towerps::worker::MemoryReservation::Reserve((*towers)->tower(t), **devices, max_batch);
+    if (!r.ok()) return Fail(absl::StrCat("tower ", t, " does not fit its devices"), r.status(), 2);
+    reservations.push_back(std::move(*r));
+  }
+  if (absl::GetFlag(FLAGS_log_device_placement)) {
+    TLOG(INFO) << "devices:\n" << (*devices)->Describe();
+  }
   towerps::worker::Model* model = &(*towers)->primary();
   // Towers on CPU share the cores: never more BLAS threads in all than cores.
   if (absl::GetFlag(FLAGS_blas_threads) > 0 || job->towers() > 1) {

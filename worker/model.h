@@ -60,6 +60,15 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> Create(
       const v1::ModelSpec& spec, const LayerPlacer& placer);
 
+  // Memory one spec layer needs on its device for batches of up to
+  // `max_batch` examples: weights and their gradients, plus its output and
+  // the gradient of that output (a fused ReLU keeps one more of each).
+  struct LayerMemory {
+    std::string layer;
+    int64_t bytes = 0;
+  };
+  std::vector<LayerMemory> MemoryUse(int64_t max_batch) const;
+
   // The device of each spec layer, in order ("" without a placer).
   const std::vector<std::string>& layer_devices() const { return layer_devices_; }
 
@@ -124,6 +133,7 @@ class Model {
     std::string type;
     int64_t output_dim;
     int64_t params;
+    int layers;  // implementation layers behind this row (Dense + ReLU: 2)
   };
 
   Model(std::string name, v1::LossType loss, int64_t input_dim,

@@ -54,6 +54,7 @@ class Towers {
 
   int num_towers() const { return static_cast<int>(models_.size()); }
   Model& primary() { return *models_[0]; }
+  Model& tower(int t) { return *models_[t]; }
   const GradientReducer& reducer() const { return *reducer_; }
 
   // Tower 0's weights: write pulled values here; ComputeGradients copies them
