@@ -70,19 +70,19 @@ int BlasThreadsPerTower(int cores, int towers) {
 absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(
     const v1::ModelSpec& spec, int num_towers,
     const std::function<std::unique_ptr<Backend>()>& make_backend) {
-  if (num_towers < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("towers = ", num_towers, " (want >= 1)"));
-  }
-  std::unique_ptr<Towers> t(new Towers());
-  for (int i = 0; i < num_towers; ++i) {
-    t->backends_.push_back(make_backend());
-    TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<Model> m,
-                             Model::Create(spec, *t->backends_.back()));
-    t->models_.push_back(std::move(m));
-  }
-  t->reducer_ = NewHostReducer();
-  t->parts_.resize(num_towers);
+  // One backend per tower, owned by the towers and handed to every layer.
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int i = 0; i < std::max(num_towers, 0); ++i) backends.push_back(make_backend());
+  TOWERPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<Towers> t,
+      Create(spec, num_towers, [&backends](int tower) -> Model::LayerPlacer {
+        Backend* backend = backends[tower].get();
+        return [backend](const std::string&, const std::string&)
+                   -> absl::StatusOr<Model::LayerPlacement> {
+          return Model::LayerPlacement{backend, ""};
+        };
+      }));
+  t->backends_ = std::move(backends);
   return t;
 }
 
