@@ -4,6 +4,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/slice_writer.h"
 #include "common/status.h"
 
 namespace towerps::ps {
@@ -62,33 +63,15 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
   // keep their capacity, so steady-state pulls allocate nothing here.
   v1::PullResponse msg;
   msg.set_global_step(w.global_step);
-  int64_t in_msg = 0;
+  common::SliceWriter<v1::PullResponse> out(
+      &msg, chunk, [writer](const v1::PullResponse& m) { return writer->Write(m); });
   for (size_t v = 0; v < w.values.size(); ++v) {
-    const std::vector<float>& values = w.values[v];
-    const int64_t total = static_cast<int64_t>(values.size()) * 4;
-    int64_t off = 0;
-    while (off < total || (total == 0 && off == 0)) {
-      const int64_t n = std::min(total - off, chunk - in_msg);
-      v1::TensorSlice* s = msg.add_slices();
-      s->set_var_index(static_cast<uint32_t>(v));
-      s->set_offset(static_cast<uint64_t>(off / 4));
-      s->mutable_data()->assign(reinterpret_cast<const char*>(values.data()) + off, n);
-      off += n;
-      in_msg += n;
-      if (in_msg >= chunk) {
-        if (!writer->Write(msg)) {
-          return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
-        }
-        msg.mutable_slices()->Clear();
-        in_msg = 0;
-      }
-      if (total == 0) break;
-    }
+    out.Add(static_cast<uint32_t>(v), w.values[v].data(),
+            static_cast<int64_t>(w.values[v].size()));
   }
-  if (msg.slices_size() > 0 || w.values.empty()) {
-    if (!writer->Write(msg)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
-    }
+  // A job with no variables here still answers with its step.
+  if (!out.Finish(/*even_if_empty=*/w.values.empty())) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
   }
   return grpc::Status::OK;
 }

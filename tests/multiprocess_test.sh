@@ -79,23 +79,24 @@ run_cluster() {
 
 final_field() { sed -n "s/^final: .*$1=\([^ ]*\).*/\1/p" "$DIR/worker0.log"; }
 
+# expect_trained NAME WANT_STEPS MIN_ACCURACY: checks the last run_cluster.
+expect_trained() {
+  local acc steps
+  acc=$(final_field test_accuracy); steps=$(final_field steps)
+  if [ "$RC" -eq 0 ] && [ "$steps" = "$2" ] && python3 -c "import sys; sys.exit(0 if float('$acc') >= $3 else 1)"; then
+    pass "$1: test_accuracy=$acc steps=$steps"
+  else
+    fail "$1: rc=$RC acc=$acc steps=$steps"; tail -n 5 "$DIR"/*.log
+  fi
+}
+
 echo "== sync training: 2 ps, 2 workers, workers started before the servers"
 run_cluster sync 2 2 1 --mode=sync --max_train_examples=4000 --max_test_examples=1000 --epochs=2
-acc=$(final_field test_accuracy); steps=$(final_field steps)
-if [ "$RC" -eq 0 ] && [ "$steps" = "32" ] && python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.70 else 1)"; then
-  pass "sync: test_accuracy=$acc steps=$steps"
-else
-  fail "sync: rc=$RC acc=$acc steps=$steps"; tail -n 5 "$DIR"/*.log
-fi
+expect_trained sync 32 0.70
 
 echo "== async training: every gradient applied (steps = workers x iterations)"
 run_cluster async 2 2 0 --mode=async --max_train_examples=4000 --max_test_examples=1000 --epochs=2
-acc=$(final_field test_accuracy); steps=$(final_field steps)
-if [ "$RC" -eq 0 ] && [ "$steps" = "64" ] && python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.65 else 1)"; then
-  pass "async: test_accuracy=$acc steps=$steps"
-else
-  fail "async: rc=$RC acc=$acc steps=$steps"; tail -n 5 "$DIR"/*.log
-fi
+expect_trained async 64 0.65
 
 echo "== sync with shards of different sizes finishes (1001 examples, batch 10)"
 run_cluster uneven 1 2 0 --mode=sync --max_train_examples=1001 --max_test_examples=200 --batch_size=10 --epochs=1

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/slice_writer.h"
 #include "common/status.h"
 #include "grpcpp/client_context.h"
 #include "proto/towerps.grpc.pb.h"
@@ -224,29 +225,15 @@ class GrpcParameterClient : public ParameterClient {
     h->set_num_examples(num_examples);
     bool ok = writer->Write(msg);
     msg.clear_header();
-    const int64_t chunk = options_.chunk_bytes / 4 * 4;
-    int64_t in_msg = 0;
+    common::SliceWriter<v1::PushRequest> out(
+        &msg, options_.chunk_bytes,
+        [&writer](const v1::PushRequest& m) { return writer->Write(m); });
     const std::vector<int>& vars = on_server_[s];
     for (size_t k = 0; ok && k < vars.size(); ++k) {
       const common::Tensor& g = *grads[vars[k]];
-      const int64_t total = g.num_bytes();
-      for (int64_t off = 0; ok && off < total;) {
-        const int64_t len = std::min(total - off, chunk - in_msg);
-        v1::TensorSlice* slice = msg.add_slices();
-        slice->set_var_index(static_cast<uint32_t>(k));
-        slice->set_offset(static_cast<uint64_t>(off / 4));
-        slice->mutable_data()->assign(reinterpret_cast<const char*>(g.data()) + off, len);
-        off += len;
-        in_msg += len;
-        if (in_msg >= chunk) {
-          ok = writer->Write(msg);
-          msg.mutable_slices()->Clear();
-          in_msg = 0;
-        }
-      }
+      ok = out.Add(static_cast<uint32_t>(k), g.data(), g.num_elements());
     }
-    if (ok && msg.slices_size() > 0) ok = writer->Write(msg);
-    msg.mutable_slices()->Clear();
+    if (ok) out.Finish();
     writer->WritesDone();
     return FromGrpcStatus(writer->Finish());
   }
