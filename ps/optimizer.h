@@ -7,9 +7,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/optimizer_spec.h"
 #include "proto/towerps.pb.h"
 
 namespace towerps::ps {
@@ -18,20 +22,31 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // Applies one (averaged) gradient. `step` is 1 for the variable's first
-  // update, 2 for the next... (Adam's bias correction uses it).
-  // REQUIRES: value.size() == grad.size() == the size given at creation.
+  // update, 2 for the next... The update uses the gradient
+  // g + weight_decay * w and the learning rate
+  // common::LearningRateAt(spec, step - 1); Adam's bias correction uses `step`.
+  // REQUIRES: value.size() == grad.size() == the size given at creation;
+  // step >= 1.
   virtual void Apply(absl::Span<float> value, absl::Span<const float> grad,
                      int64_t step) = 0;
-  // Bytes of optimizer state held for the variable.
+  // Bytes of optimizer state held for the variable (the slots; not SGD's
+  // small scratch block for weight decay).
   virtual int64_t slot_bytes() const = 0;
+  // The optimizer's state by name, for checkpoints: SGD none, MOMENTUM
+  // {"velocity"}, ADAM {"m", "v"}, always in that order. Each span views the
+  // optimizer's own memory, has one float per element of the variable, and
+  // stays valid for the optimizer's lifetime. Save by reading the spans;
+  // restore by copying into them before the next Apply(). The slots and the
+  // `step` passed to Apply() are the whole state: a fresh optimizer with the
+  // slots restored, continuing from the same step, gives bit-identical
+  // updates. Not synchronized with Apply(): the caller serializes them.
+  virtual std::vector<std::pair<std::string, absl::Span<float>>> Slots() = 0;
 };
 
-// `spec` with every zero field replaced by its documented default.
-v1::OptimizerSpec OptimizerWithDefaults(const v1::OptimizerSpec& spec);
-
-// Checks ranges: learning rate > 0, momentum and betas in [0, 1), epsilon > 0.
-// InvalidArgument names the field.
-absl::Status ValidateOptimizer(const v1::OptimizerSpec& spec);
+// Defaults and validation of an OptimizerSpec live in common/ (the chief
+// validates submitted jobs with them too).
+using common::OptimizerWithDefaults;
+using common::ValidateOptimizer;
 
 // An optimizer for a variable of `num_elements` floats. Defaults are applied.
 absl::StatusOr<std::unique_ptr<Optimizer>> NewOptimizer(

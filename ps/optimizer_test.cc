@@ -1,22 +1,31 @@
 #include "ps/optimizer.h"
 
 #include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
 #include <vector>
 
+#include "common/lr_schedule.h"
 #include "gtest/gtest.h"
 
 namespace towerps::ps {
 namespace {
 
+std::unique_ptr<Optimizer> Make(const v1::OptimizerSpec& s, int64_t n) {
+  auto o = NewOptimizer(s, n);
+  EXPECT_TRUE(o.ok()) << o.status();
+  return std::move(o).value();
+}
+
 std::unique_ptr<Optimizer> Make(v1::OptimizerSpec::Type type, float lr, int64_t n,
-                                bool nesterov = false) {
+                                bool nesterov = false, float weight_decay = 0.0f) {
   v1::OptimizerSpec s;
   s.set_type(type);
   s.set_learning_rate(lr);
   s.set_nesterov(nesterov);
-  auto o = NewOptimizer(s, n);
-  EXPECT_TRUE(o.ok()) << o.status();
-  return std::move(o).value();
+  s.set_weight_decay(weight_decay);
+  return Make(s, n);
 }
 
 TEST(OptimizerTest, SgdHandComputed) {
@@ -80,6 +89,257 @@ TEST(OptimizerTest, DefaultsAndValidation) {
   m.set_momentum(1.5f);
   EXPECT_NE(ValidateOptimizer(m).message().find("momentum"), std::string::npos);
   EXPECT_FALSE(NewOptimizer(bad, 3).ok());
+}
+
+TEST(OptimizerTest, SgdWeightDecayHandComputed) {
+  auto o = Make(v1::OptimizerSpec::SGD, 0.1f, 3, false, /*weight_decay=*/0.5f);
+  std::vector<float> w = {1.0f, -2.0f, 4.0f};
+  std::vector<float> g = {0.5f, 1.0f, 0.0f};
+  // g' = g + 0.5 w = {1, 0, 2}; w -= 0.1 g'.
+  o->Apply(absl::MakeSpan(w), g, 1);
+  EXPECT_FLOAT_EQ(w[0], 0.9f);
+  EXPECT_FLOAT_EQ(w[1], -2.0f);
+  EXPECT_FLOAT_EQ(w[2], 3.8f);
+  EXPECT_EQ(o->slot_bytes(), 0);
+}
+
+TEST(OptimizerTest, SgdWeightDecaySpansSeveralScratchBlocks) {
+  const int64_t n = 10007;  // Not a multiple of any block size.
+  const float lr = 0.05f, wd = 0.01f;
+  auto o = Make(v1::OptimizerSpec::SGD, lr, n, false, wd);
+  std::vector<float> w(n), g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    w[i] = 0.001f * static_cast<float>(i) - 3.0f;
+    g[i] = std::sin(static_cast<float>(i));
+  }
+  std::vector<float> want = w;
+  for (int64_t i = 0; i < n; ++i) want[i] -= lr * (g[i] + wd * want[i]);
+  o->Apply(absl::MakeSpan(w), g, 1);
+  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(w[i], want[i], 1e-6) << i;
+}
+
+TEST(OptimizerTest, MomentumWeightDecayHandComputed) {
+  auto o = Make(v1::OptimizerSpec::MOMENTUM, 0.1f, 1, false, /*weight_decay=*/0.5f);
+  std::vector<float> w = {1.0f};
+  std::vector<float> g = {0.5f};
+  o->Apply(absl::MakeSpan(w), g, 1);  // g' = 1, v = -0.1, w = 0.9
+  EXPECT_FLOAT_EQ(w[0], 0.9f);
+  // g' = 0.5 + 0.45 = 0.95, v = -0.09 - 0.095 = -0.185, w = 0.715
+  o->Apply(absl::MakeSpan(w), g, 2);
+  EXPECT_FLOAT_EQ(w[0], 0.715f);
+  auto n = Make(v1::OptimizerSpec::MOMENTUM, 0.1f, 1, /*nesterov=*/true, 0.5f);
+  std::vector<float> wn = {1.0f};
+  n->Apply(absl::MakeSpan(wn), g, 1);  // g' = 1, v = -0.1, w += -0.09 - 0.1
+  EXPECT_FLOAT_EQ(wn[0], 0.81f);
+}
+
+TEST(OptimizerTest, AdamWeightDecayHandComputed) {
+  auto o = Make(v1::OptimizerSpec::ADAM, 0.001f, 2, false, /*weight_decay=*/0.1f);
+  std::vector<float> w = {1.0f, -5.0f};
+  std::vector<float> g = {0.1f, 0.3f};
+  // g' = g + 0.1 w = {0.2, -0.2}: the decay flips the second sign, so the
+  // first update is 0.001 * sign(g') (up to epsilon).
+  o->Apply(absl::MakeSpan(w), g, 1);
+  EXPECT_NEAR(w[0], 0.999f, 1e-6);
+  EXPECT_NEAR(w[1], -4.999f, 1e-6);
+  // Step 2: g' = {0.1 + 0.0999, 0.3 - 0.4999}.
+  o->Apply(absl::MakeSpan(w), g, 2);
+  const double lr_t = 0.001 * std::sqrt(1 - 0.999 * 0.999) / (1 - 0.81);
+  const double g1[2] = {0.2, -0.2};
+  const double g2[2] = {0.1 + 0.1 * 0.999, 0.3 + 0.1 * -4.999};
+  const double w1[2] = {0.999, -4.999};
+  for (int i = 0; i < 2; ++i) {
+    const double m = 0.9 * 0.1 * g1[i] + 0.1 * g2[i];
+    const double v = 0.999 * 0.001 * g1[i] * g1[i] + 0.001 * g2[i] * g2[i];
+    EXPECT_NEAR(w[i], w1[i] - lr_t * m / (std::sqrt(v) + 1e-7), 2e-6) << i;
+  }
+}
+
+TEST(OptimizerTest, SgdFollowsStepDecayAndWarmup) {
+  v1::OptimizerSpec s;
+  s.set_type(v1::OptimizerSpec::SGD);
+  s.set_learning_rate(1.0f);
+  s.mutable_schedule()->set_type(v1::LearningRateSchedule::STEP_DECAY);
+  s.mutable_schedule()->set_decay_steps(2);
+  s.mutable_schedule()->set_decay_rate(0.5f);
+  auto o = Make(s, 1);
+  std::vector<float> w = {0.0f};
+  const std::vector<float> g = {1.0f};
+  // Updates 1, 2 use lr 1 (schedule steps 0, 1); 3, 4 use 0.5; 5 uses 0.25.
+  const float want[] = {-1.0f, -2.0f, -2.5f, -3.0f, -3.25f};
+  for (int step = 1; step <= 5; ++step) {
+    o->Apply(absl::MakeSpan(w), g, step);
+    EXPECT_FLOAT_EQ(w[0], want[step - 1]) << "update " << step;
+  }
+
+  v1::OptimizerSpec warm;
+  warm.set_learning_rate(0.4f);
+  warm.mutable_schedule()->set_warmup_steps(4);
+  auto ow = Make(warm, 1);
+  w = {0.0f};
+  float prev = 0.0f;
+  for (int step = 1; step <= 5; ++step) {
+    ow->Apply(absl::MakeSpan(w), g, step);
+    EXPECT_FLOAT_EQ(prev - w[0], 0.1f * std::min(step, 4)) << "update " << step;
+    EXPECT_FLOAT_EQ(prev - w[0], common::LearningRateAt(warm, step - 1));
+    prev = w[0];
+  }
+}
+
+// Adam's moments do not depend on the learning rate (without weight decay),
+// so each update of a scheduled Adam is the constant one scaled by
+// LearningRateAt(step - 1) / lr. Momentum (Keras form) takes the scheduled lr
+// into the velocity: v = m*v - lr(step - 1)*g.
+TEST(OptimizerTest, ScheduleDrivesMomentumAndAdam) {
+  v1::OptimizerSpec adam;
+  adam.set_type(v1::OptimizerSpec::ADAM);
+  adam.set_learning_rate(0.01f);
+  v1::OptimizerSpec adam_cosine = adam;
+  adam_cosine.mutable_schedule()->set_type(v1::LearningRateSchedule::COSINE);
+  adam_cosine.mutable_schedule()->set_decay_steps(4);
+  adam_cosine.mutable_schedule()->set_warmup_steps(2);
+  auto oc = Make(adam, 1);
+  auto os = Make(adam_cosine, 1);
+  std::vector<float> wc = {1.0f}, ws = {1.0f};
+  for (int step = 1; step <= 8; ++step) {
+    const std::vector<float> g = {0.3f + 0.1f * step};
+    const float before_c = wc[0], before_s = ws[0];
+    oc->Apply(absl::MakeSpan(wc), g, step);
+    os->Apply(absl::MakeSpan(ws), g, step);
+    const double scale = common::LearningRateAt(adam_cosine, step - 1) / 0.01;
+    EXPECT_NEAR(ws[0] - before_s, scale * (wc[0] - before_c), 1e-7) << "update " << step;
+  }
+  // Past the end of the cosine (alpha 0) Adam stops moving.
+  EXPECT_EQ(common::LearningRateAt(adam_cosine, 7), 0.0);
+
+  v1::OptimizerSpec mom;
+  mom.set_type(v1::OptimizerSpec::MOMENTUM);
+  mom.set_learning_rate(0.1f);
+  mom.mutable_schedule()->set_type(v1::LearningRateSchedule::STEP_DECAY);
+  mom.mutable_schedule()->set_decay_steps(2);
+  mom.mutable_schedule()->set_decay_rate(0.5f);
+  auto om = Make(mom, 1);
+  std::vector<float> w = {1.0f};
+  const std::vector<float> g = {1.0f};
+  // lr per update: 0.1, 0.1, 0.05, 0.05, 0.025; v = 0.9 v - lr; w += v.
+  double v_want = 0.0, w_want = 1.0;
+  const double lrs[] = {0.1, 0.1, 0.05, 0.05, 0.025};
+  for (int step = 1; step <= 5; ++step) {
+    om->Apply(absl::MakeSpan(w), g, step);
+    v_want = 0.9 * v_want - lrs[step - 1];
+    w_want += v_want;
+    EXPECT_NEAR(w[0], w_want, 1e-6) << "update " << step;
+    EXPECT_NEAR(om->Slots()[0].second[0], v_want, 1e-6) << "update " << step;
+  }
+}
+
+TEST(OptimizerTest, SlotsNamesAndSizes) {
+  auto sgd = Make(v1::OptimizerSpec::SGD, 0.1f, 5, false, 0.1f);
+  EXPECT_TRUE(sgd->Slots().empty());
+
+  auto mom = Make(v1::OptimizerSpec::MOMENTUM, 0.1f, 5);
+  auto slots = mom->Slots();
+  ASSERT_EQ(slots.size(), 1u);
+  EXPECT_EQ(slots[0].first, "velocity");
+  EXPECT_EQ(slots[0].second.size(), 5u);
+  std::vector<float> w(5, 0.0f), g(5, 2.0f);
+  mom->Apply(absl::MakeSpan(w), g, 1);
+  EXPECT_FLOAT_EQ(mom->Slots()[0].second[3], -0.2f);  // v = -lr * g
+
+  auto adam = Make(v1::OptimizerSpec::ADAM, 0.1f, 7);
+  slots = adam->Slots();
+  ASSERT_EQ(slots.size(), 2u);
+  EXPECT_EQ(slots[0].first, "m");
+  EXPECT_EQ(slots[1].first, "v");
+  EXPECT_EQ(slots[0].second.size(), 7u);
+  EXPECT_EQ(slots[1].second.size(), 7u);
+  int64_t bytes = 0;
+  for (const auto& [name, span] : slots) bytes += span.size() * sizeof(float);
+  EXPECT_EQ(bytes, adam->slot_bytes());
+}
+
+// A checkpoint is the value, the slots and the step: a fresh optimizer with
+// them restored must continue bit for bit like the original.
+TEST(OptimizerTest, RestoredSlotsContinueBitIdentically) {
+  for (auto type : {v1::OptimizerSpec::MOMENTUM, v1::OptimizerSpec::ADAM}) {
+    for (bool nesterov : {false, true}) {
+      SCOPED_TRACE(v1::OptimizerSpec::Type_Name(type) +
+                   (nesterov ? " nesterov" : ""));
+      v1::OptimizerSpec spec;
+      spec.set_type(type);
+      spec.set_nesterov(nesterov);
+      spec.set_weight_decay(1e-3f);
+      spec.mutable_schedule()->set_type(v1::LearningRateSchedule::EXPONENTIAL_DECAY);
+      spec.mutable_schedule()->set_decay_steps(3);
+      spec.mutable_schedule()->set_decay_rate(0.7f);
+      spec.mutable_schedule()->set_warmup_steps(2);
+      const int64_t n = 33;
+      std::mt19937 rng(7);
+      std::normal_distribution<float> normal;
+      auto gradient = [&] {
+        std::vector<float> g(n);
+        for (float& x : g) x = normal(rng);
+        return g;
+      };
+      auto original = Make(spec, n);
+      std::vector<float> w(n);
+      for (float& x : w) x = normal(rng);
+      int64_t step = 0;
+      for (; step < 5; ++step) original->Apply(absl::MakeSpan(w), gradient(), step + 1);
+
+      // Save.
+      std::vector<std::vector<float>> saved;
+      for (const auto& [name, span] : original->Slots()) {
+        saved.emplace_back(span.begin(), span.end());
+      }
+      std::vector<float> w_restored = w;
+      // Restore into a fresh optimizer.
+      auto restored = Make(spec, n);
+      auto slots = restored->Slots();
+      ASSERT_EQ(slots.size(), saved.size());
+      for (size_t i = 0; i < slots.size(); ++i) {
+        ASSERT_EQ(slots[i].second.size(), saved[i].size());
+        std::copy(saved[i].begin(), saved[i].end(), slots[i].second.begin());
+      }
+      for (; step < 10; ++step) {
+        const std::vector<float> g = gradient();
+        original->Apply(absl::MakeSpan(w), g, step + 1);
+        restored->Apply(absl::MakeSpan(w_restored), g, step + 1);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(w[i], w_restored[i]) << i;  // Exact: bit-identical.
+      }
+      auto a = original->Slots(), b = restored->Slots();
+      for (size_t s = 0; s < a.size(); ++s) {
+        EXPECT_TRUE(std::equal(a[s].second.begin(), a[s].second.end(),
+                               b[s].second.begin()))
+            << a[s].first;
+      }
+    }
+  }
+}
+
+TEST(OptimizerTest, ValidatesWeightDecayAndSchedule) {
+  v1::OptimizerSpec wd;
+  wd.set_weight_decay(-0.1f);
+  auto s = ValidateOptimizer(wd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "optimizer.weight_decay must be >= 0, got -0.1");
+  EXPECT_EQ(NewOptimizer(wd, 3).status().code(), absl::StatusCode::kInvalidArgument);
+
+  v1::OptimizerSpec sched;
+  sched.set_type(v1::OptimizerSpec::ADAM);
+  sched.mutable_schedule()->set_type(v1::LearningRateSchedule::STEP_DECAY);
+  sched.mutable_schedule()->set_decay_rate(0.5f);
+  s = ValidateOptimizer(sched);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "optimizer.schedule.decay_steps must be > 0 for STEP_DECAY, got 0");
+
+  v1::OptimizerSpec cosine;
+  cosine.mutable_schedule()->set_type(v1::LearningRateSchedule::COSINE);
+  cosine.set_weight_decay(1e-4f);
+  EXPECT_TRUE(ValidateOptimizer(cosine).ok());
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checkpoint.h"
 #include "common/initializer.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -60,10 +61,36 @@ class Job {
   std::shared_ptr<const WeightsSnapshot> snapshot ABSL_GUARDED_BY(mu);
   // Staging buffers of finished pushes, reused to avoid fresh pages each step.
   std::vector<std::vector<std::vector<float>>> free_buffers ABSL_GUARDED_BY(mu);
+  bool deleted ABSL_GUARDED_BY(mu) = false;
+  int64_t restored_step ABSL_GUARDED_BY(mu) = -1;
+  int64_t steps_applied ABSL_GUARDED_BY(mu) = 0;
+  // Requests served in the current and the previous 10 s window.
+  absl::Time window_start ABSL_GUARDED_BY(mu) = absl::Now();
+  int64_t window_requests[2] ABSL_GUARDED_BY(mu) = {0, 0};
+  double window_service_s[2] ABSL_GUARDED_BY(mu) = {0, 0};
   int64_t applied ABSL_GUARDED_BY(mu) = 0;
   int64_t stale ABSL_GUARDED_BY(mu) = 0;
   int64_t duplicate ABSL_GUARDED_BY(mu) = 0;
   absl::CondVar changed;
+
+  static constexpr absl::Duration kWindow = absl::Seconds(10);
+
+  // Rolls the request windows forward to `now`.
+  void RollLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (now - window_start < kWindow) return;
+    const bool skipped = now - window_start >= 2 * kWindow;
+    window_requests[1] = skipped ? 0 : window_requests[0];
+    window_service_s[1] = skipped ? 0 : window_service_s[0];
+    window_requests[0] = 0;
+    window_service_s[0] = 0;
+    window_start = skipped ? now : window_start + kWindow;
+  }
+
+  int64_t slot_bytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    int64_t b = 0;
+    for (const auto& v : vars) b += v.optimizer->slot_bytes();
+    return b;
+  }
 
   int64_t bytes() const {
     int64_t b = 0;
@@ -91,6 +118,7 @@ class Job {
 
   void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     ++global_step;
+    ++steps_applied;
     snapshot.reset();
     step_opened = absl::Now();
     changed.SignalAll();
@@ -204,7 +232,9 @@ absl::Status PushSession::AddSlice(const v1::TensorSlice& slice) {
 }
 
 ParameterServer::ParameterServer(ParameterServerOptions options)
-    : options_(std::move(options)) {}
+    : options_(std::move(options)),
+      incarnation_(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^
+                   (static_cast<uint64_t>(options_.task_index) << 48)) {}
 
 ParameterServer::~ParameterServer() = default;
 
@@ -254,23 +284,7 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
     }
   }
   // Build outside the server lock: initialization of large jobs takes time.
-  auto job = std::make_shared<Job>(request.job_id(), config);
-  {
-    absl::MutexLock job_lock(&job->mu);
-    for (const auto& def : request.variables()) {
-      internal::Variable v;
-      v.def = def;
-      int64_t n = 1;
-      for (int64_t d : def.shape()) n *= d;
-      v.value.resize(n);
-      common::InitializeValues(def.initializer(), absl::MakeSpan(v.value));
-      TOWERPS_ASSIGN_OR_RETURN(v.optimizer, NewOptimizer(config.optimizer(), n));
-      job->sizes.push_back(n);
-      job->acc.emplace_back(n, 0.0f);
-      job->vars.push_back(std::move(v));
-    }
-    job->workers.resize(config.num_workers());
-  }
+  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, CreateJob(request, config));
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = jobs_.emplace(request.job_id(), job);
   response.set_created(inserted);
@@ -286,6 +300,122 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
   // for the common case), so returning its step is correct.
   absl::MutexLock job_lock(&it->second->mu);
   response.set_global_step(it->second->global_step);
+  response.set_restored_step(it->second->restored_step);
+  return response;
+}
+
+absl::StatusOr<std::shared_ptr<Job>> ParameterServer::CreateJob(
+    const v1::RegisterRequest& request, const v1::TrainingConfig& config) {
+  auto job = std::make_shared<Job>(request.job_id(), config);
+  absl::MutexLock job_lock(&job->mu);
+  for (const auto& def : request.variables()) {
+    internal::Variable v;
+    v.def = def;
+    int64_t n = 1;
+    for (int64_t d : def.shape()) n *= d;
+    v.value.resize(n);
+    TOWERPS_ASSIGN_OR_RETURN(v.optimizer, NewOptimizer(config.optimizer(), n));
+    job->sizes.push_back(n);
+    job->acc.emplace_back(n, 0.0f);
+    job->vars.push_back(std::move(v));
+  }
+  job->workers.resize(config.num_workers());
+  if (request.restore_from().empty()) {
+    for (auto& v : job->vars) {
+      common::InitializeValues(v.def.initializer(), absl::MakeSpan(v.value));
+    }
+    return job;
+  }
+  // Restore: the shard must describe exactly the variables registered here
+  // (names, shapes) and the optimizer's slots; anything else is refused and
+  // nothing is created.
+  const int num_ps = std::max(1, request.num_ps());
+  const std::string path = absl::StrCat(request.restore_from(), "/",
+                                        common::ShardFileName(options_.task_index, num_ps));
+  TOWERPS_ASSIGN_OR_RETURN(common::ShardState shard, common::ReadShard(path));
+  auto mismatch = [&](const std::string& what) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("restore: ", path, ": ", what, "; not restored"));
+  };
+  if (shard.vars.size() != job->vars.size()) {
+    return mismatch(absl::StrCat("holds ", shard.vars.size(), " variables, the job registers ",
+                                 job->vars.size(), " on this server"));
+  }
+  for (size_t i = 0; i < job->vars.size(); ++i) {
+    internal::Variable& v = job->vars[i];
+    common::VariableState& saved = shard.vars[i];
+    if (saved.def.name() != v.def.name() ||
+        !std::equal(saved.def.shape().begin(), saved.def.shape().end(),
+                    v.def.shape().begin(), v.def.shape().end()) ||
+        saved.value.size() != v.value.size()) {
+      return mismatch(absl::StrCat("variable ", i, " is \"", saved.def.name(), "\" ",
+                                   absl::StrJoin(saved.def.shape(), "x"), ", the job has \"",
+                                   v.def.name(), "\" ", absl::StrJoin(v.def.shape(), "x")));
+    }
+    auto slots = v.optimizer->Slots();
+    if (slots.size() != saved.slots.size()) {
+      return mismatch(absl::StrCat("variable \"", v.def.name(), "\" has ", saved.slots.size(),
+                                   " optimizer slots, the job's optimizer has ", slots.size()));
+    }
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (slots[k].first != saved.slots[k].name ||
+          slots[k].second.size() != saved.slots[k].values.size()) {
+        return mismatch(absl::StrCat("variable \"", v.def.name(), "\" slot \"",
+                                     saved.slots[k].name, "\" does not match the optimizer's \"",
+                                     slots[k].first, "\""));
+      }
+      std::copy(saved.slots[k].values.begin(), saved.slots[k].values.end(),
+                slots[k].second.begin());
+    }
+    v.value = std::move(saved.value);
+    v.updates = saved.updates;
+  }
+  job->global_step = shard.global_step;
+  job->restored_step = shard.global_step;
+  for (size_t w = 0; w < job->workers.size() && w < shard.worker_completed.size(); ++w) {
+    job->workers[w].completed = shard.worker_completed[w];
+  }
+  TLOG(INFO) << "ps " << options_.task_index << ": job \"" << request.job_id()
+             << "\" restored from " << path << " at step " << shard.global_step;
+  return job;
+}
+
+absl::StatusOr<v1::SaveResponse> ParameterServer::Save(const v1::SaveRequest& request) {
+  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  if (request.checkpoint_dir().empty()) {
+    return absl::InvalidArgumentError("save: checkpoint_dir is empty");
+  }
+  common::ShardState state;
+  state.job_id = job->id;
+  state.ps_task = options_.task_index;
+  state.num_ps = std::max(1, request.num_ps());
+  {
+    // Copy under the lock (memory speed); write to disk without it.
+    absl::MutexLock lock(&job->mu);
+    if (job->deleted) return absl::AbortedError("save: job was deleted");
+    state.global_step = job->global_step;
+    for (auto& v : job->vars) {
+      common::VariableState vs;
+      vs.def = v.def;
+      vs.value = v.value;
+      vs.updates = v.updates;
+      for (auto& [name, span] : v.optimizer->Slots()) {
+        vs.slots.push_back({name, std::vector<float>(span.begin(), span.end())});
+      }
+      state.vars.push_back(std::move(vs));
+    }
+    for (const auto& w : job->workers) state.worker_completed.push_back(w.completed);
+  }
+  TOWERPS_ASSIGN_OR_RETURN(std::string path, common::WriteShard(request.checkpoint_dir(), state));
+  int64_t bytes = 0;
+  for (const auto& v : state.vars) {
+    bytes += 4 * static_cast<int64_t>(v.value.size());
+    for (const auto& sl : v.slots) bytes += 4 * static_cast<int64_t>(sl.values.size());
+  }
+  v1::SaveResponse response;
+  response.set_path(path);
+  response.set_global_step(state.global_step);
+  response.set_bytes(bytes);
   return response;
 }
 
@@ -339,6 +469,10 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
   }
   v1::PushResponse response;
   absl::MutexLock lock(&job.mu);
+  if (job.deleted) {
+    return absl::AbortedError(absl::StrCat("push: job \"", job.id, "\" was deleted on ps ",
+                                           options_.task_index));
+  }
   internal::WorkerRecord& rec = job.workers[h.worker_task()];
   if (rec.seen && rec.incarnation == h.incarnation() && h.sequence() <= rec.last_sequence) {
     ++job.duplicate;
@@ -425,6 +559,10 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   const absl::Time start = absl::Now();
   absl::Time next_log = start + options_.wait_log_interval;
   while (!ready()) {
+    if (job.deleted) {
+      return absl::AbortedError(absl::StrCat("pull: job \"", job.id, "\" was deleted on ps ",
+                                             options_.task_index, " while waiting"));
+    }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -444,6 +582,10 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
       next_log = now + options_.wait_log_interval;
     }
     job.changed.WaitWithDeadline(&job.mu, std::min(deadline, next_log));
+  }
+  if (job.deleted) {
+    return absl::AbortedError(absl::StrCat("pull: job \"", job.id, "\" was deleted on ps ",
+                                           options_.task_index));
   }
   if (!job.snapshot) {
     auto snap = std::make_shared<WeightsSnapshot>();
@@ -475,11 +617,70 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
     s->set_pushes_applied(job->applied);
     s->set_pushes_stale(job->stale);
     s->set_pushes_duplicate(job->duplicate);
+    const absl::Time now = absl::Now();
     if (job->config.mode() == v1::SYNC) {
       for (int w : job->pushed) s->add_pushed_this_step(w);
       for (int w : job->WaitingForLocked()) s->add_waiting_for(w);
+      s->set_step_open_s(absl::ToDoubleSeconds(now - job->step_opened));
     }
+    job->RollLocked(now);
+    // Rate over the previous full window plus the current partial one.
+    const double span = absl::ToDoubleSeconds(now - job->window_start) +
+                        absl::ToDoubleSeconds(Job::kWindow);
+    const int64_t n = job->window_requests[0] + job->window_requests[1];
+    s->set_requests_per_s(n / std::max(span, 1e-3));
+    s->set_mean_latency_ms(
+        n > 0 ? 1e3 * (job->window_service_s[0] + job->window_service_s[1]) / n : 0);
+    s->set_restored_step(job->restored_step);
+    s->set_steps_applied(job->steps_applied);
+    s->set_slot_bytes(job->slot_bytes());
   }
+  response.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
+  response.set_incarnation(static_cast<int64_t>(incarnation_ >> 1));
+  return response;
+}
+
+void ParameterServer::RecordRequest(const std::string& job_id, absl::Duration service_time) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return;
+    job = it->second;
+  }
+  absl::MutexLock lock(&job->mu);
+  job->RollLocked(absl::Now());
+  ++job->window_requests[0];
+  job->window_service_s[0] += absl::ToDoubleSeconds(service_time);
+}
+
+v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& request) {
+  v1::DeleteJobResponse response;
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) return response;
+    job = std::move(it->second);
+    jobs_.erase(it);
+  }
+  int64_t freed = job->bytes();
+  {
+    absl::MutexLock lock(&job->mu);
+    freed += job->slot_bytes();
+    job->deleted = true;
+    // Free the memory now, not when the last waiting pull lets go of the job.
+    job->vars.clear();
+    job->vars.shrink_to_fit();
+    job->acc.clear();
+    job->free_buffers.clear();
+    job->snapshot.reset();
+    job->changed.SignalAll();
+  }
+  response.set_existed(true);
+  response.set_bytes_freed(freed);
+  TLOG(INFO) << "ps " << options_.task_index << ": job \"" << request.job_id()
+             << "\" deleted, " << freed << " bytes freed";
   return response;
 }
 

@@ -101,13 +101,34 @@ class ParameterServer {
   // Status of one job, or of all when job_id is empty.
   v1::StatusResponse Status(const v1::StatusRequest& request);
 
+  // Frees the job's variables and optimizer slots. Pulls waiting on it fail
+  // with ABORTED; later calls for it get NotFound. OK (existed=false) for an
+  // unknown job.
+  v1::DeleteJobResponse DeleteJob(const v1::DeleteJobRequest& request);
+
+  // Writes this server's shard of the job (values, optimizer slots, global
+  // step, async progress) under request.checkpoint_dir, atomically. The state
+  // is copied under the job's lock; the file is written without it. NotFound
+  // for an unknown job; errors from the file system name the path.
+  absl::StatusOr<v1::SaveResponse> Save(const v1::SaveRequest& request);
+
+  // Counts one served push or pull of `job_id` taking `service_time` (the
+  // adapter's time streaming and applying, without waits) for the
+  // requests/s and latency figures of Status().
+  void RecordRequest(const std::string& job_id, absl::Duration service_time);
+
   // The job's variable definitions, in var_index order (NotFound if unknown).
   absl::StatusOr<std::vector<v1::VariableDef>> Variables(const std::string& job_id);
 
  private:
   absl::StatusOr<std::shared_ptr<internal::Job>> FindJob(const std::string& id);
 
+  absl::StatusOr<std::shared_ptr<internal::Job>> CreateJob(
+      const v1::RegisterRequest& request, const v1::TrainingConfig& config);
+
   const ParameterServerOptions options_;
+  const absl::Time started_ = absl::Now();
+  const uint64_t incarnation_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<internal::Job>> jobs_ ABSL_GUARDED_BY(mu_);
 };

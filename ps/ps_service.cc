@@ -35,6 +35,8 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "push: the first message must carry the header");
   }
+  const absl::Time start = absl::Now();
+  const std::string job_id = msg.header().job_id();
   auto session = ps_.BeginPush(msg.header());
   if (!session.ok()) return ToGrpcStatus(session.status());
   do {
@@ -46,6 +48,7 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
   auto r = ps_.FinishPush(std::move(*session));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *r;
+  ps_.RecordRequest(job_id, absl::Now() - start);
   return grpc::Status::OK;
 }
 
@@ -55,6 +58,7 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
   const absl::Time deadline = absl::FromChrono(context->deadline());
   auto snap = ps_.Pull(*request, deadline);
   if (!snap.ok()) return ToGrpcStatus(snap.status());
+  const absl::Time start = absl::Now();  // after the wait: service time only
   const WeightsSnapshot& w = **snap;
   const int64_t chunk = std::clamp<int64_t>(
       request->chunk_bytes() > 0 ? request->chunk_bytes() : default_chunk_bytes_,
@@ -73,6 +77,23 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
   if (!out.Finish(/*even_if_empty=*/w.values.empty())) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
   }
+  ps_.RecordRequest(request->job_id(), absl::Now() - start);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::DeleteJob(grpc::ServerContext*,
+                                             const v1::DeleteJobRequest* request,
+                                             v1::DeleteJobResponse* response) {
+  *response = ps_.DeleteJob(*request);
+  return grpc::Status::OK;
+}
+
+grpc::Status ParameterServiceImpl::SaveCheckpoint(grpc::ServerContext*,
+                                                  const v1::SaveRequest* request,
+                                                  v1::SaveResponse* response) {
+  auto r = ps_.Save(*request);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *r;
   return grpc::Status::OK;
 }
 

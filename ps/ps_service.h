@@ -28,6 +28,10 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   grpc::Status GetStatus(grpc::ServerContext* context,
                          const v1::StatusRequest* request,
                          v1::StatusResponse* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext* context, const v1::SaveRequest* request,
+                              v1::SaveResponse* response) override;
 
  private:
   ParameterServer& ps_;

@@ -107,6 +107,9 @@ v1::JobSpec JobWithDefaults(const v1::JobSpec& in) {
   if (d->dir().empty()) d->set_dir("/usr/share/datasets/fashion-mnist");
   if (d->ones_examples() == 0) d->set_ones_examples(100);
   if (d->shuffle_seed() == 0) d->set_shuffle_seed(1);
+  if (j.log_every_steps() == 0) j.set_log_every_steps(50);
+  if (j.max_restarts() == 0) j.set_max_restarts(3);
+  if (j.checkpoint().keep() == 0) j.mutable_checkpoint()->set_keep(3);
   return j;
 }
 
@@ -132,6 +135,15 @@ absl::Status ValidateJob(const v1::JobSpec& j, int num_workers) {
     return bad("data.ones_examples must be > 0");
   }
   if (!v1::DataSpec::Source_IsValid(d.source())) return bad("data.source is unknown");
+  if (j.log_every_steps() < 0) return bad("log_every_steps is negative");
+  const v1::CheckpointSpec& c = j.checkpoint();
+  if (c.every_steps() < 0) {
+    return bad(absl::StrCat("checkpoint.every_steps = ", c.every_steps(), " (want >= 0)"));
+  }
+  if (c.every_seconds() < 0) {
+    return bad(absl::StrCat("checkpoint.every_seconds = ", c.every_seconds(), " (want >= 0)"));
+  }
+  if (c.keep() < 0) return bad(absl::StrCat("checkpoint.keep = ", c.keep(), " (want >= 1)"));
   return absl::OkStatus();
 }
 

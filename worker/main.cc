@@ -1,7 +1,10 @@
-// The worker binary: parses flags into a JobSpec, loads its data, trains with
-// the parameter servers, and (chief) prints the final summary line:
-//   final: test_accuracy=<x> test_loss=<y> steps=<n> wall_s=<t>
-#include <cblas.h>
+// The worker binary. Two modes:
+// - one job from flags (default): parses flags into a JobSpec, trains it with
+//   the parameter servers and (chief) prints the final summary line
+//     final: test_accuracy=<x> test_loss=<y> steps=<n> wall_s=<t>
+// - --serve: a long-running worker that runs the jobs the chief sends; the
+//   chief also serves JobService (towerctl's server) with its queue of jobs.
+#include <signal.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -13,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/util/json_util.h"
 #include "common/cluster_flags.h"
 #include "common/device_manager.h"
 #include "common/gpu_info.h"
@@ -25,7 +29,11 @@
 #include "worker/model.h"
 #include "worker/ps_client.h"
 #include "worker/towers.h"
+#include "worker/job_manager.h"
+#include "worker/job_runner.h"
+#include "worker/job_service.h"
 #include "worker/trainer.h"
+#include "worker/worker_service.h"
 
 ABSL_FLAG(std::string, model, "mlp", "Built-in job: mlp or dense_stack (ignored with --job_spec).");
 ABSL_FLAG(std::string, job_spec, "", "JobSpec file, JSON or protobuf text format.");
@@ -56,6 +64,16 @@ ABSL_FLAG(std::string, layout, "",
 ABSL_FLAG(int, blas_threads, 0,
           "BLAS threads per tower (0: cores / towers, so towers never oversubscribe).");
 ABSL_FLAG(double, wait_timeout_s, 600, "Longest wait for servers or a step before failing.");
+ABSL_FLAG(bool, print_job_spec, false,
+          "Print the job that the job flags describe (built-in model, --job_spec, overrides) as "
+          "JSON for `towerctl submit`, and exit.");
+ABSL_FLAG(bool, serve, false,
+          "Run as a service: wait for jobs from the chief (submitted with towerctl) instead of "
+          "training the job given by flags. The chief (worker 0) also serves JobService.");
+ABSL_FLAG(std::string, state_dir, "towerps_state",
+          "Chief with --serve: job records, events, and default checkpoint and TensorBoard dirs.");
+ABSL_FLAG(std::string, bind_address, "",
+          "With --serve: address to listen on. Default: 0.0.0.0 with this task's port.");
 
 namespace {
 
@@ -97,6 +115,49 @@ absl::Status ApplyOverrides(JobSpec* job) {
   return absl::OkStatus();
 }
 
+// Service mode: serve WorkerService (and, on the chief, JobService) until
+// SIGINT or SIGTERM.
+int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::WorkerEnv& env) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  towerps::worker::WorkerRuntime runtime(env);
+  towerps::worker::WorkerServiceImpl worker_service(runtime);
+  std::vector<grpc::Service*> services = {&worker_service};
+  std::unique_ptr<towerps::worker::JobManager> manager;
+  std::unique_ptr<towerps::worker::JobServiceImpl> job_service;
+  if (spec.is_chief()) {
+    towerps::worker::JobManagerOptions mopts;
+    mopts.cluster = spec;
+    mopts.state_dir = absl::GetFlag(FLAGS_state_dir);
+    mopts.local = &runtime;
+    auto m = towerps::worker::JobManager::Create(mopts);
+    if (!m.ok()) return Fail("job service", m.status(), 2);
+    manager = std::move(*m);
+    if (auto s = manager->Start(); !s.ok()) return Fail("job service", s, 1);
+    job_service = std::make_unique<towerps::worker::JobServiceImpl>(*manager);
+    services.push_back(job_service.get());
+  }
+  std::string address = absl::GetFlag(FLAGS_bind_address);
+  if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec.self_address());
+  int port = 0;
+  auto server = towerps::common::StartServer(address, services, &port);
+  if (!server.ok()) return Fail("serve", server.status(), 1);
+  TLOG(INFO) << spec.TaskName() << " serving on " << address << " (port " << port << ")"
+             << (spec.is_chief() ? absl::StrCat("; chief: JobService up, state in ",
+                                                absl::GetFlag(FLAGS_state_dir))
+                                 : std::string());
+  int sig = 0;
+  sigwait(&stop, &sig);
+  TLOG(INFO) << spec.TaskName() << ": signal " << sig << ", shutting down";
+  (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  manager.reset();  // stops the running job; its record stays RUNNING for a restart
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -115,6 +176,20 @@ int main(int argc, char** argv) {
   *job = towerps::worker::JobWithDefaults(*job);
   const int num_workers = static_cast<int>(spec->worker.size());
   if (auto s = towerps::worker::ValidateJob(*job, num_workers); !s.ok()) return Fail("job spec", s, 2);
+  if (absl::GetFlag(FLAGS_print_job_spec)) {
+    // The job as these flags describe it, for `towerctl submit`. The chief
+    // assigns an id unless the flags named one.
+    JobSpec out = *job;
+    if (absl::GetFlag(FLAGS_job_id).empty()) out.clear_job_id();
+    if (out.model().name() == job->job_id()) out.mutable_model()->clear_name();
+    std::string json;
+    google::protobuf::util::JsonPrintOptions o;
+    o.add_whitespace = true;
+    o.preserve_proto_field_names = true;
+    if (!google::protobuf::util::MessageToJsonString(out, &json, o).ok()) return 1;
+    std::cout << json;
+    return 0;
+  }
 
   // Devices: the physical ones, split as asked. CUDA has already applied
   // CUDA_VISIBLE_DEVICES to what it reports, so it is not passed again here.
@@ -127,118 +202,32 @@ int main(int argc, char** argv) {
   dopts.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);
   auto devices = towerps::common::DeviceManager::Create(dopts);
   if (!devices.ok()) return Fail("devices", devices.status(), 2);
-  std::vector<std::string> device_names;
-  for (const auto* d : (*devices)->devices()) device_names.push_back(d->short_name());
-  if (absl::GetFlag(FLAGS_layout) == "classic") {
-    if (auto s = towerps::worker::ApplyClassicLayout(device_names, job->mutable_model()); !s.ok()) {
-      return Fail("layout", s, 2);
-    }
-  } else if (!absl::GetFlag(FLAGS_layout).empty()) {
+  towerps::worker::WorkerEnv env;
+  env.cluster = *spec;
+  env.devices = devices->get();
+  env.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  env.wait_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s));
+  env.blas_threads = absl::GetFlag(FLAGS_blas_threads);
+  env.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);
+  env.layout = absl::GetFlag(FLAGS_layout);
+  if (!env.layout.empty() && env.layout != "classic") {
     return Fail("flags", absl::InvalidArgumentError("--layout must be \"classic\" or empty"), 2);
   }
-  bool layers_placed = false;
-  for (const auto& l : job->model().layers()) layers_placed |= !l.device().empty();
-  if (layers_placed && job->towers() > 1) {
-    return Fail("job spec", absl::InvalidArgumentError(
-                                "towers > 1 with per-layer devices is not supported yet"), 2);
-  }
-  // Tower t runs on the t-th device of the preferred type (GPU if any).
-  auto tower_devices = (*devices)->DevicesOfType("GPU");
-  if (tower_devices.empty()) tower_devices = (*devices)->DevicesOfType("CPU");
-  std::vector<std::unique_ptr<towerps::worker::DevicePlacer>> placers;
-  for (int t = 0; t < job->towers(); ++t) {
-    placers.push_back(std::make_unique<towerps::worker::DevicePlacer>(
-        **devices, [] { return towerps::worker::NewCpuBackend(); }));
-    if (absl::GetFlag(FLAGS_log_device_placement) && !layers_placed) {
-      TLOG(INFO) << "tower " << t << ": "
-                 << tower_devices[t % tower_devices.size()]->name();
-    }
-  }
-  auto towers = towerps::worker::Towers::Create(
-      job->model(), job->towers(), [&](int t) {
-        return placers[t]->Placer(
-            layers_placed ? "" : tower_devices[t % tower_devices.size()]->short_name());
-      });
-  if (!towers.ok()) return Fail("model", towers.status(), 2);
-  // Charge every tower's layers to their devices' memory limits now, so a
-  // model that does not fit fails here with the device and the numbers.
-  constexpr int64_t kEvalBatch = 1000;  // EvaluateModel's batch
-  const int64_t worker_batch =
-      (job->global_batch_size() + num_workers - 1) / num_workers;
-  const int64_t tower_batch = (worker_batch + job->towers() - 1) / job->towers();
-  std::vector<std::unique_ptr<towerps::worker::MemoryReservation>> reservations;
-  for (int t = 0; t < job->towers(); ++t) {
-    const int64_t max_batch =
-        (t == 0 && spec->is_chief()) ? std::max(tower_batch, kEvalBatch) : tower_batch;
-    auto r = towerps::worker::MemoryReservation::Reserve((*towers)->tower(t), **devices, max_batch);
-    if (!r.ok()) return Fail(absl::StrCat("tower ", t, " does not fit its devices"), r.status(), 2);
-    reservations.push_back(std::move(*r));
-  }
-  if (absl::GetFlag(FLAGS_log_device_placement)) {
-    TLOG(INFO) << "devices:\n" << (*devices)->Describe();
-  }
-  towerps::worker::Model* model = &(*towers)->primary();
-  // Towers on CPU share the cores: never more BLAS threads in all than cores.
-  if (absl::GetFlag(FLAGS_blas_threads) > 0 || job->towers() > 1) {
-    const int threads = absl::GetFlag(FLAGS_blas_threads) > 0
-                            ? absl::GetFlag(FLAGS_blas_threads)
-                            : towerps::worker::BlasThreadsPerTower(
-                                  static_cast<int>(std::thread::hardware_concurrency()),
-                                  job->towers());
-    openblas_set_num_threads(threads);
-    TLOG(INFO) << job->towers() << " tower(s), " << threads << " BLAS thread(s) each; reduction: "
-               << (*towers)->reducer().Name();
+
+  if (absl::GetFlag(FLAGS_serve)) {
+    TLOG(INFO) << spec->TaskName() << ": " << towerps::common::DescribeGpus(towerps::common::QueryGpus());
+    return Serve(*spec, env);
   }
 
-  TLOG(INFO) << spec->TaskName() << ": " << towerps::common::DescribeGpus(towerps::common::QueryGpus());
-
-  // Data: every worker reads the set and trains on its slices of each batch.
-  towerps::worker::Dataset train, test;
-  const auto& d = job->data();
-  if (d.source() == towerps::v1::DataSpec::ONES) {
-    train = towerps::worker::MakeOnes(d.ones_examples(), model->input_dim(),
-                                      d.ones_target_dim() > 0 ? d.ones_target_dim()
-                                                              : model->output_dim());
-    test = train;
-  } else {
-    auto tr = towerps::worker::LoadFashionMnist(d.dir(), true, d.max_train_examples());
-    if (!tr.ok()) return Fail("train data", tr.status());
-    auto te = towerps::worker::LoadFashionMnist(d.dir(), false, d.max_test_examples());
-    if (!te.ok()) return Fail("test data", te.status());
-    train = std::move(*tr);
-    test = std::move(*te);
+  towerps::worker::JobHooks hooks;
+  hooks.log = [](const std::string& line) { std::cout << line << std::endl; };
+  hooks.log_every_steps = absl::GetFlag(FLAGS_log_every_steps);
+  auto result = towerps::worker::RunJob(env, *job, "", hooks);
+  if (!result.ok()) {
+    const bool setup = absl::IsInvalidArgument(result.status()) ||
+                       absl::IsResourceExhausted(result.status());
+    return Fail(setup ? "job cannot run here" : "training failed", result.status(), setup ? 2 : 1);
   }
-
-  towerps::worker::ParameterClientOptions copts;
-  copts.ps_addresses = spec->ps;
-  copts.job_id = job->job_id();
-  copts.worker_task = spec->task_index;
-  copts.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
-  copts.wait_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s));
-  auto client = towerps::worker::NewGrpcParameterClient(copts, model->VariableDefs(),
-                                                        job->placement());
-  if (!client.ok()) return Fail("parameter client", client.status());
-
-  if (spec->is_chief()) {
-    std::cout << model->Summary() << "\n";
-    std::cout << "Placement (" << towerps::v1::PlacementStrategy_Name(job->placement()) << "):\n"
-              << (*client)->placement().Describe(model->VariableDefs()) << "\n";
-    std::cout << absl::StrFormat(
-                     "Job \"%s\": %s, %d workers, global batch %d, %d epochs, %d train / %d test examples\n",
-                     job->job_id(), towerps::v1::Mode_Name(job->mode()), num_workers,
-                     job->global_batch_size(), job->epochs(), train.size(), test.size())
-              << std::flush;
-  }
-  towerps::worker::TrainerOptions topts;
-  topts.job = *job;
-  topts.worker_task = spec->task_index;
-  topts.num_workers = num_workers;
-  topts.is_chief = spec->is_chief();
-  topts.log_every_steps = absl::GetFlag(FLAGS_log_every_steps);
-  topts.progress = [](const std::string& line) { std::cout << line << std::endl; };
-  towerps::worker::Trainer trainer(topts, **towers, **client, train, test);
-  auto result = trainer.Run();
-  if (!result.ok()) return Fail("training failed", result.status());
   if (spec->is_chief()) {
     const std::string acc = std::isnan(result->test_accuracy)
                                 ? "n/a"

@@ -62,6 +62,13 @@ class GrpcParameterClient : public ParameterClient {
     push_msgs_.resize(n);
   }
 
+  absl::Status CheckCancelled() const {
+    if (options_.cancelled != nullptr && options_.cancelled->load()) {
+      return absl::CancelledError("job cancelled");
+    }
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<int64_t> Register(const v1::TrainingConfig& config) override {
     const int n = static_cast<int>(stubs_.size());
     std::vector<int64_t> steps(n, 0);
@@ -69,14 +76,23 @@ class GrpcParameterClient : public ParameterClient {
       v1::RegisterRequest req;
       req.set_job_id(options_.job_id);
       *req.mutable_config() = config;
+      req.set_restore_from(options_.restore_from);
+      req.set_num_ps(n);
       for (int v : on_server_[s]) *req.add_variables() = vars_[v];
       v1::RegisterResponse resp;
-      grpc::ClientContext ctx;
-      // Wait for the server to come up (workers may start first).
-      ctx.set_wait_for_ready(true);
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.wait_timeout));
-      absl::Status st = FromGrpcStatus(stubs_[s]->RegisterVariables(&ctx, req, &resp));
-      if (!st.ok()) return st;
+      // Wait for the server to come up (workers may start first), in short
+      // slices so that a cancellation is noticed.
+      const absl::Time give_up = absl::Now() + options_.wait_timeout;
+      while (true) {
+        grpc::ClientContext ctx;
+        ctx.set_wait_for_ready(true);
+        ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(5))));
+        absl::Status st = FromGrpcStatus(stubs_[s]->RegisterVariables(&ctx, req, &resp));
+        if (st.ok()) break;
+        if (!absl::IsDeadlineExceeded(st) && !absl::IsUnavailable(st)) return st;
+        TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+        if (absl::Now() >= give_up) return st;
+      }
       steps[s] = resp.global_step();
       return absl::OkStatus();
     }));
@@ -97,6 +113,7 @@ class GrpcParameterClient : public ParameterClient {
       while (true) {
         absl::Status st = PullOnce(s, min_step, iteration, weights, &steps[s]);
         if (st.ok() || !Retryable(st)) return st;
+        TOWERPS_RETURN_IF_ERROR(CheckCancelled());
         if (absl::Now() >= give_up) {
           return absl::DeadlineExceededError(absl::StrCat(
               "gave up after ", absl::FormatDuration(options_.wait_timeout),
@@ -126,6 +143,7 @@ class GrpcParameterClient : public ParameterClient {
       for (int attempt = 1;; ++attempt) {
         absl::Status st = PushOnce(s, sequence, step, num_examples, grads, &responses[s]);
         if (st.ok() || !Retryable(st) || attempt >= options_.max_push_attempts) return st;
+        TOWERPS_RETURN_IF_ERROR(CheckCancelled());
         TLOG(WARNING) << "worker " << options_.worker_task << ": push to ps " << s
                       << " failed (attempt " << attempt << "), retrying: " << st.message();
         absl::SleepFor(backoff);

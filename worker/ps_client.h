@@ -7,6 +7,7 @@
 #ifndef TOWERPS_WORKER_PS_CLIENT_H_
 #define TOWERPS_WORKER_PS_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -33,6 +34,12 @@ struct ParameterClientOptions {
   // step (while logging) before giving up. Default: 10 minutes.
   absl::Duration wait_timeout = absl::Minutes(10);
   int max_push_attempts = 5;
+  // When a server creates the job, it restores its shard from this
+  // checkpoint directory instead of initializing. Default: empty (initialize).
+  std::string restore_from;
+  // Set by another thread to abandon waits and retries: calls then return
+  // Cancelled. Not owned; may be null.
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 struct PushResult {

@@ -12,9 +12,11 @@
 #ifndef TOWERPS_WORKER_TRAINER_H_
 #define TOWERPS_WORKER_TRAINER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/towerps.pb.h"
@@ -33,6 +35,23 @@ struct TrainerOptions {
   int log_every_steps = 50;  // Progress line period; 0 = only per epoch.
   // Where progress lines go. Default: stderr via TLOG.
   std::function<void(const std::string&)> progress;
+  // Structured progress (chief): every log_every_steps and at each epoch end
+  // (`epoch_end`, with the evaluation filled in).
+  std::function<void(const v1::Metrics&, bool epoch_end)> on_metrics;
+  // Chief: called after each pull with the step pulled, before the gradient
+  // is computed (so in SYNC every server is at exactly that step): the place
+  // for checkpoints. An error stops training.
+  std::function<absl::Status(int64_t step)> after_pull;
+  // Chief: the current weights after each epoch's evaluation (histograms).
+  std::function<void(int64_t step, const std::vector<common::Tensor*>& weights)> on_epoch;
+  // The servers restore the job from a checkpoint: training resumes at the
+  // step they report (ASYNC: each worker skips its share of the steps done).
+  bool restoring = false;
+  // Set by another thread to stop at the next step: Run() returns Cancelled.
+  const std::atomic<bool>* cancelled = nullptr;  // Not owned.
+  // Updated as training goes, for status reports.
+  std::atomic<int64_t>* last_step = nullptr;     // Not owned.
+  std::atomic<int64_t>* iterations = nullptr;    // Not owned.
 };
 
 struct TrainResult {
@@ -43,10 +62,15 @@ struct TrainResult {
   int64_t stale_pushes = 0;
   double wall_s = 0;
   bool evaluated = false;    // Chief only.
+  int64_t start_step = 0;    // Step the servers were at when training began (restored).
 };
 
 // Mean loss and accuracy of `model` (current weights) over `data`.
 absl::StatusOr<std::pair<double, double>> EvaluateModel(Model& model, const Dataset& data);
+
+// The optimizer the servers run: the job's, with a COSINE schedule's default
+// decay_steps (0) resolved to total_steps - warmup_steps.
+v1::OptimizerSpec TrainingOptimizer(const v1::JobSpec& job, int64_t total_steps);
 
 class Trainer {
  public:
@@ -59,9 +83,11 @@ class Trainer {
 
  private:
   void Progress(const std::string& line);
-  absl::Status EvalAndReport(int64_t epoch, TrainResult* result);
+  absl::Status EvalAndReport(int64_t epoch, int64_t step, TrainResult* result);
+  absl::Status CheckCancelled() const;
 
   const TrainerOptions options_;
+  v1::OptimizerSpec optimizer_;  // As the servers run it (set by Run).
   Towers& towers_;
   ParameterClient& client_;
   const Dataset& train_;

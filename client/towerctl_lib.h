@@ -1,0 +1,60 @@
+// towerctl: the command-line client of the chief's JobService. Everything but
+// the process plumbing lives here so that tests can run commands against an
+// in-process server and read what they print.
+//
+// RunTowerctl is thread-compatible: concurrent calls need their own streams.
+#ifndef TOWERPS_CLIENT_TOWERCTL_LIB_H_
+#define TOWERPS_CLIENT_TOWERCTL_LIB_H_
+
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "proto/towerps.grpc.pb.h"
+
+namespace towerps::client {
+
+// Exit codes of towerctl (also listed in its usage text).
+enum ExitCode : int {
+  kExitOk = 0,           // Success; a followed job SUCCEEDED.
+  kExitFailed = 1,       // A followed job FAILED or was CANCELLED; a server-side error.
+  kExitUsage = 2,        // Bad command line or job spec (also InvalidArgument and
+                         // AlreadyExists from SubmitJob).
+  kExitUnreachable = 3,  // The chief cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED).
+};
+
+// Makes a JobService stub for the chief's "host:port".
+using JobServiceStubFactory =
+    std::function<std::unique_ptr<v1::JobService::StubInterface>(const std::string& chief)>;
+
+// An insecure channel with common::NewChannel's limits.
+JobServiceStubFactory DefaultJobServiceStubFactory();
+
+// What towerctl takes from its process. The streams are not owned and must
+// outlive the call.
+struct TowerctlEnv {
+  std::ostream& out;
+  std::ostream& err;
+  // Stdout is a terminal: `logs -f` and `submit --wait` draw a live progress
+  // bar. Default: false (one plain line per event).
+  bool stdout_is_tty = false;
+  // $TOWERCTL_CHIEF, used when --chief is not given. Default: empty (unset).
+  std::string chief_from_env;
+  // Default: DefaultJobServiceStubFactory().
+  JobServiceStubFactory stub_factory = DefaultJobServiceStubFactory();
+};
+
+// Runs one towerctl command line (`args` without the program name) and
+// returns its exit code (an ExitCode). Prints results to env.out, errors to
+// env.err as "towerctl: ..." lines. Blocks until the command is done; `logs
+// -f` and `submit --wait` block until the job ends.
+int RunTowerctl(const std::vector<std::string>& args, const TowerctlEnv& env);
+
+// The usage text (`towerctl help`).
+std::string TowerctlUsage();
+
+}  // namespace towerps::client
+
+#endif  // TOWERPS_CLIENT_TOWERCTL_LIB_H_

@@ -1,0 +1,17 @@
+// towerctl: the command-line client of a towerps chief. See client/towerctl_lib.h
+// and `towerctl help`.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "client/towerctl_lib.h"
+
+int main(int argc, char** argv) {
+  const char* chief = std::getenv("TOWERCTL_CHIEF");
+  towerps::client::TowerctlEnv env{std::cout, std::cerr, isatty(STDOUT_FILENO) == 1,
+                                   chief != nullptr ? chief : ""};
+  return towerps::client::RunTowerctl(std::vector<std::string>(argv + 1, argv + argc), env);
+}
