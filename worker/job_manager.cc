@@ -984,27 +984,38 @@ class JobManager::Impl {
       for (int w : waiting) live.add_waiting_for(w);
       live.set_waiting_s(waited);
     }
+    // The most useful single line: a step stuck on some workers first (and
+    // whether they answer at all), then unreachable tasks.
     std::string explanation;
+    if (sync && !waiting.empty() && waited >= 2.0) {
+      std::vector<std::string> silent;
+      for (int w : waiting) {
+        if (w < static_cast<int>(live.workers_size()) && !live.workers(w).reachable()) {
+          silent.push_back(absl::StrCat(w));
+        }
+      }
+      explanation = absl::StrFormat(
+          "step %d has waited %.1f s for worker%s %s%s", step, waited, waiting.size() > 1 ? "s" : "",
+          absl::StrJoin(waiting, ", "),
+          silent.empty() ? ""
+                         : absl::StrCat(" (worker ", absl::StrJoin(silent, ", "),
+                                        " does not answer status requests either: stopped, "
+                                        "hung or overloaded?)"));
+    }
     for (const auto& sh : live.shards()) {
-      if (!sh.reachable()) {
+      if (explanation.empty() && !sh.reachable()) {
         explanation = absl::StrCat("ps ", sh.ps_task(), " (", sh.address(), ") is unreachable: ",
                                    sh.error());
       }
     }
-    if (explanation.empty()) {
-      for (const auto& w : live.workers()) {
-        if (!w.reachable()) {
-          explanation = absl::StrCat("worker ", w.task_index(), " (", w.address(),
-                                     ") is unreachable: ", w.error());
-        }
+    for (const auto& w : live.workers()) {
+      if (explanation.empty() && !w.reachable()) {
+        explanation = absl::StrCat("worker ", w.task_index(), " (", w.address(),
+                                   ") is unreachable: ", w.error());
       }
     }
     if (explanation.empty() && step < 0) {
       explanation = "starting: the servers do not hold the job's variables yet";
-    }
-    if (explanation.empty() && sync && !waiting.empty() && waited >= 2.0) {
-      explanation = absl::StrFormat("step %d has waited %.1f s for worker%s %s", step, waited,
-                                    waiting.size() > 1 ? "s" : "", absl::StrJoin(waiting, ", "));
     }
     if (explanation.empty()) explanation = absl::StrCat("running: step ", step);
     live.set_explanation(explanation);

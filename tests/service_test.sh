@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# The cluster as a service, end to end: deploy/local_cluster.sh --serve starts
+# real ps and worker processes on 127.0.0.1, and every check goes through the
+# real towerctl binary. Covers: towerctl exit codes, invalid specs rejected at
+# submit with the field named (and the cluster still serving), two jobs in
+# order, cancel freeing the variables on the servers, a SIGSTOPped worker
+# named by `towerctl status`, a ps killed with SIGKILL and restarted (the job
+# finishes from its last checkpoint, close to an uninterrupted run, no step
+# before the checkpoint applied twice), export, and a corrupted checkpoint
+# skipped. Every process stops with the test.
+set -uo pipefail
+
+export TOWERPS_BIN_DIR="$PWD"
+TOWERCTL="$PWD/client/towerctl"
+LAUNCHER="$PWD/deploy/local_cluster.sh"
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+export TOWERPS_LOG_DIR="$TMP/cluster"
+export OPENBLAS_NUM_THREADS=1
+FAILS=0 PASSES=0
+pass() { echo "PASS: $1"; PASSES=$((PASSES + 1)); }
+fail() { echo "FAIL: $1"; FAILS=$((FAILS + 1)); }
+EXTRA_PIDS=()
+cleanup() {
+  [ -n "${CLUSTER_PID:-}" ] && kill "$CLUSTER_PID" 2>/dev/null
+  for p in "${EXTRA_PIDS[@]}"; do kill -CONT "$p" 2>/dev/null; kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+trap cleanup EXIT
+
+# A JSON field of towerctl --output=json, by a Python expression on `d`.
+jq_py() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+echo "== towerctl usage errors and an unreachable chief"
+"$TOWERCTL" >/dev/null 2>&1; rc=$?
+[ "$rc" -eq 2 ] && pass "no arguments: exit 2" || fail "no arguments: exit $rc"
+out=$("$TOWERCTL" --chief=127.0.0.1:1 frobnicate 2>&1); rc=$?
+[ "$rc" -eq 2 ] && grep -q frobnicate <<<"$out" && pass "unknown command: exit 2" || fail "unknown command: exit $rc: $out"
+out=$(env -u TOWERCTL_CHIEF "$TOWERCTL" list 2>&1); rc=$?
+[ "$rc" -eq 2 ] && grep -q TOWERCTL_CHIEF <<<"$out" && pass "no chief given: exit 2" || fail "no chief: exit $rc: $out"
+out=$("$TOWERCTL" --chief=127.0.0.1:1 --timeout_s=2 list 2>&1); rc=$?
+[ "$rc" -eq 3 ] && grep -q "cannot reach the chief" <<<"$out" && pass "unreachable chief: exit 3" || fail "unreachable: exit $rc: $out"
+
+echo "== start the cluster as a service"
+timeout 600 "$LAUNCHER" --serve --ps=2 --workers=2 >"$TMP/launcher.log" 2>&1 &
+CLUSTER_PID=$!
+for ((t = 0; t < 600; t++)); do [ -s "$TOWERPS_LOG_DIR/chief_address" ] && break; sleep 0.1; done
+export TOWERCTL_CHIEF=$(cat "$TOWERPS_LOG_DIR/chief_address" 2>/dev/null)
+[ -n "$TOWERCTL_CHIEF" ] || { cat "$TMP/launcher.log"; echo "FAIL: cluster did not start"; exit 1; }
+echo "chief at $TOWERCTL_CHIEF"
+
+# job FILE NAME EPOCHS [extra text-format fields]
+job() {
+  cat >"$TMP/$1" <<JOB
+job_id: "$2"
+model { input_dim: 784 layers { type: DENSE units: 64 activation: RELU } layers { type: DENSE units: 10 } }
+optimizer { type: ADAM learning_rate: 0.002 }
+data { max_train_examples: 3000 max_test_examples: 1000 }
+global_batch_size: 100
+epochs: $3
+log_every_steps: 10
+$4
+JOB
+}
+
+echo "== invalid specs are rejected at submit, naming the field"
+reject() {  # NAME WANT SPEC_TEXT
+  printf '%s\n' "$3" >"$TMP/bad.txtpb"
+  out=$("$TOWERCTL" submit "$TMP/bad.txtpb" 2>&1); rc=$?
+  if [ "$rc" -eq 2 ] && grep -qF -- "$2" <<<"$out"; then pass "$1"; else fail "$1: exit $rc: $out"; fi
+}
+M='model { input_dim: 784 layers { type: DENSE units: 10 } }'
+reject "unknown layer" "layer 0: unknown layer type 9" 'model { input_dim: 784 layers { type: 9 units: 10 } }'
+reject "shape mismatch" "units = 11" 'model { input_dim: 784 layers { type: DENSE units: 11 } }'
+reject "input width mismatch" "input_dim = 100" 'model { input_dim: 100 layers { type: DENSE units: 10 } }'
+reject "negative batch size" "global_batch_size = -5" "$M global_batch_size: -5"
+reject "unknown optimizer" "optimizer.type" "$M optimizer { type: 9 }"
+reject "missing data path" '/no/such/dir' "$M data { dir: \"/no/such/dir\" }"
+reject "bad schedule" "decay_steps" "$M optimizer { schedule { type: STEP_DECAY decay_rate: 0.5 } }"
+printf '{"model": {"layers": [{"type": "CONV9"}]}}' >"$TMP/bad.json"
+out=$("$TOWERCTL" submit "$TMP/bad.json" 2>&1); rc=$?
+[ "$rc" -eq 2 ] && grep -q "type" <<<"$out" && pass "unknown layer type in JSON" || fail "JSON layer: exit $rc: $out"
+
+echo "== two jobs back to back, in order; the cluster kept serving after the rejections"
+job a.txtpb first 2 "checkpoint { every_steps: 20 }"
+job b.txtpb second 1 ""
+"$TOWERCTL" submit "$TMP/a.txtpb" >/dev/null && "$TOWERCTL" submit "$TMP/b.txtpb" >/dev/null \
+  || fail "submit of valid jobs"
+timeout 300 "$TOWERCTL" logs -f second >"$TMP/second.log" 2>&1; rc=$?
+[ "$rc" -eq 0 ] && pass "second job followed to success" || fail "logs -f second: exit $rc: $(tail -3 "$TMP/second.log")"
+"$TOWERCTL" --output=json list >"$TMP/list.json"
+check=$(python3 - "$TMP/list.json" <<'PY'
+import json, sys
+jobs = {j["jobId"]: j for j in json.load(open(sys.argv[1]))["jobs"]}
+a, b = jobs["first"], jobs["second"]
+ok = (a["state"] == "SUCCEEDED" and b["state"] == "SUCCEEDED"
+      and float(a["endTime"]) <= float(b["startTime"])
+      and a["metrics"].get("hasTest") and float(a["metrics"]["testAccuracy"]) > 0.6)
+print("ok" if ok else "bad: %s %s %s %s %s" % (a["state"], b["state"], a.get("endTime"), b.get("startTime"), a.get("metrics")))
+PY
+)
+[ "$check" = ok ] && pass "both SUCCEEDED, first ended before second started, metrics recorded" || fail "list: $check"
+"$TOWERCTL" list | grep -q "first.*SUCCEEDED" && pass "list table shows the jobs" || fail "list table"
+ls "$TOWERPS_LOG_DIR"/state/jobs/first/tensorboard/events.out.tfevents.* >/dev/null 2>&1 \
+  && pass "TensorBoard event file written" || fail "no event file"
+
+echo "== export"
+"$TOWERCTL" export first "$TMP/first.safetensors" >/dev/null 2>&1; rc=$?
+check=$(python3 - "$TMP/first.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+k = h["dense/kernel"]
+size = k["data_offsets"][1] - k["data_offsets"][0]
+print("ok" if k["shape"] == [784, 64] and size == 784 * 64 * 4 and h["dense_1/bias"]["shape"] == [10] else "bad %s" % h)
+PY
+)
+[ "$rc" -eq 0 ] && [ "$check" = ok ] && pass "export writes safetensors with every variable" || fail "export: rc=$rc $check"
+
+echo "== a corrupt checkpoint is skipped, falling back to the previous one"
+CK="$TOWERPS_LOG_DIR/state/jobs/first/checkpoints"
+latest=$(ls -d "$CK"/ckpt-* | sort | tail -1)
+python3 - "$latest/shard-0-of-2" <<'PY'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 0x01; open(p, "wb").write(b)
+PY
+out=$("$TOWERCTL" --output=json export first "$TMP/first2.safetensors" 2>&1); rc=$?
+if [ "$rc" -eq 0 ] && grep -q "skipped: .*shard-0-of-2.*CRC" "$TOWERPS_LOG_DIR/worker0.log"; then
+  pass "flipped byte detected, previous checkpoint exported"
+else
+  fail "corrupt checkpoint: rc=$rc $out $(grep skipped "$TOWERPS_LOG_DIR/worker0.log")"
+fi
+
+echo "== cancel stops a running job within seconds and frees its variables"
+job c.txtpb long 200 ""
+"$TOWERCTL" submit "$TMP/c.txtpb" >/dev/null
+for ((t = 0; t < 300; t++)); do
+  step=$("$TOWERCTL" --output=json status long 2>/dev/null | jq_py 'int(d.get("live",{}).get("globalStep","0"))' 2>/dev/null)
+  [ "${step:-0}" -gt 2 ] && break; sleep 0.1
+done
+held=$("$TOWERCTL" --output=json cluster | jq_py 'sum(int(t.get("bytesHeld","0")) for t in d["tasks"] if t["job"]=="ps")')
+start=$(date +%s.%N)
+"$TOWERCTL" cancel long >/dev/null
+state=$("$TOWERCTL" --output=json status long | jq_py 'd["job"]["state"]')
+secs=$(python3 -c "import time; print('%.1f' % (time.time() - $start))")
+after=$("$TOWERCTL" --output=json cluster | jq_py 'sum(int(t.get("bytesHeld","0")) for t in d["tasks"] if t["job"]=="ps"), sum(int(t.get("jobs",0)) for t in d["tasks"] if t["job"]=="ps")')
+if [ "$state" = CANCELLED ] && [ "${held:-0}" -gt 0 ] && [ "$after" = "0 0" ] && python3 -c "exit(0 if $secs < 10 else 1)"; then
+  pass "cancelled in ${secs}s; ps held $held bytes while running, $after (bytes, jobs) after"
+else
+  fail "cancel: state=$state held=$held after=$after in ${secs}s"
+fi
+"$TOWERCTL" logs long >/dev/null; rc=$?
+timeout 20 "$TOWERCTL" logs -f long >/dev/null 2>&1; rc=$?
+[ "$rc" -eq 1 ] && pass "following a cancelled job exits 1" || fail "logs -f cancelled: exit $rc"
+
+echo "== a stopped worker is named by towerctl status"
+job d.txtpb stall 3 ""
+"$TOWERCTL" submit "$TMP/d.txtpb" >/dev/null
+for ((t = 0; t < 300; t++)); do
+  step=$("$TOWERCTL" --output=json status stall 2>/dev/null | jq_py 'int(d.get("live",{}).get("globalStep","0"))' 2>/dev/null)
+  [ "${step:-0}" -gt 2 ] && break; sleep 0.1
+done
+W1=$(cat "$TOWERPS_LOG_DIR/worker1.pid")
+kill -STOP "$W1"
+sleep 4
+status=$("$TOWERCTL" status stall 2>&1)
+if grep -qE "waited [0-9.]+ s for worker 1" <<<"$status"; then
+  pass "status names worker 1: $(grep -m1 -E 'waited' <<<"$status" | sed 's/^ *//')"
+else
+  fail "status while worker 1 stopped: $status"
+fi
+kill -CONT "$W1"
+timeout 300 "$TOWERCTL" logs -f stall >/dev/null 2>&1; rc=$?
+[ "$rc" -eq 0 ] && pass "after SIGCONT the job completes" || fail "stall job: exit $rc"
+
+echo "== a ps killed with SIGKILL and restarted: the job resumes from its last checkpoint"
+job r.txtpb reference 6 "checkpoint { every_steps: 15 }"
+job k.txtpb killed 6 "checkpoint { every_steps: 15 }"
+"$TOWERCTL" submit "$TMP/r.txtpb" >/dev/null
+timeout 300 "$TOWERCTL" logs -f reference >/dev/null 2>&1 || fail "reference run"
+"$TOWERCTL" submit "$TMP/k.txtpb" >/dev/null
+for ((t = 0; t < 600; t++)); do
+  ck=$("$TOWERCTL" --output=json status killed 2>/dev/null | jq_py 'int(d["job"].get("checkpointStep","-1"))' 2>/dev/null)
+  [ "${ck:--1}" -ge 30 ] && break; sleep 0.1
+done
+P1=$(cat "$TOWERPS_LOG_DIR/ps1.pid")
+mapfile -d '' PS1_CMD <"/proc/$P1/cmdline"
+kill -9 "$P1"
+echo "killed ps 1 (pid $P1) after checkpoint step $ck"
+sleep 2
+"${PS1_CMD[@]}" >"$TOWERPS_LOG_DIR/ps1.restarted.log" 2>&1 &
+EXTRA_PIDS+=($!)
+timeout 300 "$TOWERCTL" logs -f killed >"$TMP/killed.log" 2>&1; rc=$?
+[ "$rc" -eq 0 ] && pass "the job finished after the ps restart" || fail "killed job: exit $rc: $(tail -5 "$TMP/killed.log")"
+"$TOWERCTL" --output=json list >"$TMP/list2.json"
+check=$(python3 - "$TMP/list2.json" <<'PY'
+import json, sys
+jobs = {j["jobId"]: j for j in json.load(open(sys.argv[1]))["jobs"]}
+r, k = jobs["reference"], jobs["killed"]
+acc_r, acc_k = float(r["metrics"]["testAccuracy"]), float(k["metrics"]["testAccuracy"])
+restored = int(k.get("restoredStep", "-1"))
+shards = k.get("finalShards", [])
+final = [int(s["globalStep"]) for s in shards]
+applied = [int(s.get("stepsApplied", "0")) for s in shards]
+rs = [int(s.get("restoredStep", "-1")) for s in shards]
+problems = []
+if int(k.get("attempts", 0)) < 2: problems.append("attempts=%s" % k.get("attempts"))
+if restored < 15: problems.append("restored_step=%d" % restored)
+if len(shards) != 2: problems.append("final shards %d" % len(shards))
+if any(x != restored for x in rs): problems.append("shards restored %s, job %d" % (rs, restored))
+if any(a != f - restored for a, f in zip(applied, final)): problems.append("applied %s final %s" % (applied, final))
+if abs(acc_r - acc_k) > 0.01: problems.append("accuracy %.4f vs %.4f" % (acc_k, acc_r))
+print("ok restored=%d final=%s applied=%s acc=%.4f ref=%.4f" % (restored, final, applied, acc_k, acc_r) if not problems else "bad: " + "; ".join(problems))
+PY
+)
+[[ "$check" == ok* ]] && pass "resumed from checkpoint: $check" || fail "resume: $check"
+
+echo "== towerctl cluster lists every task with its devices"
+out=$("$TOWERCTL" cluster 2>&1)
+if grep -q "device:CPU:0" <<<"$out" && [ "$(grep -cE '^ *(ps|worker) ' <<<"$out")" -ge 4 ]; then
+  pass "cluster lists ps and workers with devices"
+else
+  fail "cluster: $out"
+fi
+
+echo "tests: $PASSES passed, $FAILS failed"
+if [ "$FAILS" -ne 0 ]; then
+  echo "--- chief log tail"; tail -n 30 "$TOWERPS_LOG_DIR/worker0.log"
+fi
+[ "$FAILS" -eq 0 ]
