@@ -223,6 +223,45 @@ else
   fail "cluster: $out"
 fi
 
+echo "== TensorBoard reads a job's event files"
+if [ -n "${TOWERPS_TB_PYTHON:-}" ] && "$TOWERPS_TB_PYTHON" -c 'import tensorboard' 2>/dev/null; then
+  out=$("$TOWERPS_TB_PYTHON" - "$TOWERPS_LOG_DIR/state/jobs/first/tensorboard" <<'PY' 2>&1
+import sys
+from tensorboard.backend.event_processing import event_accumulator as ea
+acc = ea.EventAccumulator(sys.argv[1], size_guidance={ea.SCALARS: 0, ea.HISTOGRAMS: 0})
+acc.Reload()
+tags = acc.Tags()
+need = ["train/loss", "train/accuracy", "train/learning_rate", "train/examples_per_s", "test/accuracy", "test/loss"]
+missing = [t for t in need if t not in tags["scalars"]]
+hist = tags["histograms"]
+acc_vals = [e.value for e in acc.Scalars("test/accuracy")]
+ok = not missing and "dense/kernel" in hist and len(acc_vals) == 2 and 0.5 < acc_vals[-1] <= 1
+print("ok" if ok else "bad: missing %s, histograms %s, test accuracy %s" % (missing, hist, acc_vals))
+PY
+)
+  [ "$out" = ok ] && pass "TensorBoard loads the job's scalars and histograms" || fail "TensorBoard: $out"
+else
+  echo "SKIP: TOWERPS_TB_PYTHON has no tensorboard (tests/run.sh provides it)"
+fi
+
+echo "== job records survive a restart of the chief"
+W0=$(cat "$TOWERPS_LOG_DIR/worker0.pid")
+mapfile -d '' W0_CMD <"/proc/$W0/cmdline"
+kill -TERM "$W0"
+for ((t = 0; t < 100; t++)); do kill -0 "$W0" 2>/dev/null || break; sleep 0.1; done
+"${W0_CMD[@]}" >"$TOWERPS_LOG_DIR/worker0.restarted.log" 2>&1 &
+EXTRA_PIDS+=($!)
+for ((t = 0; t < 100; t++)); do "$TOWERCTL" --timeout_s=1 list >/dev/null 2>&1 && break; sleep 0.1; done
+out=$("$TOWERCTL" list 2>&1)
+if grep -q "first .*SUCCEEDED" <<<"$out" && grep -q "long .*CANCELLED" <<<"$out" && grep -q "killed .*SUCCEEDED" <<<"$out"; then
+  pass "restarted chief lists the earlier jobs with their states"
+else
+  fail "after chief restart: $out"
+fi
+job e.txtpb after_restart 1 ""
+out=$("$TOWERCTL" submit "$TMP/e.txtpb" --wait 2>&1); rc=$?
+[ "$rc" -eq 0 ] && grep -q "^final: test_accuracy=0\.[0-9]*" <<<"$out" && pass "restarted chief runs a new job" || fail "after restart job: exit $rc: $(tail -3 <<<"$out")"
+
 echo "tests: $PASSES passed, $FAILS failed"
 if [ "$FAILS" -ne 0 ]; then
   echo "--- chief log tail"; tail -n 30 "$TOWERPS_LOG_DIR/worker0.log"
