@@ -246,3 +246,119 @@ TEST(ParameterServerTest, AsyncStalenessBoundMakesFastWorkerWait) {
 
 }  // namespace
 }  // namespace towerps::ps
+
+namespace towerps::ps {
+namespace {
+
+v1::RegisterRequest AdamJob() {
+  v1::RegisterRequest r = TwoVarJob(v1::SYNC, 1);
+  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+  r.mutable_config()->mutable_optimizer()->set_learning_rate(0.1f);
+  return r;
+}
+
+std::vector<std::vector<float>> PullValues(ParameterServer& ps, int64_t min_step) {
+  v1::PullRequest p;
+  p.set_job_id("j");
+  p.set_min_step(min_step);
+  auto snap = ps.Pull(p, absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(snap.ok()) << snap.status();
+  return snap.ok() ? (*snap)->values : std::vector<std::vector<float>>{};
+}
+
+TEST(CheckpointTest, SaveThenRestoreContinuesBitIdentically) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/ckpt-0000000002";
+  ParameterServer a({});
+  ASSERT_TRUE(a.Register(AdamJob()).ok());
+  ASSERT_TRUE(PushConst(a, Header(0, 1, 0, 4), 0.5f).ok());
+  ASSERT_TRUE(PushConst(a, Header(0, 2, 1, 4), -0.25f).ok());
+  v1::SaveRequest save;
+  save.set_job_id("j");
+  save.set_checkpoint_dir(dir);
+  save.set_num_ps(1);
+  auto saved = a.Save(save);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->global_step(), 2);
+  // The original continues one more step.
+  ASSERT_TRUE(PushConst(a, Header(0, 3, 2, 4), 0.75f).ok());
+
+  // A fresh server restores (values, Adam's slots and step) and takes the same step.
+  ParameterServer b({});
+  v1::RegisterRequest r = AdamJob();
+  r.set_restore_from(dir);
+  r.set_num_ps(1);
+  auto reg = b.Register(r);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(reg->global_step(), 2);
+  EXPECT_EQ(reg->restored_step(), 2);
+  ASSERT_TRUE(PushConst(b, Header(0, 1, 2, 4, /*incarnation=*/9), 0.75f).ok());
+  EXPECT_EQ(PullValues(a, 3), PullValues(b, 3));
+  v1::StatusRequest sr;
+  const v1::JobStatus st = b.Status(sr).jobs(0);
+  EXPECT_EQ(st.restored_step(), 2);
+  EXPECT_EQ(st.steps_applied(), 1);  // only the step after the checkpoint
+  EXPECT_GT(st.slot_bytes(), 0);
+}
+
+TEST(CheckpointTest, RestoreRefusesAShardOfAnotherModel) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/other";
+  ParameterServer a({});
+  ASSERT_TRUE(a.Register(AdamJob()).ok());
+  v1::SaveRequest save;
+  save.set_job_id("j");
+  save.set_checkpoint_dir(dir);
+  save.set_num_ps(1);
+  ASSERT_TRUE(a.Save(save).ok());
+  ParameterServer b({});
+  v1::RegisterRequest r = AdamJob();
+  r.mutable_variables(1)->set_shape(0, 3);  // b is [3] now
+  r.set_restore_from(dir);
+  r.set_num_ps(1);
+  auto reg = b.Register(r);
+  EXPECT_EQ(reg.status().code(), absl::StatusCode::kFailedPrecondition) << reg.status();
+  EXPECT_NE(reg.status().message().find("\"b\""), std::string::npos) << reg.status();
+  EXPECT_EQ(b.Status(v1::StatusRequest()).jobs_size(), 0);  // nothing created
+  // A different optimizer (no slots where Adam had two) is refused too.
+  v1::RegisterRequest sgd = TwoVarJob(v1::SYNC, 1);
+  sgd.set_restore_from(dir);
+  sgd.set_num_ps(1);
+  EXPECT_EQ(b.Register(sgd).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A missing checkpoint is NotFound.
+  v1::RegisterRequest missing = AdamJob();
+  missing.set_restore_from(dir + "/nope");
+  missing.set_num_ps(1);
+  EXPECT_EQ(b.Register(missing).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(DeleteJobTest, FreesTheJobAndWakesWaitingPulls) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
+  absl::Status waited;
+  std::thread puller([&] {
+    v1::PullRequest p;
+    p.set_job_id("j");
+    p.set_min_step(1);  // never reached: nobody pushes
+    waited = ps.Pull(p, absl::Now() + absl::Seconds(20)).status();
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  v1::DeleteJobRequest d;
+  d.set_job_id("j");
+  const absl::Time start = absl::Now();
+  v1::DeleteJobResponse resp = ps.DeleteJob(d);
+  puller.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(resp.existed());
+  EXPECT_EQ(resp.bytes_freed(), (6 + 2) * 4);
+  EXPECT_EQ(waited.code(), absl::StatusCode::kAborted) << waited;
+  EXPECT_EQ(ps.Status(v1::StatusRequest()).jobs_size(), 0);
+  EXPECT_EQ(PushConst(ps, Header(0, 1, 0, 1), 1.0f).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(ps.DeleteJob(d).existed());
+  // The id can be used again, from scratch.
+  auto again = ps.Register(TwoVarJob(v1::SYNC, 2));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->created());
+  EXPECT_EQ(again->global_step(), 0);
+}
+
+}  // namespace
+}  // namespace towerps::ps
