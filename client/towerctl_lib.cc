@@ -309,7 +309,9 @@ int WatchEvents(Call& call, const std::string& job_id, bool follow) {
         call.env.out << absl::StrFormat(
             "final: test_accuracy=%s test_loss=%s steps=%d wall_s=%.1f\n",
             m.has_test() && m.has_accuracy() ? absl::StrFormat("%.4f", m.test_accuracy()) : "n/a",
-            m.has_test() ? absl::StrFormat("%.4f", m.test_loss()) : "n/a", m.step(),
+            m.has_test() ? absl::StrFormat("%.4f", m.test_loss()) : "n/a",
+            // The servers' step (ASYNC: every worker's pushes), else the chief's.
+            r.final_shards_size() > 0 ? r.final_shards(0).global_step() : m.step(),
             r.end_time() - r.start_time());
       }
     }
