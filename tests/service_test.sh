@@ -48,6 +48,17 @@ export TOWERCTL_CHIEF=$(cat "$TOWERPS_LOG_DIR/chief_address" 2>/dev/null)
 [ -n "$TOWERCTL_CHIEF" ] || { cat "$TMP/launcher.log"; echo "FAIL: cluster did not start"; exit 1; }
 echo "chief at $TOWERCTL_CHIEF"
 
+# Waits (up to ~30 s) until JOB's servers are past step 2.
+wait_until_running() {
+  local step
+  for ((t = 0; t < 300; t++)); do
+    step=$("$TOWERCTL" --output=json status "$1" 2>/dev/null | jq_py 'int(d.get("live",{}).get("globalStep","0"))' 2>/dev/null)
+    [ "${step:-0}" -gt 2 ] && return 0
+    sleep 0.1
+  done
+  echo "warning: $1 did not reach step 3"
+}
+
 # job FILE NAME EPOCHS [extra text-format fields]
 job() {
   cat >"$TMP/$1" <<JOB
@@ -134,10 +145,7 @@ fi
 echo "== cancel stops a running job within seconds and frees its variables"
 job c.txtpb long 200 ""
 "$TOWERCTL" submit "$TMP/c.txtpb" >/dev/null
-for ((t = 0; t < 300; t++)); do
-  step=$("$TOWERCTL" --output=json status long 2>/dev/null | jq_py 'int(d.get("live",{}).get("globalStep","0"))' 2>/dev/null)
-  [ "${step:-0}" -gt 2 ] && break; sleep 0.1
-done
+wait_until_running long
 held=$("$TOWERCTL" --output=json cluster | jq_py 'sum(int(t.get("bytesHeld","0")) for t in d["tasks"] if t["job"]=="ps")')
 start=$(date +%s.%N)
 "$TOWERCTL" cancel long >/dev/null
@@ -156,10 +164,7 @@ timeout 20 "$TOWERCTL" logs -f long >/dev/null 2>&1; rc=$?
 echo "== a stopped worker is named by towerctl status"
 job d.txtpb stall 3 ""
 "$TOWERCTL" submit "$TMP/d.txtpb" >/dev/null
-for ((t = 0; t < 300; t++)); do
-  step=$("$TOWERCTL" --output=json status stall 2>/dev/null | jq_py 'int(d.get("live",{}).get("globalStep","0"))' 2>/dev/null)
-  [ "${step:-0}" -gt 2 ] && break; sleep 0.1
-done
+wait_until_running stall
 W1=$(cat "$TOWERPS_LOG_DIR/worker1.pid")
 kill -STOP "$W1"
 sleep 4

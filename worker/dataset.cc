@@ -183,8 +183,8 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
   return out;
 }
 
-absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
-                                         int64_t max_examples) {
+absl::StatusOr<std::pair<std::string, std::string>> FindFashionMnistFiles(
+    const std::string& dir, bool train) {
   const std::string prefix = absl::StrCat(dir, "/", train ? "train" : "t10k");
   std::string paths[2] = {prefix + "-images-idx3-ubyte",
                           prefix + "-labels-idx1-ubyte"};
@@ -197,7 +197,13 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
     }
     path = gz;
   }
-  return LoadIdx(paths[0], paths[1], 1.0f / 255.0f, max_examples);
+  return std::make_pair(paths[0], paths[1]);
+}
+
+absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
+                                         int64_t max_examples) {
+  TOWERPS_ASSIGN_OR_RETURN(auto paths, FindFashionMnistFiles(dir, train));
+  return LoadIdx(paths.first, paths.second, 1.0f / 255.0f, max_examples);
 }
 
 Dataset MakeOnes(int64_t n, int64_t input_dim, int64_t target_dim) {

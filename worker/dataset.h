@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -53,6 +54,11 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
 // Errors as for LoadIdx; NotFound names both candidate paths.
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
                                          int64_t max_examples);
+
+// The two files LoadFashionMnist reads: {images, labels}, without reading
+// them. NotFound names both candidate paths of the first one missing.
+absl::StatusOr<std::pair<std::string, std::string>> FindFashionMnistFiles(
+    const std::string& dir, bool train);
 
 // n examples whose features [n, input_dim] and targets [n, target_dim] are all
 // 1.0; no labels. REQUIRES: all arguments >= 0.

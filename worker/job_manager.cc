@@ -1,7 +1,5 @@
 #include "worker/job_manager.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -18,12 +16,14 @@
 #include "common/event_writer.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/parallel.h"
 #include "common/optimizer_spec.h"
 #include "common/record_io.h"
 #include "common/rpc.h"
 #include "common/status.h"
 #include "proto/towerps.grpc.pb.h"
 #include "worker/backend.h"
+#include "worker/dataset.h"
 #include "worker/job_spec.h"
 #include "worker/model.h"
 
@@ -55,21 +55,6 @@ bool ValidJobId(const std::string& id) {
   });
 }
 
-bool FileExists(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0;
-}
-
-// Runs fn(i) for i in [0, n) on threads; returns the statuses.
-template <typename Fn>
-std::vector<absl::Status> ForEach(int n, Fn fn) {
-  std::vector<absl::Status> out(n);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) threads.emplace_back([&, i] { out[i] = fn(i); });
-  for (auto& t : threads) t.join();
-  return out;
-}
-
 std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
 }
@@ -97,13 +82,11 @@ absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers) {
           (*model)->output_dim(), " but Fashion-MNIST has ", kClasses,
           " classes (softmax cross-entropy needs one output per class)"));
     }
-    for (const char* name : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
-      const std::string path = absl::StrCat(d.dir(), "/", name);
-      if (!FileExists(path) && !FileExists(path + ".gz")) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "job spec: data.dir = \"", d.dir(), "\": ", FileExists(d.dir()) ? "" : "does not exist; ",
-            "no ", name, "[.gz] there"));
+    for (bool train : {true, false}) {
+      auto files = FindFashionMnistFiles(d.dir(), train);
+      if (!files.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("job spec: data.dir = \"", d.dir(),
+                                                       "\": ", files.status().message()));
       }
     }
   } else if (d.source() == v1::DataSpec::ONES && d.ones_target_dim() > 0 &&
@@ -313,16 +296,14 @@ class JobManager::Impl {
     const int nps = static_cast<int>(c.ps.size()), nw = static_cast<int>(c.worker.size());
     v1::ClusterResponse response;
     std::vector<v1::TaskInfo> tasks(nps + nw);
-    ForEach(nps + nw, [&](int i) {
+    common::RunInParallel(nps + nw, [&](int i) {
       v1::TaskInfo& t = tasks[i];
       if (i < nps) {
         t.set_job("ps");
         t.set_index(i);
         t.set_address(c.ps[i]);
         v1::StatusResponse s;
-        grpc::ClientContext ctx;
-        ctx.set_deadline(DeadlineIn(absl::Seconds(2)));
-        absl::Status st = FromGrpcStatus(ps_[i]->GetStatus(&ctx, v1::StatusRequest(), &s));
+        absl::Status st = PsStatus(i, /*job_id=*/"", absl::Seconds(2), &s);
         t.set_healthy(st.ok());
         if (!st.ok()) t.set_error(std::string(st.message()));
         t.set_uptime_s(s.uptime_s());
@@ -622,7 +603,7 @@ class JobManager::Impl {
     req.set_restore_from(restore);
     auto state = std::make_shared<AttemptState>();
     // Remote workers first: the chief's own part registers the variables.
-    std::vector<absl::Status> started = ForEach(nw, [&](int w) -> absl::Status {
+    std::vector<absl::Status> started = common::RunInParallel(nw, [&](int w) -> absl::Status {
       if (workers_[w] == nullptr) return absl::OkStatus();
       return StartRemote(w, req, id);
     });
@@ -701,21 +682,18 @@ class JobManager::Impl {
       }
       if (done == nw) break;
     }
-    // Done: final checkpoint, the servers' last word on the job, then free it.
-    if (!spec.checkpoint().disabled()) {
-      absl::Status s = SaveCheckpoint(id, spec, /*step=*/-1);
-      if (!s.ok()) Event(id, v1::JobEvent::LOG, absl::StrCat("final checkpoint failed: ", s.message()));
-    }
+    // Done: the servers' last word on the job, a final checkpoint at their
+    // step, then free it.
     std::vector<v1::JobStatus> shards(ps_.size());
-    ForEach(static_cast<int>(ps_.size()), [&](int p) {
-      v1::StatusRequest r;
-      r.set_job_id(id);
+    common::RunInParallel(static_cast<int>(ps_.size()), [&](int p) {
       v1::StatusResponse s;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineIn(absl::Seconds(10)));
-      if (ps_[p]->GetStatus(&ctx, r, &s).ok() && s.jobs_size() == 1) shards[p] = s.jobs(0);
+      if (PsStatus(p, id, absl::Seconds(10), &s).ok() && s.jobs_size() == 1) shards[p] = s.jobs(0);
       return absl::OkStatus();
     });
+    if (!spec.checkpoint().disabled()) {
+      absl::Status s = SaveCheckpoint(id, spec, shards[0].global_step());
+      if (!s.ok()) Event(id, v1::JobEvent::LOG, absl::StrCat("final checkpoint failed: ", s.message()));
+    }
     int64_t bytes = 0;
     for (const auto& s : shards) bytes += s.bytes_held();
     Update(id, [&](JobEntry& e) {
@@ -768,7 +746,7 @@ class JobManager::Impl {
       if (workers_[w] != nullptr) remote.emplace_back([&, w] { StopRemote(w, id); });
     }
     absl::SleepFor(absl::Milliseconds(100));
-    ForEach(static_cast<int>(ps_.size()), [&](int p) { return DeleteOn(p, id, absl::Seconds(5)); });
+    common::RunInParallel(static_cast<int>(ps_.size()), [&](int p) { return DeleteOn(p, id, absl::Seconds(5)); });
     local.join();
     for (auto& t : remote) t.join();
   }
@@ -792,7 +770,7 @@ class JobManager::Impl {
   // back without the job), so that no attempt starts on stale variables.
   absl::Status DeleteEverywhere(const std::string& id) {
     const absl::Time give_up = absl::Now() + options_.control_timeout;
-    std::vector<absl::Status> r = ForEach(static_cast<int>(ps_.size()), [&](int p) {
+    std::vector<absl::Status> r = common::RunInParallel(static_cast<int>(ps_.size()), [&](int p) {
       while (true) {
         absl::Status st = DeleteOn(p, id, absl::Seconds(2));
         if (st.ok()) return st;
@@ -804,6 +782,16 @@ class JobManager::Impl {
       if (!s.ok()) return s;
     }
     return absl::OkStatus();
+  }
+
+  // One ps's status of `job_id` (every job if empty).
+  absl::Status PsStatus(int p, const std::string& job_id, absl::Duration timeout,
+                        v1::StatusResponse* out) {
+    v1::StatusRequest r;
+    r.set_job_id(job_id);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(DeadlineIn(timeout));
+    return FromGrpcStatus(ps_[p]->GetStatus(&ctx, r, out));
   }
 
   absl::Status WorkerStatus(int w, absl::Duration timeout, v1::WorkerStatus* out) {
@@ -876,24 +864,14 @@ class JobManager::Impl {
     }
   }
 
-  // Every ps writes its shard; then the manifest names the checkpoint.
-  // `step` -1: whatever step the servers are at (the end of the job).
+  // Every ps writes its shard; then the manifest names the checkpoint as the
+  // one of `step` (the servers' step: the chief's pull, or the end).
   absl::Status SaveCheckpoint(const std::string& id, const v1::JobSpec& spec, int64_t step) {
     const int nps = static_cast<int>(ps_.size());
-    if (step < 0) {
-      v1::StatusRequest r;
-      r.set_job_id(id);
-      v1::StatusResponse s;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(DeadlineIn(absl::Seconds(10)));
-      TOWERPS_RETURN_IF_ERROR(FromGrpcStatus(ps_[0]->GetStatus(&ctx, r, &s)));
-      if (s.jobs_size() != 1) return absl::NotFoundError("job not on ps 0");
-      step = s.jobs(0).global_step();
-    }
     const std::string dir = spec.checkpoint().dir();
     const std::string name = common::CheckpointDirName(step);
     std::vector<v1::SaveResponse> saved(nps);
-    std::vector<absl::Status> r = ForEach(nps, [&](int p) {
+    std::vector<absl::Status> r = common::RunInParallel(nps, [&](int p) {
       v1::SaveRequest req;
       req.set_job_id(id);
       req.set_checkpoint_dir(dir + "/" + name);
@@ -931,17 +909,13 @@ class JobManager::Impl {
     v1::JobLiveStatus live;
     std::vector<v1::ShardStatus> shards(nps);
     std::vector<v1::WorkerProgress> workers(nw);
-    ForEach(nps + nw, [&](int i) {
+    common::RunInParallel(nps + nw, [&](int i) {
       if (i < nps) {
         v1::ShardStatus& sh = shards[i];
         sh.set_ps_task(i);
         sh.set_address(options_.cluster.ps[i]);
-        v1::StatusRequest r;
-        r.set_job_id(id);
         v1::StatusResponse s;
-        grpc::ClientContext ctx;
-        ctx.set_deadline(DeadlineIn(absl::Seconds(2)));
-        absl::Status st = FromGrpcStatus(ps_[i]->GetStatus(&ctx, r, &s));
+        absl::Status st = PsStatus(i, id, absl::Seconds(2), &s);
         sh.set_reachable(st.ok());
         if (!st.ok()) sh.set_error(std::string(st.message()));
         if (st.ok() && s.jobs_size() == 1) *sh.mutable_status() = s.jobs(0);

@@ -50,7 +50,7 @@ TEST(ValidateSubmissionTest, EachBadFieldIsNamed) {
 
   j = Mlp();
   j.mutable_data()->set_dir("/no/such/dir");
-  ExpectRejected(j, "data.dir = \"/no/such/dir\": does not exist");
+  ExpectRejected(j, "data.dir = \"/no/such/dir\": Fashion-MNIST: neither /no/such/dir/train-images");
 
   j = Mlp();
   j.mutable_checkpoint()->set_every_steps(-3);

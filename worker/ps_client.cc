@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/parallel.h"
 #include "common/rpc.h"
 #include "common/slice_writer.h"
 #include "common/status.h"
@@ -23,18 +24,10 @@ bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s);
 }
 
-// Runs fn(s) for every server on its own thread; returns the first error.
+// Runs fn(s) for every server in parallel; returns the first error, naming its server.
 template <typename Fn>
 absl::Status ForEachServer(int n, Fn fn) {
-  std::vector<absl::Status> results(n);
-  if (n == 1) {
-    results[0] = fn(0);
-  } else {
-    std::vector<std::thread> threads;
-    threads.reserve(n);
-    for (int s = 0; s < n; ++s) threads.emplace_back([&, s] { results[s] = fn(s); });
-    for (auto& t : threads) t.join();
-  }
+  const std::vector<absl::Status> results = common::RunInParallel(n, fn);
   for (int s = 0; s < n; ++s) {
     if (!results[s].ok()) return common::Annotate(results[s], absl::StrCat("ps ", s));
   }

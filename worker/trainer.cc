@@ -120,7 +120,6 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   for (common::Tensor* g : towers_.gradients()) grads.push_back(g);
 
   TrainResult result;
-  result.start_step = start_step;
   if (options_.restoring) {
     Progress(absl::StrFormat("worker %d: servers at step %d (restored); continuing", w, start_step));
   }

@@ -62,7 +62,6 @@ struct TrainResult {
   int64_t stale_pushes = 0;
   double wall_s = 0;
   bool evaluated = false;    // Chief only.
-  int64_t start_step = 0;    // Step the servers were at when training began (restored).
 };
 
 // Mean loss and accuracy of `model` (current weights) over `data`.

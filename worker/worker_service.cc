@@ -27,34 +27,31 @@ absl::Status WorkerRuntime::Start(const v1::StartJobRequest& request, JobHooks h
   if (request.job().job_id().empty()) {
     return absl::InvalidArgumentError("start: the job has no job_id");
   }
-  std::thread previous;
   absl::MutexLock lock(&mu_);
   if (status_.state() == v1::WORK_RUNNING) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", env_.cluster.task_index, " is running job \"", status_.job_id(),
         "\" (attempt ", status_.attempt(), ")"));
   }
-  // The previous job's thread has finished its work (state is not RUNNING);
-  // join it outside the lock below.
-  previous = std::move(thread_);
-  cancelled_ = std::make_shared<std::atomic<bool>>(false);
-  last_step_ = std::make_shared<std::atomic<int64_t>>(0);
-  iterations_ = std::make_shared<std::atomic<int64_t>>(0);
-  hooks.cancelled = cancelled_.get();
-  hooks.last_step = last_step_.get();
-  hooks.iterations = iterations_.get();
+  // The previous job's thread has set its final state, its last use of mu_:
+  // it is exiting, and joining it here cannot deadlock. After the join, no
+  // thread uses the counters and they can be reset.
+  if (thread_.joinable()) thread_.join();
+  cancelled_ = false;
+  last_step_ = 0;
+  iterations_ = 0;
+  hooks.cancelled = &cancelled_;
+  hooks.last_step = &last_step_;
+  hooks.iterations = &iterations_;
   status_.set_job_id(request.job().job_id());
   status_.set_attempt(request.attempt());
   status_.set_state(v1::WORK_RUNNING);
   status_.clear_error();
   status_.set_error_code(0);
   status_.set_towers(request.job().towers());
-  mu_.Unlock();
-  if (previous.joinable()) previous.join();
-  mu_.Lock();
-  // Keep the counters alive for the thread even if a later Start replaces them.
-  thread_ = std::thread([this, request, hooks, c = cancelled_, l = last_step_,
-                         i = iterations_]() mutable { Run(std::move(request), std::move(hooks)); });
+  thread_ = std::thread([this, request, hooks]() mutable {
+    Run(std::move(request), std::move(hooks));
+  });
   TLOG(INFO) << "worker " << env_.cluster.task_index << ": starting job \""
              << request.job().job_id() << "\" attempt " << request.attempt()
              << (request.restore_from().empty() ? "" : " from " + request.restore_from());
@@ -88,7 +85,7 @@ bool WorkerRuntime::Stop(const std::string& job_id, absl::Duration wait) {
     absl::MutexLock lock(&mu_);
     if (status_.state() != v1::WORK_RUNNING) return false;
     if (!job_id.empty() && status_.job_id() != job_id) return false;
-    cancelled_->store(true);
+    cancelled_ = true;
   }
   const absl::Time deadline = absl::Now() + wait;
   absl::MutexLock lock(&mu_);
@@ -103,8 +100,8 @@ v1::WorkerStatus WorkerRuntime::Status() const {
   absl::MutexLock lock(&mu_);
   v1::WorkerStatus s = status_;
   s.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
-  if (last_step_) s.set_last_step(last_step_->load());
-  if (iterations_) s.set_iterations(iterations_->load());
+  s.set_last_step(last_step_);
+  s.set_iterations(iterations_);
   for (const auto* d : env_.devices->devices()) {
     v1::DeviceInfo* info = s.add_devices();
     info->set_name(d->name());

@@ -59,10 +59,11 @@ class WorkerRuntime {
   mutable absl::Mutex mu_;
   std::thread thread_ ABSL_GUARDED_BY(mu_);
   v1::WorkerStatus status_ ABSL_GUARDED_BY(mu_);
-  // Shared with the running trainer; reset at each Start.
-  std::shared_ptr<std::atomic<bool>> cancelled_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<std::atomic<int64_t>> last_step_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<std::atomic<int64_t>> iterations_ ABSL_GUARDED_BY(mu_);
+  // Shared with the running trainer; reset at each Start, after the previous
+  // job's thread has been joined.
+  std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> last_step_{0};
+  std::atomic<int64_t> iterations_{0};
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
