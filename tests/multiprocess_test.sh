@@ -46,7 +46,7 @@ TF_CONFIG='{"cluster": {"ps": ["127.0.0.1:1"]' expect_reject "malformed TF_CONFI
 expect_reject "unknown model" 'unknown model "resnet"' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --model=resnet
 expect_reject "missing GPU" "no physical GPU 9" -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --virtual_devices=GPU:9=100x2
 expect_reject "bad virtual devices" 'entry "CPU=0": zero count' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --virtual_devices=CPU=0
-expect_reject "device memory limit" 'layer "dense": /job:worker/replica:0/task:0/device:CPU:0: cannot allocate' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --model=dense_stack --virtual_devices=CPU=8x2 --layout=classic
+expect_reject "device memory limit" 'does not fit its devices: layer "dense_1": /job:worker/replica:0/task:0/device:CPU:1: cannot allocate 8008000 bytes' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --model=dense_stack --virtual_devices=CPU=1x2 --layout=classic
 expect_reject "bad batch size" "global_batch_size = -4" -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --batch_size=-4
 
 # run_cluster NAME NUM_PS NUM_WORKERS DELAY_PS_S WORKER_FLAGS...
@@ -121,6 +121,15 @@ if [ "$RC" -eq 0 ] && grep -q 'layer "dense_2": /job:worker/replica:0/task:0/dev
   pass "layers split over CPU:0-2 (classic layout)"
 else
   fail "layers on devices: rc=$RC"; tail -n 5 "$DIR"/*.log
+fi
+
+run_cluster pipeline 1 1 0 --virtual_devices=CPU=6 --towers=2 --layout=classic --micro_batches=3 --log_device_placement --max_train_examples=600 --max_test_examples=200 --epochs=1
+if [ "$RC" -eq 0 ] && grep -q 'tower 1 layers: /job:worker/replica:0/task:0/device:CPU:3, .*device:CPU:5' "$DIR/worker0.log" \
+   && grep -q '3 micro-batches per tower step, 3 pipeline stage(s)' "$DIR/worker0.log" \
+   && grep -q '^final: ' "$DIR/worker0.log"; then
+  pass "2 towers, each split over 3 CPU devices, 3 micro-batches pipelined"
+else
+  fail "towers of split models: rc=$RC"; tail -n 5 "$DIR"/*.log
 fi
 
 echo "== a sync step waiting on a worker names it"

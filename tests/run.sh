@@ -15,7 +15,7 @@ mkdir -p "$TB_CACHE"
       "$TB_VENV/bin/python" -m pip install --quiet tensorboard && touch "$TB_VENV/.complete"
   fi ) 9>"$TB_CACHE/tb-venv.lock" || echo "warning: no tensorboard venv; //tests:tensorboard_test will make one itself"
 log=$(mktemp)
-bazel test --test_output=errors --test_summary=short \
+bazel test --test_output=errors --test_summary=short --test_tag_filters=-gpu \
   --test_env=TOWERPS_TB_PYTHON="$TB_VENV/bin/python" //... "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")

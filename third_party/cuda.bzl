@@ -7,14 +7,23 @@ the CUDA or CPU-only implementation with that constant, so call sites carry no
 
 load("@local_cuda//:defs.bzl", "NVCC")
 
-def cuda_object(name, src, hdrs = [], deps_hdrs = []):
+def cuda_object(name, src, hdrs = [], deps_hdrs = [], copts = []):
+    """One .cu file -> one object in a cc_library of that name.
+
+    Args:
+      name: the cc_library's name.
+      src: the .cu file.
+      hdrs: headers it includes from this package.
+      deps_hdrs: headers it includes from elsewhere.
+      copts: extra nvcc flags (e.g. -arch, --fmad=false).
+    """
     native.genrule(
         name = name + "_nvcc",
         srcs = [src] + hdrs + deps_hdrs,
         outs = [name + ".o"],
         # The toolkit's own nvcc, by absolute path: it finds its helpers
         # relative to where it is installed.
-        cmd = (NVCC + " -std=c++17 -O2 -c " +
+        cmd = (NVCC + " -std=c++17 -O2 -c " + " ".join(copts) + " " +
                "-Xcompiler -fPIC -I. -I$(GENDIR) -o $@ $(location %s)") % src,
     )
     native.cc_library(

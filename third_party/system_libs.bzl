@@ -6,7 +6,8 @@ treats as a system directory) and exposes protoc and grpc_cpp_plugin.
 `@local_cuda` looks for the CUDA toolkit ($CUDA_PATH, then /usr/local/cuda;
 TOWERPS_NO_CUDA=1 forces a CPU-only build); it
 sets HAS_CUDA in @local_cuda//:defs.bzl, which BUILD files use to choose the
-CUDA or CPU-only implementation.
+CUDA or CPU-only implementation, and provides :cuda_libs (cudart, cuBLAS,
+NCCL) and :cuda_headers (the toolkit's headers; both empty in CPU-only builds).
 """
 
 _PKG_LIBS = {
@@ -76,6 +77,7 @@ def _local_cuda_impl(ctx):
     if root == None:
         ctx.file("defs.bzl", "HAS_CUDA = False\nCUDA_ROOT = None\nNVCC = None\n")
         build.append('cc_library(name = "cuda_libs")')
+        build.append('cc_library(name = "cuda_headers")')
     else:
         ctx.file("defs.bzl", "HAS_CUDA = True\nCUDA_ROOT = %r\nNVCC = %r\n" % (root, root + "/bin/nvcc"))
         libdirs = [d for d in [root + "/lib64", root + "/lib"] if ctx.path(d).exists]
@@ -84,6 +86,19 @@ def _local_cuda_impl(ctx):
             linkopts += ["-L" + d, "-Wl,-rpath," + d]
         linkopts += ["-lcudart", "-lcublas", "-lnccl"]
         build.append("cc_library(name = \"cuda_libs\", linkopts = %r)" % linkopts)
+
+        # The toolkit's headers for code compiled by the ordinary C++ compiler
+        # (cuda_runtime.h, cublas_v2.h, nccl.h). Only what those include: the
+        # top-level headers, crt/ and nv/ (cuda_fp16.hpp includes <nv/target>);
+        # CCCL (thrust, cub, libcu++: ~1700 files) stays out of the glob.
+        ctx.symlink(root + "/include", "include")
+        build.append("\n".join([
+            "cc_library(",
+            "    name = \"cuda_headers\",",
+            "    hdrs = glob([\"include/*.h\", \"include/*.hpp\", \"include/crt/**\", \"include/nv/**\"]),",
+            "    includes = [\"include\"],",
+            ")",
+        ]))
     ctx.file("BUILD", "\n".join(build) + "\n")
     ctx.file("WORKSPACE", 'workspace(name = "local_cuda")\n')
 

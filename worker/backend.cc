@@ -3,7 +3,13 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/device_manager.h"
+#include "worker/loss_kernels.h"
 
 namespace towerps::worker {
 namespace {
@@ -16,6 +22,71 @@ constexpr int64_t kMaxChunk = int64_t{1} << 30;
 
 class CpuBackend : public Backend {
  public:
+  explicit CpuBackend(common::Allocator* allocator) : allocator_(allocator) {}
+
+  std::string memory_space() const override { return "cpu"; }
+
+  absl::StatusOr<float*> Allocate(int64_t n) override {
+    if (n < 0) return absl::InvalidArgumentError("cannot allocate a negative size");
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+    if (allocator_ != nullptr) {
+      absl::StatusOr<void*> p = allocator_->Allocate(bytes);
+      if (!p.ok()) return p.status();
+      return static_cast<float*>(*p);
+    }
+    // 64-byte aligned, as the allocators' host memory is.
+    void* p = std::aligned_alloc(64, std::max<int64_t>(64, (bytes + 63) / 64 * 64));
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host: cannot allocate ", bytes, " bytes"));
+    }
+    return static_cast<float*>(p);
+  }
+
+  void Free(float* p) override {
+    if (p == nullptr) return;
+    if (allocator_ != nullptr) {
+      allocator_->Deallocate(p);
+    } else {
+      std::free(p);
+    }
+  }
+
+  void CopyFromHost(const float* src, int64_t n, float* dst) override {
+    if (n > 0 && src != dst) std::memcpy(dst, src, n * sizeof(float));
+  }
+
+  absl::Status CopyToHost(const float* src, int64_t n, float* dst) override {
+    if (n > 0 && src != dst) std::memcpy(dst, src, n * sizeof(float));
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyFrom(Backend& from, const float* src, int64_t n,
+                        float* dst) override {
+    if (from.host_memory()) {
+      CopyFromHost(src, n, dst);
+      return absl::OkStatus();
+    }
+    return from.CopyToHost(src, n, dst);
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  void Zero(int64_t n, float* x) override {
+    if (n > 0) std::memset(x, 0, n * sizeof(float));
+  }
+
+  absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n, int64_t d,
+                                  const float* pred, const float* labels,
+                                  const float* targets, float* dpred,
+                                  int64_t grad_count) override {
+    LossResult r;
+    absl::Status s =
+        HostLoss(type, n, d, pred, labels, targets, dpred, grad_count, &r);
+    if (!s.ok()) return s;
+    return r;
+  }
+
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
             float alpha, const float* a, const float* b, float beta,
             float* c) override {
@@ -84,14 +155,15 @@ class CpuBackend : public Backend {
   }
 
  private:
+  common::Allocator* const allocator_;  // Not owned; may be null.
   // All ones; grows to the largest row count SumRows has seen.
   std::vector<float> ones_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> NewCpuBackend() {
-  return std::make_unique<CpuBackend>();
+std::unique_ptr<Backend> NewCpuBackend(common::Allocator* allocator) {
+  return std::make_unique<CpuBackend>(allocator);
 }
 
 }  // namespace towerps::worker

@@ -29,7 +29,7 @@ absl::Status ApplyClassicLayout(const std::vector<std::string>& devices,
 }
 
 absl::StatusOr<std::unique_ptr<MemoryReservation>> MemoryReservation::Reserve(
-    const Model& model, const common::DeviceManager& devices, int64_t max_batch) {
+    Model& model, const common::DeviceManager& devices, int64_t max_batch) {
   std::unique_ptr<MemoryReservation> r(new MemoryReservation());
   const std::vector<Model::LayerMemory> use = model.MemoryUse(max_batch);
   const std::vector<std::string>& where = model.layer_devices();
@@ -42,12 +42,14 @@ absl::StatusOr<std::unique_ptr<MemoryReservation>> MemoryReservation::Reserve(
       return absl::FailedPreconditionError(absl::StrCat(
           "layer \"", use[i].layer, "\" is on \"", where[i], "\", not a device of this worker"));
     }
-    auto p = device->allocator().Allocate(use[i].bytes);
+    if (device->type() != "CPU") continue;  // weights live in device memory
+    auto p = device->allocator().Allocate(use[i].param_bytes);
     if (!p.ok()) {
       return common::Annotate(p.status(), absl::StrCat("layer \"", use[i].layer, "\""));
     }
     r->held_.emplace_back(&device->allocator(), *p);
   }
+  TOWERPS_RETURN_IF_ERROR(model.PrepareBuffers(max_batch));
   return r;
 }
 
@@ -55,9 +57,38 @@ MemoryReservation::~MemoryReservation() {
   for (auto& [allocator, p] : held_) allocator->Deallocate(p);
 }
 
-DevicePlacer::DevicePlacer(const common::DeviceManager& devices,
-                           std::function<std::unique_ptr<Backend>()> make_backend)
-    : devices_(devices), make_backend_(std::move(make_backend)) {}
+absl::StatusOr<std::unique_ptr<Backend>> NewBackendForDevice(common::VirtualDevice& device) {
+  if (device.type() == "GPU") {
+    auto b = NewCudaBackend(device.physical_index(), &device.allocator());
+    if (!b.ok()) return common::Annotate(b.status(), device.name());
+    return b;
+  }
+  return NewCpuBackend(&device.allocator());
+}
+
+absl::StatusOr<std::string> TowerDevice(const common::DeviceManager& devices,
+                                        const std::string& requested, int tower,
+                                        int towers) {
+  TOWERPS_ASSIGN_OR_RETURN(common::VirtualDevice * d,
+                           devices.Resolve(requested, absl::StrCat("tower ", tower)));
+  const int count = static_cast<int>(devices.DevicesOfType(d->type()).size());
+  const int group = count / std::max(towers, 1);
+  if (group < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        towers, " towers with layers on ", d->type(), " devices need at least ", towers,
+        " ", d->type(), " devices (one group per tower); this worker has ", count));
+  }
+  if (d->index() >= group) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ", d->short_name(), ": with ", towers, " towers each tower has ", group, " ",
+        d->type(), " device(s), and layers name tower 0's: ", d->type(), ":0..", group - 1));
+  }
+  return absl::StrCat(d->type(), ":", tower * group + d->index());
+}
+
+DevicePlacer::DevicePlacer(const common::DeviceManager& devices, BackendFactory make_backend)
+    : devices_(devices),
+      make_backend_(make_backend ? std::move(make_backend) : BackendFactory(NewBackendForDevice)) {}
 
 Model::LayerPlacer DevicePlacer::Placer(const std::string& default_device) {
   return [this, default_device](const std::string& layer, const std::string& requested)
@@ -67,8 +98,24 @@ Model::LayerPlacer DevicePlacer::Placer(const std::string& default_device) {
         devices_.Resolve(requested.empty() ? default_device : requested,
                          absl::StrCat("layer \"", layer, "\"")));
     std::unique_ptr<Backend>& backend = backends_[device];
-    if (!backend) backend = make_backend_();
+    if (!backend) {
+      TOWERPS_ASSIGN_OR_RETURN(backend, make_backend_(*device));
+    }
     return Model::LayerPlacement{backend.get(), device->name()};
+  };
+}
+
+Model::LayerPlacer DevicePlacer::TowerPlacer(int tower, int towers) {
+  Model::LayerPlacer inner = Placer();
+  return [this, inner, tower, towers](const std::string& layer, const std::string& requested)
+             -> absl::StatusOr<Model::LayerPlacement> {
+    std::string device = requested;
+    if (!device.empty()) {
+      auto mapped = TowerDevice(devices_, requested, tower, towers);
+      if (!mapped.ok()) return common::Annotate(mapped.status(), absl::StrCat("layer \"", layer, "\""));
+      device = *mapped;
+    }
+    return inner(layer, device);
   };
 }
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/gpu_info.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -46,8 +47,26 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   const int num_workers = static_cast<int>(spec.worker.size());
   const bool chief = spec.is_chief();
 
+  if (job.tower_devices_size() > 0) {
+    if (job.towers() > 1 && job.towers() != job.tower_devices_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "towers = ", job.towers(), " but tower_devices names ", job.tower_devices_size()));
+    }
+    job.set_towers(job.tower_devices_size());
+  }
+  const int num_towers = std::max(1, job.towers());
+  job.set_towers(num_towers);
+
+  // With towers and per-layer devices, layers name devices of tower 0's
+  // group (see TowerDevice); the classic layout uses that group.
   std::vector<std::string> device_names;
-  for (const auto* d : devices.devices()) device_names.push_back(d->short_name());
+  for (const std::string type : {"CPU", "GPU"}) {
+    const auto of_type = devices.DevicesOfType(type);
+    const size_t group = of_type.size() / num_towers;
+    for (size_t i = 0; i < (num_towers > 1 ? group : of_type.size()); ++i) {
+      device_names.push_back(of_type[i]->short_name());
+    }
+  }
   if (env.layout == "classic") {
     TOWERPS_RETURN_IF_ERROR(common::Annotate(
         ApplyClassicLayout(device_names, job.mutable_model()), "layout"));
@@ -56,34 +75,53 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   }
   bool layers_placed = false;
   for (const auto& l : job.model().layers()) layers_placed |= !l.device().empty();
-  if (layers_placed && job.towers() > 1) {
+  if (layers_placed && job.tower_devices_size() > 0) {
     return absl::InvalidArgumentError(
-        "towers > 1 with per-layer devices is not supported yet");
+        "tower_devices and per-layer devices together: name the layers' devices "
+        "(tower t uses group t of the devices) or the towers', not both");
   }
-  // Tower t runs on the t-th device of the preferred type (GPU if any).
-  auto tower_devices = devices.DevicesOfType("GPU");
-  if (tower_devices.empty()) tower_devices = devices.DevicesOfType("CPU");
+  // Tower t runs on tower_devices[t], else the t-th device of the preferred
+  // type (GPU if any).
+  auto preferred = devices.DevicesOfType("GPU");
+  if (preferred.empty()) preferred = devices.DevicesOfType("CPU");
+  std::vector<std::string> tower_device(num_towers);
   std::vector<std::unique_ptr<DevicePlacer>> placers;
-  for (int t = 0; t < job.towers(); ++t) {
-    placers.push_back(std::make_unique<DevicePlacer>(devices, [] { return NewCpuBackend(); }));
-    if (env.log_device_placement && !layers_placed) {
-      Log(hooks, absl::StrCat("tower ", t, ": ", tower_devices[t % tower_devices.size()]->name()));
-    }
+  for (int t = 0; t < num_towers; ++t) {
+    placers.push_back(std::make_unique<DevicePlacer>(devices));
+    if (layers_placed) continue;
+    const std::string wanted = job.tower_devices_size() > 0
+                                   ? job.tower_devices(t)
+                                   : preferred[t % preferred.size()]->short_name();
+    auto d = devices.Resolve(wanted, absl::StrCat("tower ", t));
+    if (!d.ok()) return common::Annotate(d.status(), "tower_devices");
+    tower_device[t] = (*d)->name();
+    if (env.log_device_placement) Log(hooks, absl::StrCat("tower ", t, ": ", tower_device[t]));
   }
-  auto towers_or = Towers::Create(job.model(), job.towers(), [&](int t) {
-    return placers[t]->Placer(
-        layers_placed ? "" : tower_devices[t % tower_devices.size()]->short_name());
+  auto towers_or = Towers::Create(job.model(), num_towers, [&](int t) {
+    if (layers_placed && num_towers > 1) return placers[t]->TowerPlacer(t, num_towers);
+    return placers[t]->Placer(tower_device[t]);
   });
   if (!towers_or.ok()) return common::Annotate(towers_or.status(), "model");
   std::unique_ptr<Towers> towers = std::move(*towers_or);
+  if (job.micro_batches() > 1) {
+    towers->set_micro_batches(job.micro_batches());
+    Log(hooks, absl::StrCat(job.micro_batches(), " micro-batches per tower step, ",
+                            towers->primary().num_stages(), " pipeline stage(s)"));
+  }
+  if (env.log_device_placement && layers_placed) {
+    for (int t = 0; t < num_towers; ++t) {
+      const auto& where = towers->tower(t).layer_devices();
+      Log(hooks, absl::StrCat("tower ", t, " layers: ", absl::StrJoin(where, ", ")));
+    }
+  }
 
   // Charge every tower's layers to their devices' memory limits now, so a
   // model that does not fit fails here with the device and the numbers. The
   // reservations are released when the job ends.
   const int64_t worker_batch = (job.global_batch_size() + num_workers - 1) / num_workers;
-  const int64_t tower_batch = (worker_batch + job.towers() - 1) / job.towers();
+  const int64_t tower_batch = (worker_batch + num_towers - 1) / num_towers;
   std::vector<std::unique_ptr<MemoryReservation>> reservations;
-  for (int t = 0; t < job.towers(); ++t) {
+  for (int t = 0; t < num_towers; ++t) {
     const int64_t max_batch = (t == 0 && chief) ? std::max(tower_batch, kEvalBatch) : tower_batch;
     auto r = MemoryReservation::Reserve(towers->tower(t), devices, max_batch);
     if (!r.ok()) return common::Annotate(r.status(), absl::StrCat("tower ", t, " does not fit its devices"));
@@ -93,14 +131,16 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   TLOG(INFO) << spec.TaskName() << ": " << common::DescribeGpus(common::QueryGpus());
   Model* model = &towers->primary();
   // Towers on CPU share the cores: never more BLAS threads in all than cores.
-  if (env.blas_threads > 0 || job.towers() > 1) {
+  if (env.blas_threads > 0 || num_towers > 1) {
     const int threads = env.blas_threads > 0
                             ? env.blas_threads
                             : BlasThreadsPerTower(
                                   static_cast<int>(std::thread::hardware_concurrency()),
-                                  job.towers());
+                                  num_towers * (job.micro_batches() > 1
+                                                    ? towers->primary().num_stages()
+                                                    : 1));
     openblas_set_num_threads(threads);
-    Log(hooks, absl::StrCat(job.towers(), " tower(s), ", threads,
+    Log(hooks, absl::StrCat(num_towers, " tower(s), ", threads,
                             " BLAS thread(s) each; reduction: ", towers->reducer().Name()));
   }
 

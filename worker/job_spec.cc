@@ -121,6 +121,13 @@ absl::Status ValidateJob(const v1::JobSpec& j, int num_workers) {
   if (j.epochs() <= 0) return bad(absl::StrCat("epochs = ", j.epochs(), " (want > 0)"));
   if (j.max_steps() < 0) return bad("max_steps is negative");
   if (j.towers() < 1) return bad(absl::StrCat("towers = ", j.towers(), " (want >= 1)"));
+  if (j.tower_devices_size() > 0 && j.towers() > 1 && j.towers() != j.tower_devices_size()) {
+    return bad(absl::StrCat("towers = ", j.towers(), " but tower_devices names ",
+                            j.tower_devices_size(), " devices"));
+  }
+  if (j.micro_batches() < 0) {
+    return bad(absl::StrCat("micro_batches = ", j.micro_batches(), " (want >= 1, or 0 for 1)"));
+  }
   if (!v1::Mode_IsValid(j.mode())) return bad("mode is unknown");
   if (j.replicas_to_aggregate() < 0 || j.replicas_to_aggregate() > num_workers) {
     return bad(absl::StrCat("replicas_to_aggregate = ", j.replicas_to_aggregate(),

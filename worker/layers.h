@@ -2,8 +2,10 @@
 //
 // A layer computes y = f(x) for a batch x [n, in] and, given dL/dy, fills its
 // parameter gradients and dL/dx. All math goes through a Backend, held by
-// reference: it must outlive the layer. Output buffers are reused across
-// calls (Tensor::Resize keeps the allocation).
+// reference: it must outlive the layer. Every tensor a layer sees lives in
+// its backend's memory (the Model moves activations between devices).
+// Output buffers are reused across calls (DeviceTensor::Resize keeps the
+// allocation).
 //
 // Layers are not thread-safe: one model (and its layers) per thread.
 #ifndef TOWERPS_WORKER_LAYERS_H_
@@ -14,8 +16,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/tensor.h"
 #include "worker/backend.h"
+#include "worker/device_tensor.h"
 
 namespace towerps::worker {
 
@@ -33,24 +35,31 @@ class Layer {
 
   // y = f(x). x is [n, in]; y is resized to [n, OutputDim(in)] and
   // overwritten. `y` must not be `x`. Returns InvalidArgument when x is not
-  // rank 2 or its width does not fit the layer.
-  virtual absl::Status Forward(const common::Tensor& x, common::Tensor* y) = 0;
+  // rank 2 or its width does not fit the layer; the backend's error when y
+  // cannot be allocated.
+  virtual absl::Status Forward(const DeviceTensor& x, DeviceTensor* y) = 0;
 
   // Backpropagates dy = dL/dy, where x and y are the tensors of the matching
-  // Forward call. Overwrites (does not accumulate) grads() with dL/dparams and,
-  // when `dx` is non-null, resizes it to x's shape and writes dL/dx into it.
-  // Pass dx = nullptr for the first layer, whose input gradient nobody needs.
-  // `dx` must not alias x, y or dy. Returns InvalidArgument on shape mismatch.
-  virtual absl::Status Backward(const common::Tensor& x,
-                                const common::Tensor& y,
-                                const common::Tensor& dy,
-                                common::Tensor* dx) = 0;
+  // Forward call. Writes grads() with dL/dparams, overwriting them, or adding
+  // to them when `accumulate` (micro-batches of one batch), and, when `dx` is
+  // non-null, resizes it to x's shape and writes dL/dx into it. Pass dx =
+  // nullptr for the first layer, whose input gradient nobody needs. `dx` must
+  // not alias x, y or dy. Returns InvalidArgument on shape mismatch.
+  virtual absl::Status Backward(const DeviceTensor& x, const DeviceTensor& y,
+                                const DeviceTensor& dy, DeviceTensor* dx,
+                                bool accumulate = false) = 0;
 
   // The layer's parameters and their gradients, in the same order and with
-  // the same shapes. Pointers stay valid for the layer's lifetime. Empty for
-  // layers without parameters.
-  virtual std::vector<common::Tensor*> params() { return {}; }
-  virtual std::vector<common::Tensor*> grads() { return {}; }
+  // the same shapes, in the backend's memory. The Model sets them up (a view
+  // of its host tensors, or device buffers) before the first Forward.
+  // Pointers stay valid for the layer's lifetime. Empty for layers without
+  // parameters.
+  virtual std::vector<DeviceTensor*> params() { return {}; }
+  virtual std::vector<DeviceTensor*> grads() { return {}; }
+  // Shapes of params(), in order.
+  virtual std::vector<std::vector<int64_t>> param_shapes() const { return {}; }
+
+  Backend& backend() const { return backend_; }
 
  protected:
   Layer(Backend& backend, std::string name)
@@ -63,8 +72,8 @@ class Layer {
 };
 
 // y = x * kernel + bias, kernel [in, units], bias [units] (absent with
-// no_bias). Parameters are zero after construction; params() order is
-// kernel, then bias.
+// no_bias). params() order is kernel, then bias; they have no storage until
+// the Model gives them some.
 class Dense : public Layer {
  public:
   // REQUIRES: input_dim > 0, units > 0 (Model::Create validates the spec).
@@ -73,26 +82,27 @@ class Dense : public Layer {
 
   std::string TypeName() const override { return "Dense"; }
   int64_t OutputDim(int64_t input_dim) const override { return units_; }
-  absl::Status Forward(const common::Tensor& x, common::Tensor* y) override;
-  absl::Status Backward(const common::Tensor& x, const common::Tensor& y,
-                        const common::Tensor& dy, common::Tensor* dx) override;
-  std::vector<common::Tensor*> params() override;
-  std::vector<common::Tensor*> grads() override;
+  absl::Status Forward(const DeviceTensor& x, DeviceTensor* y) override;
+  absl::Status Backward(const DeviceTensor& x, const DeviceTensor& y,
+                        const DeviceTensor& dy, DeviceTensor* dx,
+                        bool accumulate) override;
+  std::vector<DeviceTensor*> params() override;
+  std::vector<DeviceTensor*> grads() override;
+  std::vector<std::vector<int64_t>> param_shapes() const override;
 
   int64_t input_dim() const { return input_dim_; }
   int64_t units() const { return units_; }
   bool use_bias() const { return use_bias_; }
-  common::Tensor& kernel() { return kernel_; }
-  common::Tensor& bias() { return bias_; }
 
  private:
   const int64_t input_dim_;
   const int64_t units_;
   const bool use_bias_;
-  common::Tensor kernel_;       // [in, units]
-  common::Tensor bias_;         // [units], or empty without a bias.
-  common::Tensor kernel_grad_;  // Shaped as kernel_.
-  common::Tensor bias_grad_;    // Shaped as bias_.
+  DeviceTensor kernel_;       // [in, units]
+  DeviceTensor bias_;         // [units], or empty without a bias.
+  DeviceTensor kernel_grad_;  // Shaped as kernel_.
+  DeviceTensor bias_grad_;    // Shaped as bias_.
+  DeviceTensor bias_scratch_;  // Column sums of one micro-batch.
 };
 
 // y = max(x, 0), elementwise. No parameters.
@@ -102,9 +112,10 @@ class ReLU : public Layer {
 
   std::string TypeName() const override { return "ReLU"; }
   int64_t OutputDim(int64_t input_dim) const override { return input_dim; }
-  absl::Status Forward(const common::Tensor& x, common::Tensor* y) override;
-  absl::Status Backward(const common::Tensor& x, const common::Tensor& y,
-                        const common::Tensor& dy, common::Tensor* dx) override;
+  absl::Status Forward(const DeviceTensor& x, DeviceTensor* y) override;
+  absl::Status Backward(const DeviceTensor& x, const DeviceTensor& y,
+                        const DeviceTensor& dy, DeviceTensor* dx,
+                        bool accumulate) override;
 };
 
 }  // namespace towerps::worker

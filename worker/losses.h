@@ -6,7 +6,9 @@
 // gradient of that mean; the returned loss is the SUM of per-example losses,
 // so that callers can average correctly across batches of different sizes.
 //
-// Tensors are host tensors; the loss is O(n * classes) and runs on the CPU.
+// LossResult is declared in worker/backend.h (every backend computes losses);
+// this is the host entry point, on host tensors, and the validation every
+// backend relies on.
 #ifndef TOWERPS_WORKER_LOSSES_H_
 #define TOWERPS_WORKER_LOSSES_H_
 
@@ -15,17 +17,11 @@
 #include "absl/status/status.h"
 #include "common/tensor.h"
 #include "proto/towerps.pb.h"
+#include "worker/backend.h"
 #include "worker/batch.h"
 
 namespace towerps::worker {
 
-struct LossResult {
-  // Sum over the batch of per-example losses.
-  double loss_sum = 0.0;
-  // Examples whose argmax prediction equals the label (classification only;
-  // always 0 for MSE and MAE). Ties go to the lowest index.
-  int64_t correct = 0;
-};
 
 // Computes `type`'s loss of `logits_or_pred` ([n, d]) against `batch`.
 //
@@ -45,6 +41,12 @@ struct LossResult {
 // rank 2, the label count or targets shape does not match, a label is out of
 // range, or `type` is not a known loss. On error `*out` and `*dlogits` are
 // unspecified.
+// The checks ComputeLoss makes before computing, for `n` rows of width `d`:
+// labels count and range (classification), targets shape [n, d] (MSE, MAE),
+// a known loss type. Backends trust their inputs; callers validate with this.
+absl::Status ValidateLossInputs(v1::LossType type, int64_t n, int64_t d,
+                                const Batch& batch);
+
 absl::Status ComputeLoss(v1::LossType type,
                          const common::Tensor& logits_or_pred,
                          const Batch& batch, common::Tensor* dlogits,

@@ -16,8 +16,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 #include "common/cluster_flags.h"
+#include "common/cuda_memory.h"
 #include "common/device_manager.h"
 #include "common/gpu_info.h"
 #include "common/logging.h"
@@ -53,6 +56,10 @@ ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
           "Payload bytes per streamed message.");
 ABSL_FLAG(int, log_every_steps, 50, "Progress line every N steps.");
 ABSL_FLAG(int, towers, 0, "Override: data-parallel towers in this worker.");
+ABSL_FLAG(std::string, tower_devices, "",
+          "Override: the towers' devices, comma-separated (e.g. \"GPU:0,GPU:1\"); sets the tower count.");
+ABSL_FLAG(int, micro_batches, 0,
+          "Override: micro-batches per tower step (a model split over devices runs as a pipeline).");
 ABSL_FLAG(std::string, virtual_devices, "",
           "Split physical devices: e.g. \"CPU=4\" or \"GPU:0=1000x6;GPU:1=1000x6\" (MB x count).");
 ABSL_FLAG(std::string, visible_devices, "", "Physical GPUs to use, e.g. \"0,2\". Default: all.");
@@ -105,6 +112,14 @@ absl::Status ApplyOverrides(JobSpec* job) {
     job->mutable_data()->set_max_test_examples(absl::GetFlag(FLAGS_max_test_examples));
   }
   if (absl::GetFlag(FLAGS_towers) != 0) job->set_towers(absl::GetFlag(FLAGS_towers));
+  if (!absl::GetFlag(FLAGS_tower_devices).empty()) {
+    job->clear_tower_devices();
+    for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_tower_devices), ',', absl::SkipEmpty())) {
+      job->add_tower_devices(std::string(absl::StripAsciiWhitespace(d)));
+    }
+    job->set_towers(job->tower_devices_size());
+  }
+  if (absl::GetFlag(FLAGS_micro_batches) != 0) job->set_micro_batches(absl::GetFlag(FLAGS_micro_batches));
   if (absl::GetFlag(FLAGS_max_steps) != 0) job->set_max_steps(absl::GetFlag(FLAGS_max_steps));
   if (absl::GetFlag(FLAGS_replicas_to_aggregate) >= 0) {
     job->set_replicas_to_aggregate(absl::GetFlag(FLAGS_replicas_to_aggregate));
@@ -200,6 +215,10 @@ int main(int argc, char** argv) {
   dopts.physical = towerps::common::DiscoverPhysicalDevices();
   dopts.allow_soft_placement = absl::GetFlag(FLAGS_allow_soft_placement);
   dopts.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);
+  // Virtual GPUs allocate real device memory (cudaMalloc), under their limits.
+  dopts.gpu_backend_factory = [](const towerps::common::PhysicalDevice& gpu) {
+    return towerps::common::NewCudaMemoryBackend(gpu.index);
+  };
   auto devices = towerps::common::DeviceManager::Create(dopts);
   if (!devices.ok()) return Fail("devices", devices.status(), 2);
   towerps::worker::WorkerEnv env;

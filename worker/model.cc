@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <set>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/initializer.h"
 #include "common/status.h"
+#include "worker/losses.h"
 
 namespace towerps::worker {
 namespace {
@@ -170,8 +174,46 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
     }
   }
   model->output_dim_ = width;
-  model->activations_.resize(model->layers_.size());
-  model->deltas_.resize(model->layers_.size());
+
+  // Host weights and gradients, and their homes in the layers: a view for
+  // layers on host memory, a device buffer otherwise (allocated now, so a
+  // device too small for its weights fails here).
+  for (size_t i = 0; i < model->layers_.size(); ++i) {
+    Layer& layer = *model->layers_[i];
+    const std::vector<std::vector<int64_t>> shapes = layer.param_shapes();
+    const std::vector<DeviceTensor*> params = layer.params();
+    const std::vector<DeviceTensor*> grads = layer.grads();
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      model->host_weights_.emplace_back(shapes[k]);
+      model->host_grads_.emplace_back(shapes[k]);
+      model->device_weights_.push_back(params[k]);
+      model->device_grads_.push_back(grads[k]);
+      if (!layer.backend().host_memory()) {
+        for (DeviceTensor* t : {params[k], grads[k]}) {
+          absl::Status st = t->Resize(shapes[k]);
+          if (!st.ok()) {
+            return common::Annotate(st, absl::StrCat("layer \"", layer.name(), "\""));
+          }
+        }
+      }
+    }
+  }
+  for (size_t v = 0; v < model->host_weights_.size(); ++v) {
+    DeviceTensor* w = model->device_weights_[v];
+    if (w->backend()->host_memory()) {
+      w->ViewHost(model->host_weights_[v].shape(), model->host_weights_[v].data());
+      model->device_grads_[v]->ViewHost(model->host_grads_[v].shape(),
+                                        model->host_grads_[v].data());
+    }
+  }
+  // Pipeline stages: runs of layers on one backend.
+  for (size_t i = 0; i < model->layers_.size(); ++i) {
+    if (i == 0 || &model->layers_[i]->backend() != &model->layers_[i - 1]->backend()) {
+      model->stages_.push_back({i, i + 1});
+    } else {
+      model->stages_.back().end = i + 1;
+    }
+  }
   return model;
 }
 
@@ -205,67 +247,296 @@ std::vector<v1::VariableDef> Model::VariableDefs() const {
 
 std::vector<common::Tensor*> Model::weights() {
   std::vector<common::Tensor*> out;
-  for (const auto& layer : layers_) {
-    for (common::Tensor* t : layer->params()) out.push_back(t);
-  }
+  for (common::Tensor& t : host_weights_) out.push_back(&t);
   return out;
 }
 
 std::vector<common::Tensor*> Model::gradients() {
   std::vector<common::Tensor*> out;
-  for (const auto& layer : layers_) {
-    for (common::Tensor* t : layer->grads()) out.push_back(t);
-  }
+  for (common::Tensor& t : host_grads_) out.push_back(&t);
   return out;
 }
 
+std::vector<DeviceTensor*> Model::device_gradients() { return device_grads_; }
+
 void Model::InitializeWeights() {
   const std::vector<v1::VariableDef> defs = VariableDefs();
-  const std::vector<common::Tensor*> w = weights();
   for (size_t i = 0; i < defs.size(); ++i) {
-    common::InitializeValues(defs[i].initializer(), w[i]->span());
+    common::InitializeValues(defs[i].initializer(), host_weights_[i].span());
   }
 }
 
-absl::Status Model::Forward(const common::Tensor& features) {
-  if (features.rank() != 2 || features.dim(1) != input_dim_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model '", name_, "': features have shape ",
-                     features.ShapeString(), ", want [n,", input_dim_, "]"));
+absl::Status Model::LoadWeights(const std::vector<common::Tensor*>& host) {
+  if (host.size() != device_weights_.size()) {
+    return absl::InternalError(absl::StrCat("model '", name_, "': ", host.size(),
+                                            " weight tensors for ",
+                                            device_weights_.size(), " variables"));
   }
-  const common::Tensor* x = &features;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    TOWERPS_RETURN_IF_ERROR(layers_[i]->Forward(*x, &activations_[i]));
-    x = &activations_[i];
+  for (size_t v = 0; v < host.size(); ++v) {
+    DeviceTensor* w = device_weights_[v];
+    if (host[v]->num_elements() != host_weights_[v].num_elements()) {
+      return absl::InternalError(absl::StrCat("model '", name_, "': weight ", v,
+                                              " has shape ", host[v]->ShapeString(),
+                                              ", want ", host_weights_[v].ShapeString()));
+    }
+    if (w->backend()->host_memory()) {
+      if (w->data() != host[v]->data()) w->ViewHost(host[v]->shape(), host[v]->data());
+    } else {
+      w->backend()->CopyFromHost(host[v]->data(), host[v]->num_elements(), w->data());
+    }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<LossResult> Model::ComputeGradients(const Batch& batch) {
+absl::Status Model::DownloadGradients() {
+  for (size_t v = 0; v < device_grads_.size(); ++v) {
+    DeviceTensor* g = device_grads_[v];
+    if (g->backend()->host_memory()) continue;
+    TOWERPS_RETURN_IF_ERROR(
+        g->backend()->CopyToHost(g->data(), g->num_elements(), host_grads_[v].data()));
+  }
+  return absl::OkStatus();
+}
+
+bool Model::SameSpace(size_t a, size_t b) const {
+  Backend& x = layers_[a]->backend();
+  Backend& y = layers_[b]->backend();
+  return &x == &y || x.memory_space() == y.memory_space();
+}
+
+void Model::EnsureFlows(size_t n) {
+  while (flows_.size() < n) {
+    Flow f;
+    for (const auto& layer : layers_) {
+      Backend* b = &layer->backend();
+      f.in.emplace_back(b);
+      f.out.emplace_back(b);
+      f.dout.emplace_back(b);
+      f.din.emplace_back(b);
+    }
+    f.labels = DeviceTensor(&layers_.back()->backend());
+    f.targets = DeviceTensor(&layers_.back()->backend());
+    flows_.push_back(std::move(f));
+  }
+}
+
+absl::StatusOr<const DeviceTensor*> Model::Input(const Batch& batch, Flow& flow,
+                                                 size_t i) {
+  Backend& b = layers_[i]->backend();
+  DeviceTensor& in = flow.in[i];
+  if (i == 0) {
+    const float* rows = batch.features.data() + flow.begin * input_dim_;
+    if (b.host_memory()) {
+      in.ViewHost({flow.rows, input_dim_}, rows);
+    } else {
+      TOWERPS_RETURN_IF_ERROR(in.Resize({flow.rows, input_dim_}));
+      b.CopyFromHost(rows, flow.rows * input_dim_, in.data());
+    }
+    return &in;
+  }
+  const DeviceTensor& prev = flow.out[i - 1];
+  if (SameSpace(i - 1, i)) return &prev;
+  TOWERPS_RETURN_IF_ERROR(in.Resize(prev.shape()));
+  TOWERPS_RETURN_IF_ERROR(
+      b.CopyFrom(layers_[i - 1]->backend(), prev.data(), prev.num_elements(), in.data()));
+  return &in;
+}
+
+absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow,
+                                 int64_t grad_count) {
+  const Stage& stage = stages_[s];
+  for (size_t i = stage.first; i < stage.end; ++i) {
+    TOWERPS_ASSIGN_OR_RETURN(const DeviceTensor* x, Input(batch, flow, i));
+    TOWERPS_RETURN_IF_ERROR(layers_[i]->Forward(*x, &flow.out[i]));
+    // Sized by its owner now, so that the next device writes into it in
+    // place during the backward pass.
+    if (grad_count > 0) TOWERPS_RETURN_IF_ERROR(flow.dout[i].Resize(flow.out[i].shape()));
+  }
+  Backend& b = layers_[stage.end - 1]->backend();
+  if (s + 1 < stages_.size()) return b.Synchronize();
+
+  // The last stage: the loss of this micro-batch.
+  const size_t last = layers_.size() - 1;
+  const int64_t n = flow.rows;
+  const int64_t d = output_dim_;
+  const float* labels = nullptr;
+  const float* targets = nullptr;
+  if (loss_ == v1::MSE || loss_ == v1::MAE) {
+    const float* rows = batch.targets.data() + flow.begin * d;
+    if (b.host_memory()) {
+      targets = rows;
+    } else {
+      TOWERPS_RETURN_IF_ERROR(flow.targets.Resize({n, d}));
+      b.CopyFromHost(rows, n * d, flow.targets.data());
+      targets = flow.targets.data();
+    }
+  } else {
+    flow.host_labels.assign(batch.labels.begin() + flow.begin,
+                            batch.labels.begin() + flow.begin + n);
+    if (b.host_memory()) {
+      labels = flow.host_labels.data();
+    } else {
+      TOWERPS_RETURN_IF_ERROR(flow.labels.Resize({n}));
+      b.CopyFromHost(flow.host_labels.data(), n, flow.labels.data());
+      labels = flow.labels.data();
+    }
+  }
+  TOWERPS_ASSIGN_OR_RETURN(
+      flow.loss, b.Loss(loss_, n, d, flow.out[last].data(), labels, targets,
+                        grad_count > 0 ? flow.dout[last].data() : nullptr,
+                        grad_count > 0 ? grad_count : n));
+  return absl::OkStatus();
+}
+
+absl::Status Model::StageBackward(const Batch& batch, size_t s, Flow& flow,
+                                  bool accumulate) {
+  const Stage& stage = stages_[s];
+  // The gradient of this stage's output, if it came from another device.
+  const size_t top = stage.end - 1;
+  if (top + 1 < layers_.size() && !SameSpace(top, top + 1)) {
+    const DeviceTensor& g = flow.din[top + 1];
+    TOWERPS_RETURN_IF_ERROR(flow.dout[top].Resize(g.shape()));
+    TOWERPS_RETURN_IF_ERROR(layers_[top]->backend().CopyFrom(
+        layers_[top + 1]->backend(), g.data(), g.num_elements(), flow.dout[top].data()));
+  }
+  for (size_t i = stage.end; i-- > stage.first;) {
+    TOWERPS_ASSIGN_OR_RETURN(const DeviceTensor* x, Input(batch, flow, i));
+    DeviceTensor* dx = nullptr;
+    if (i > 0) dx = SameSpace(i - 1, i) ? &flow.dout[i - 1] : &flow.din[i];
+    TOWERPS_RETURN_IF_ERROR(
+        layers_[i]->Backward(*x, flow.out[i], flow.dout[i], dx, accumulate));
+  }
+  return layers_[stage.first]->backend().Synchronize();
+}
+
+absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train) {
+  if (batch.features.rank() != 2 || batch.features.dim(1) != input_dim_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", name_, "': features have shape ",
+                     batch.features.ShapeString(), ", want [n,", input_dim_, "]"));
+  }
+  const int64_t n = batch.features.dim(0);
+  TOWERPS_RETURN_IF_ERROR(ValidateLossInputs(loss_, n, output_dim_, batch));
+  const int m = train ? static_cast<int>(std::min<int64_t>(micro_batches_, n)) : 1;
+  EnsureFlows(m);
+  int64_t begin = 0;
+  for (int k = 0; k < m; ++k) {
+    flows_[k].begin = begin;
+    flows_[k].rows = n / m + (k < n % m ? 1 : 0);
+    begin += flows_[k].rows;
+  }
+  const int64_t grad_count = train ? n : 0;
+  const size_t num_stages = stages_.size();
+  if (m == 1 || num_stages == 1) {
+    for (int k = 0; k < m; ++k) {
+      for (size_t s = 0; s < num_stages; ++s) {
+        TOWERPS_RETURN_IF_ERROR(StageForward(batch, s, flows_[k], grad_count));
+      }
+      if (!train) continue;
+      for (size_t s = num_stages; s-- > 0;) {
+        TOWERPS_RETURN_IF_ERROR(StageBackward(batch, s, flows_[k], k > 0));
+      }
+    }
+  } else {
+    // Pipeline: a thread per stage; micro-batch k moves to the next stage
+    // when its predecessor marks it done. Every forward, then every
+    // backward, in micro-batch order on each stage, so each device adds its
+    // micro-batches' gradients in a fixed order.
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::vector<char>> fwd(num_stages, std::vector<char>(m, 0));
+    std::vector<std::vector<char>> bwd(num_stages, std::vector<char>(m, 0));
+    bool failed = false;
+    std::vector<absl::Status> status(num_stages);
+    // Waits until stage s has finished micro-batch k; false if a stage failed.
+    auto ready = [&](const std::vector<std::vector<char>>& done, size_t s, int k) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return done[s][k] != 0 || failed; });
+      return !failed;
+    };
+    auto mark = [&](std::vector<std::vector<char>>& done, size_t s, int k,
+                    const absl::Status& st) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!st.ok()) failed = true;
+        done[s][k] = 1;
+      }
+      cv.notify_all();
+    };
+    std::vector<std::thread> threads;
+    for (size_t s = 0; s < num_stages; ++s) {
+      threads.emplace_back([&, s] {
+        for (int k = 0; k < m; ++k) {
+          if (s > 0 && !ready(fwd, s - 1, k)) return;
+          absl::Status st = StageForward(batch, s, flows_[k], grad_count);
+          if (!st.ok()) status[s] = st;
+          mark(fwd, s, k, st);
+          if (!st.ok()) return;
+        }
+        for (int k = 0; k < m; ++k) {
+          if (s + 1 < num_stages && !ready(bwd, s + 1, k)) return;
+          absl::Status st = StageBackward(batch, s, flows_[k], k > 0);
+          if (!st.ok()) status[s] = st;
+          mark(bwd, s, k, st);
+          if (!st.ok()) return;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const absl::Status& st : status) TOWERPS_RETURN_IF_ERROR(st);
+  }
+  LossResult total;
+  for (int k = 0; k < m; ++k) {
+    total.loss_sum += flows_[k].loss.loss_sum;
+    total.correct += flows_[k].loss.correct;
+  }
+  return total;
+}
+
+absl::StatusOr<LossResult> Model::ComputeDeviceGradients(const Batch& batch) {
   if (batch.size() == 0) {
-    for (common::Tensor* g : gradients()) g->Fill(0.0f);
+    for (DeviceTensor* g : device_grads_) g->backend()->Zero(g->num_elements(), g->data());
+    for (const auto& layer : layers_) TOWERPS_RETURN_IF_ERROR(layer->backend().Synchronize());
     return LossResult();
   }
-  TOWERPS_RETURN_IF_ERROR(Forward(batch.features));
-  const size_t last = layers_.size() - 1;
-  LossResult result;
-  TOWERPS_RETURN_IF_ERROR(
-      ComputeLoss(loss_, activations_[last], batch, &deltas_[last], &result));
-  for (size_t i = last + 1; i-- > 0;) {
-    const common::Tensor& x = i == 0 ? batch.features : activations_[i - 1];
-    TOWERPS_RETURN_IF_ERROR(layers_[i]->Backward(
-        x, activations_[i], deltas_[i], i == 0 ? nullptr : &deltas_[i - 1]));
-  }
-  return result;
+  return Run(batch, /*train=*/true);
+}
+
+absl::StatusOr<LossResult> Model::ComputeGradients(const Batch& batch) {
+  TOWERPS_RETURN_IF_ERROR(LoadWeights(weights()));
+  TOWERPS_ASSIGN_OR_RETURN(LossResult r, ComputeDeviceGradients(batch));
+  TOWERPS_RETURN_IF_ERROR(DownloadGradients());
+  return r;
 }
 
 absl::StatusOr<LossResult> Model::Evaluate(const Batch& batch) {
   if (batch.size() == 0) return LossResult();
-  TOWERPS_RETURN_IF_ERROR(Forward(batch.features));
-  LossResult result;
-  TOWERPS_RETURN_IF_ERROR(
-      ComputeLoss(loss_, activations_.back(), batch, nullptr, &result));
-  return result;
+  TOWERPS_RETURN_IF_ERROR(LoadWeights(weights()));
+  return Run(batch, /*train=*/false);
+}
+
+absl::Status Model::PrepareBuffers(int64_t max_batch) {
+  if (max_batch <= 0) return absl::OkStatus();
+  EnsureFlows(1);
+  Flow& f = flows_[0];
+  int64_t width = input_dim_;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const int64_t out = layers_[i]->OutputDim(width);
+    absl::Status st = f.out[i].Resize({max_batch, out});
+    if (st.ok()) st = f.dout[i].Resize({max_batch, out});
+    if (st.ok() && i == 0 && !layers_[i]->backend().host_memory()) {
+      st = f.in[i].Resize({max_batch, width});
+    }
+    if (st.ok() && i > 0 && !SameSpace(i - 1, i)) {
+      st = f.in[i].Resize({max_batch, width});
+      if (st.ok()) st = f.din[i].Resize({max_batch, width});
+    }
+    if (!st.ok()) {
+      return common::Annotate(st, absl::StrCat("layer \"", layers_[i]->name(), "\""));
+    }
+    width = out;
+  }
+  return absl::OkStatus();
 }
 
 std::string Model::Summary() const {
@@ -303,7 +574,8 @@ std::vector<Model::LayerMemory> Model::MemoryUse(int64_t max_batch) const {
   for (const SummaryRow& r : summary_rows_) {
     const int64_t weights = 2 * r.params;                       // values + gradients
     const int64_t activations = 2 * r.layers * max_batch * r.output_dim;  // outputs + deltas
-    out.push_back({r.name, (weights + activations) * static_cast<int64_t>(sizeof(float))});
+    out.push_back({r.name, (weights + activations) * static_cast<int64_t>(sizeof(float)),
+                   weights * static_cast<int64_t>(sizeof(float))});
   }
   return out;
 }

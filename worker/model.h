@@ -20,6 +20,7 @@
 #include "proto/towerps.pb.h"
 #include "worker/backend.h"
 #include "worker/batch.h"
+#include "worker/device_tensor.h"
 #include "worker/layers.h"
 #include "worker/losses.h"
 
@@ -66,8 +67,14 @@ class Model {
   struct LayerMemory {
     std::string layer;
     int64_t bytes = 0;
+    int64_t param_bytes = 0;  // Of which weights and their gradients.
   };
   std::vector<LayerMemory> MemoryUse(int64_t max_batch) const;
+
+  // Allocates the activation buffers for a batch of `max_batch` examples
+  // now, so that a device too small fails at start with its allocator's
+  // error (prefixed with the layer) instead of in the first step.
+  absl::Status PrepareBuffers(int64_t max_batch);
 
   // The device of each spec layer, in order ("" without a placer).
   const std::vector<std::string>& layer_devices() const { return layer_devices_; }
@@ -82,10 +89,25 @@ class Model {
   // Variable i's Glorot seed is VariableSeed(spec.init_seed or 1, i).
   std::vector<v1::VariableDef> VariableDefs() const;
 
-  // The weight tensors and their gradients, in VariableDefs() order. The
-  // pointers stay valid for the model's lifetime; callers may write weights.
+  // The weight tensors and their gradients, in VariableDefs() order, in host
+  // memory: pulls write weights() and pushes read gradients(). The pointers
+  // stay valid for the model's lifetime. Layers on a host-memory device
+  // (CPU) compute on these very buffers; layers on a GPU keep device copies
+  // (ComputeGradients uploads weights() first and downloads the gradients).
   std::vector<common::Tensor*> weights();
   std::vector<common::Tensor*> gradients();
+
+  // Splits every ComputeGradients batch into `m` micro-batches (sizes differ
+  // by at most one). When the layers sit on several devices, each run of
+  // layers on one device is a pipeline stage with its own thread, so the
+  // devices work on different micro-batches at the same time (GPipe: every
+  // micro-batch forward, then every one backward, gradients accumulated on
+  // each device). The result is the whole batch's gradient (up to float
+  // summation order). REQUIRES: m >= 1. Default 1.
+  void set_micro_batches(int m) { micro_batches_ = m < 1 ? 1 : m; }
+  int micro_batches() const { return micro_batches_; }
+  // Pipeline stages: runs of consecutive layers on the same device.
+  int num_stages() const { return static_cast<int>(stages_.size()); }
 
   // Fills every weight from its VariableDef's initializer with
   // common::InitializeValues, the function the parameter server uses, so the
@@ -100,6 +122,21 @@ class Model {
   // labels/targets do not fit (see ComputeLoss); gradients are then
   // unspecified.
   absl::StatusOr<LossResult> ComputeGradients(const Batch& batch);
+
+  // The steps ComputeGradients is made of, for towers that reduce their
+  // gradients on the devices before one download:
+  //  - LoadWeights: the next step uses the values of `host` (VariableDefs()
+  //    order and shapes; e.g. another tower's weights()). Host-memory layers
+  //    read them in place (no copy: they must stay unchanged until the step
+  //    ends); GPU layers copy them to the device.
+  //  - ComputeDeviceGradients: forward, loss and backward; the gradients are
+  //    left in device_gradients() and every device is synchronized.
+  //  - DownloadGradients: copies device gradients into gradients() (nothing
+  //    to do for host-memory layers, whose gradients are gradients()).
+  absl::Status LoadWeights(const std::vector<common::Tensor*>& host);
+  absl::StatusOr<LossResult> ComputeDeviceGradients(const Batch& batch);
+  std::vector<DeviceTensor*> device_gradients();
+  absl::Status DownloadGradients();
 
   // Forward pass and loss only; gradients() are untouched. loss_sum is the
   // sum over the batch, so callers can average across batches. Errors as for
@@ -139,8 +176,36 @@ class Model {
   Model(std::string name, v1::LossType loss, int64_t input_dim,
         uint64_t init_seed);
 
-  // Runs every layer on `features`; the result is activations_.back().
-  absl::Status Forward(const common::Tensor& features);
+  // One micro-batch's buffers, each on its layer's device.
+  struct Flow {
+    std::vector<DeviceTensor> in;    // in[i]: layer i's input when it is a copy
+    std::vector<DeviceTensor> out;   // out[i]: layer i's output
+    std::vector<DeviceTensor> dout;  // dout[i]: dL/d out[i]
+    std::vector<DeviceTensor> din;   // din[i]: dL/d input of layer i, before
+                                     // its copy to the previous device
+    DeviceTensor labels;             // on the last layer's device
+    DeviceTensor targets;
+    std::vector<float> host_labels;
+    int64_t begin = 0, rows = 0;     // rows of the batch
+    LossResult loss;
+  };
+  struct Stage {
+    size_t first = 0, end = 0;  // layers [first, end)
+  };
+
+  void EnsureFlows(size_t n);
+  // Layer i's input for `flow`: the features (i == 0), the previous layer's
+  // output, or a copy of it on layer i's device.
+  absl::StatusOr<const DeviceTensor*> Input(const Batch& batch, Flow& flow,
+                                            size_t i);
+  // Runs stage `s` forward on `flow` (and the loss, with its gradient when
+  // `grad_count` > 0, if `s` is the last stage).
+  absl::Status StageForward(const Batch& batch, size_t s, Flow& flow,
+                            int64_t grad_count);
+  absl::Status StageBackward(const Batch& batch, size_t s, Flow& flow,
+                             bool accumulate);
+  absl::StatusOr<LossResult> Run(const Batch& batch, bool train);
+  bool SameSpace(size_t a, size_t b) const;
 
   // Constant after construction. The layers hold the Backend.
   const std::string name_;
@@ -152,11 +217,18 @@ class Model {
   int64_t output_dim_ = 0;
   std::vector<std::string> layer_devices_;
   int64_t num_parameters_ = 0;
+  std::vector<Stage> stages_;
+  int micro_batches_ = 1;
 
-  // Per-step scratch, reused. activations_[i] is layer i's output;
-  // deltas_[i] is dL/d(activations_[i]).
-  std::vector<common::Tensor> activations_;
-  std::vector<common::Tensor> deltas_;
+  // Host weights and gradients (VariableDefs order), and where each lives
+  // in the layers.
+  std::vector<common::Tensor> host_weights_;
+  std::vector<common::Tensor> host_grads_;
+  std::vector<DeviceTensor*> device_weights_;
+  std::vector<DeviceTensor*> device_grads_;
+
+  // Per-step scratch, reused: one Flow per micro-batch.
+  std::vector<Flow> flows_;
 };
 
 // The Glorot seed of variable `index`: SplitMix64's finalizer applied to

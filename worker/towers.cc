@@ -1,43 +1,106 @@
 #include "worker/towers.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "worker/nccl_reduce.h"
 
 namespace towerps::worker {
 namespace {
 
-class HostReducer : public GradientReducer {
+// The physical GPU of a "cuda:<i>" memory space; -1 for anything else.
+int GpuOf(const std::string& space) {
+  if (space.rfind("cuda:", 0) != 0) return -1;
+  return std::atoi(space.c_str() + 5);
+}
+
+class DeviceReducer : public GradientReducer {
  public:
-  absl::Status Reduce(const std::vector<std::vector<common::Tensor*>>& grads,
+  DeviceReducer(std::string name, bool use_nccl)
+      : name_(std::move(name)), use_nccl_(use_nccl) {}
+
+  absl::Status Reduce(const std::vector<std::vector<DeviceTensor*>>& grads,
                       const std::vector<int64_t>& examples) override {
     int64_t total = 0;
     for (int64_t n : examples) total += n;
-    std::vector<common::Tensor*> out = grads[0];
-    for (size_t v = 0; v < out.size(); ++v) {
-      common::Tensor& acc = *out[v];
-      const int n = static_cast<int>(acc.num_elements());
-      cblas_sscal(n, static_cast<float>(examples[0]), acc.data(), 1);
-      for (size_t t = 1; t < grads.size(); ++t) {
-        if (grads[t][v]->num_elements() != acc.num_elements()) {
+    const size_t towers = grads.size();
+    if (staging_.size() < grads[0].size()) staging_.resize(grads[0].size());
+    for (size_t v = 0; v < grads[0].size(); ++v) {
+      DeviceTensor& acc = *grads[0][v];
+      const int64_t n = acc.num_elements();
+      // 1. Within each memory space, sum onto its first tower (the leader).
+      std::vector<size_t> leaders;
+      std::map<std::string, size_t> leader_of;
+      for (size_t t = 0; t < towers; ++t) {
+        DeviceTensor& g = *grads[t][v];
+        if (g.num_elements() != n) {
           return absl::InternalError(absl::StrCat("tower ", t, " gradient ", v,
-                                                  " has a different shape"));
+                                                  " has shape ", g.ShapeString(),
+                                                  ", tower 0's ", acc.ShapeString()));
         }
-        if (examples[t] > 0) {
-          cblas_saxpy(n, static_cast<float>(examples[t]), grads[t][v]->data(), 1,
-                      acc.data(), 1);
+        auto [it, first] = leader_of.emplace(g.backend()->memory_space(), t);
+        DeviceTensor& lead = *grads[it->second][v];
+        if (first) {
+          leaders.push_back(t);
+          lead.backend()->Scale(n, static_cast<float>(examples[t]), lead.data());
+        } else if (examples[t] > 0) {
+          lead.backend()->Axpy(n, static_cast<float>(examples[t]), g.data(), lead.data());
         }
       }
-      if (total > 0) cblas_sscal(n, 1.0f / static_cast<float>(total), acc.data(), 1);
+      // 2. Across spaces: NCCL between GPUs, else copies to tower 0's device.
+      if (leaders.size() > 1) {
+        std::vector<int> gpus;
+        std::vector<float*> buffers;
+        for (size_t t : leaders) {
+          gpus.push_back(GpuOf(grads[t][v]->backend()->memory_space()));
+          buffers.push_back(grads[t][v]->data());
+        }
+        const bool nccl = use_nccl_ && NcclGroup::Built() &&
+                          std::find(gpus.begin(), gpus.end(), -1) == gpus.end();
+        for (size_t t : leaders) TOWERPS_RETURN_IF_ERROR(grads[t][v]->backend()->Synchronize());
+        if (nccl) {
+          TOWERPS_ASSIGN_OR_RETURN(NcclGroup * group, Group(gpus));
+          TOWERPS_RETURN_IF_ERROR(group->AllReduceSum(buffers, n));
+        } else {
+          DeviceTensor& stage = staging_[v];
+          if (stage.backend() != acc.backend()) stage = DeviceTensor(acc.backend());
+          TOWERPS_RETURN_IF_ERROR(stage.Resize({n}));
+          for (size_t i = 1; i < leaders.size(); ++i) {
+            DeviceTensor& g = *grads[leaders[i]][v];
+            TOWERPS_RETURN_IF_ERROR(
+                acc.backend()->CopyFrom(*g.backend(), g.data(), n, stage.data()));
+            acc.backend()->Axpy(n, 1.0f, stage.data(), acc.data());
+          }
+        }
+      }
+      if (total > 0) {
+        acc.backend()->Scale(n, 1.0f / static_cast<float>(total), acc.data());
+      }
+      for (size_t t : leaders) TOWERPS_RETURN_IF_ERROR(grads[t][v]->backend()->Synchronize());
     }
     return absl::OkStatus();
   }
-  std::string Name() const override { return "host (BLAS) reduction"; }
+
+  std::string Name() const override { return name_; }
+
+ private:
+  absl::StatusOr<NcclGroup*> Group(const std::vector<int>& gpus) {
+    std::unique_ptr<NcclGroup>& g = groups_[gpus];
+    if (!g) {
+      TOWERPS_ASSIGN_OR_RETURN(g, NcclGroup::Create(gpus));
+    }
+    return g.get();
+  }
+
+  const std::string name_;
+  const bool use_nccl_;
+  std::vector<DeviceTensor> staging_;  // per variable, on tower 0's device
+  std::map<std::vector<int>, std::unique_ptr<NcclGroup>> groups_;
 };
 
 // Copies rows [begin, end) of `in` into `out`.
@@ -59,8 +122,33 @@ void SliceRows(const Batch& in, int64_t begin, int64_t end, Batch* out) {
 
 }  // namespace
 
-std::unique_ptr<GradientReducer> NewHostReducer() {
-  return std::make_unique<HostReducer>();
+std::unique_ptr<GradientReducer> NewReducer(
+    const std::vector<std::vector<DeviceTensor*>>& grads, bool use_nccl) {
+  // Describe where the towers are: towers per memory space (by variable 0's
+  // gradient; per-layer devices may add spaces for other variables).
+  std::map<std::string, int> per_space;
+  std::vector<std::string> order;
+  for (const auto& g : grads) {
+    if (g.empty()) continue;
+    const std::string space = g[0]->backend()->memory_space();
+    if (per_space[space]++ == 0) order.push_back(space);
+  }
+  std::vector<std::string> parts;
+  int gpus = 0;
+  bool cpu = false;
+  for (const std::string& s : order) {
+    parts.push_back(absl::StrCat(per_space[s], " on ", s));
+    if (GpuOf(s) >= 0) ++gpus; else cpu = true;
+  }
+  std::string name = absl::StrCat(order.size() == 1 && cpu ? "host (BLAS) sums"
+                                                           : "on-device sums",
+                                   " (", absl::StrJoin(parts, ", "), ")");
+  if (order.size() > 1) {
+    const bool nccl = use_nccl && NcclGroup::Built() && !cpu;
+    name += nccl ? absl::StrCat(" + NCCL all-reduce over ", gpus, " GPUs")
+                 : " + copies to tower 0's device";
+  }
+  return std::make_unique<DeviceReducer>(name, use_nccl);
 }
 
 int BlasThreadsPerTower(int cores, int towers) {
@@ -99,7 +187,9 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(
                              Model::Create(spec, placer_for_tower(i)));
     t->models_.push_back(std::move(m));
   }
-  t->reducer_ = NewHostReducer();
+  std::vector<std::vector<DeviceTensor*>> grads;
+  for (auto& m : t->models_) grads.push_back(m->device_gradients());
+  t->reducer_ = NewReducer(grads);
   t->parts_.resize(num_towers);
   return t;
 }
@@ -107,14 +197,7 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(
 absl::StatusOr<LossResult> Towers::ComputeGradients(const Batch& batch) {
   const int n = num_towers();
   if (n == 1) return models_[0]->ComputeGradients(batch);
-  // Same weights everywhere: broadcast tower 0's.
-  std::vector<common::Tensor*> w0 = models_[0]->weights();
-  for (int t = 1; t < n; ++t) {
-    std::vector<common::Tensor*> wt = models_[t]->weights();
-    for (size_t v = 0; v < w0.size(); ++v) {
-      std::memcpy(wt[v]->data(), w0[v]->data(), w0[v]->num_bytes());
-    }
-  }
+  const std::vector<common::Tensor*> w0 = models_[0]->weights();
   const int64_t rows = batch.size();
   std::vector<int64_t> examples(n);
   int64_t begin = 0;
@@ -123,22 +206,28 @@ absl::StatusOr<LossResult> Towers::ComputeGradients(const Batch& batch) {
     SliceRows(batch, begin, begin + examples[t], &parts_[t]);
     begin += examples[t];
   }
+  // Every tower computes with tower 0's weights: read in place on the host,
+  // uploaded by GPU towers.
   std::vector<absl::StatusOr<LossResult>> results(n, LossResult{});
+  auto run = [&](int t) {
+    absl::Status st = models_[t]->LoadWeights(w0);
+    results[t] = st.ok() ? models_[t]->ComputeDeviceGradients(parts_[t])
+                         : absl::StatusOr<LossResult>(st);
+  };
   std::vector<std::thread> threads;
-  for (int t = 1; t < n; ++t) {
-    threads.emplace_back([&, t] { results[t] = models_[t]->ComputeGradients(parts_[t]); });
-  }
-  results[0] = models_[0]->ComputeGradients(parts_[0]);
+  for (int t = 1; t < n; ++t) threads.emplace_back(run, t);
+  run(0);
   for (auto& th : threads) th.join();
   LossResult total;
-  std::vector<std::vector<common::Tensor*>> grads(n);
+  std::vector<std::vector<DeviceTensor*>> grads(n);
   for (int t = 0; t < n; ++t) {
     if (!results[t].ok()) return common::Annotate(results[t].status(), absl::StrCat("tower ", t));
     total.loss_sum += results[t]->loss_sum;
     total.correct += results[t]->correct;
-    grads[t] = models_[t]->gradients();
+    grads[t] = models_[t]->device_gradients();
   }
   TOWERPS_RETURN_IF_ERROR(reducer_->Reduce(grads, examples));
+  TOWERPS_RETURN_IF_ERROR(models_[0]->DownloadGradients());
   return total;
 }
 

@@ -4,8 +4,13 @@
 // tower's examples), so one step pushes once and equals one replica on the
 // whole batch.
 //
-// Reduction goes through GradientReducer; the host reducer (BLAS saxpy/scal)
-// serves CPU towers. Thread-compatible: one training loop drives it.
+// Reduction goes through GradientReducer, on the devices: towers whose
+// gradients share a memory space (the host; one physical GPU) are summed
+// there by that device's backend, and the per-space sums meet with NCCL
+// all-reduce across physical GPUs (one rank per GPU), or by copies to tower
+// 0's device where NCCL does not apply (CPU, or CPU and GPU mixed). Only
+// tower 0's result is downloaded to the host. Thread-compatible: one
+// training loop drives it.
 #ifndef TOWERPS_WORKER_TOWERS_H_
 #define TOWERPS_WORKER_TOWERS_H_
 
@@ -19,6 +24,7 @@
 #include "proto/towerps.pb.h"
 #include "worker/backend.h"
 #include "worker/batch.h"
+#include "worker/device_tensor.h"
 #include "worker/losses.h"
 #include "worker/model.h"
 
@@ -29,14 +35,23 @@ class GradientReducer {
  public:
   virtual ~GradientReducer() = default;
   // grads[t][v]: tower t's mean gradient of variable v over examples[t]
-  // examples. On return grads[0][v] holds the mean over all examples (zeros
-  // if there were none). REQUIRES: matching shapes.
-  virtual absl::Status Reduce(const std::vector<std::vector<common::Tensor*>>& grads,
+  // examples, in its device's memory, complete (its backend synchronized).
+  // On return grads[0][v] holds the mean over all examples (zeros if there
+  // were none) and every backend involved is synchronized. Other towers'
+  // buffers may be overwritten. InternalError for mismatched shapes; the
+  // device's or NCCL's error.
+  virtual absl::Status Reduce(const std::vector<std::vector<DeviceTensor*>>& grads,
                               const std::vector<int64_t>& examples) = 0;
+  // What it does, for the log: e.g. "on-device sums (2 towers on cuda:0,
+  // 2 on cuda:1) + NCCL all-reduce over 2 GPUs".
   virtual std::string Name() const = 0;
 };
 
-std::unique_ptr<GradientReducer> NewHostReducer();
+// The reducer for towers whose gradients live where `grads` (as in Reduce)
+// live. `use_nccl`: NCCL between physical GPUs when this build has it
+// (false: copies to tower 0's device; tests compare both).
+std::unique_ptr<GradientReducer> NewReducer(
+    const std::vector<std::vector<DeviceTensor*>>& grads, bool use_nccl = true);
 
 class Towers {
  public:
@@ -56,6 +71,11 @@ class Towers {
   Model& primary() { return *models_[0]; }
   Model& tower(int t) { return *models_[t]; }
   const GradientReducer& reducer() const { return *reducer_; }
+  // Every tower splits its part of a batch into `m` micro-batches (see
+  // Model::set_micro_batches).
+  void set_micro_batches(int m) {
+    for (auto& model : models_) model->set_micro_batches(m);
+  }
 
   // Tower 0's weights: write pulled values here; ComputeGradients copies them
   // to the other towers first.
@@ -64,7 +84,9 @@ class Towers {
   std::vector<common::Tensor*> gradients() { return models_[0]->gradients(); }
 
   // Splits `batch` into num_towers contiguous parts (sizes differ by at most
-  // one), runs every tower on its own thread and reduces. Returns the summed
+  // one), runs every tower on its own thread (towers on host memory read
+  // tower 0's weights in place; GPU towers upload them), reduces on the
+  // devices and downloads the result into gradients(). Returns the summed
   // loss and correct counts over the whole batch.
   absl::StatusOr<LossResult> ComputeGradients(const Batch& batch);
 

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "worker/fake_device_backend.h"
 
 namespace towerps::worker {
 namespace {
@@ -84,15 +85,69 @@ TEST(TowersTest, MoreTowersThanExamplesLeavesSomeIdle) {
   ExpectSameGradients(v1::SOFTMAX_CROSS_ENTROPY, 3, 4);
 }
 
+DeviceTensor View(Backend& b, common::Tensor& t) {
+  DeviceTensor d(&b);
+  d.ViewHost(t.shape(), t.data());
+  return d;
+}
+
 TEST(TowersTest, HostReducerComputesTheWeightedMean) {
+  auto cpu = NewCpuBackend();
   common::Tensor a({2}, {1.0f, 2.0f}), b({2}, {4.0f, 8.0f}), c({2}, {100.0f, 100.0f});
-  auto r = NewHostReducer();
-  ASSERT_TRUE(r->Reduce({{&a}, {&b}, {&c}}, {1, 3, 0}).ok());
+  DeviceTensor da = View(*cpu, a), db = View(*cpu, b), dc = View(*cpu, c);
+  auto r = NewReducer({{&da}, {&db}, {&dc}});
+  EXPECT_EQ(r->Name(), "host (BLAS) sums (3 on cpu)");
+  ASSERT_TRUE(r->Reduce({{&da}, {&db}, {&dc}}, {1, 3, 0}).ok());
   EXPECT_FLOAT_EQ(a[0], (1.0f + 12.0f) / 4.0f);
   EXPECT_FLOAT_EQ(a[1], (2.0f + 24.0f) / 4.0f);
   common::Tensor z({1}, {5.0f}), y({1}, {7.0f});
-  ASSERT_TRUE(r->Reduce({{&z}, {&y}}, {0, 0}).ok());
+  DeviceTensor dz = View(*cpu, z), dy = View(*cpu, y);
+  ASSERT_TRUE(r->Reduce({{&dz}, {&dy}}, {0, 0}).ok());
   EXPECT_FLOAT_EQ(z[0], 0.0f);
+}
+
+// Towers on "devices" with their own memory (two towers per space, like two
+// virtual devices on each of two GPUs): sums within a space on that device,
+// then a copy across spaces, and only tower 0's result downloaded.
+TEST(TowersTest, DeviceMemoryTowersReduceOnTheDevicesAndEqualOneDevice) {
+  std::vector<std::string> violations;
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int t = 0; t < 4; ++t) backends.push_back(NewFakeDeviceBackend(t / 2, &violations));
+  const v1::ModelSpec spec = Spec(v1::SOFTMAX_CROSS_ENTROPY);
+  auto many = Towers::Create(spec, 4, [&](int t) -> Model::LayerPlacer {
+    Backend* b = backends[t].get();
+    return [b](const std::string&, const std::string&) -> absl::StatusOr<Model::LayerPlacement> {
+      return Model::LayerPlacement{b, ""};
+    };
+  });
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ((*many)->reducer().Name(),
+            "on-device sums (2 on fake:0, 2 on fake:1) + copies to tower 0's device");
+  (*many)->primary().InitializeWeights();
+  auto one = Make(spec, 1);
+  const Batch batch = RandomBatch(37, false);
+  auto r1 = one->ComputeGradients(batch);
+  auto rn = (*many)->ComputeGradients(batch);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  ASSERT_TRUE(rn.ok()) << rn.status();
+  EXPECT_TRUE(violations.empty()) << violations[0];
+  EXPECT_NEAR(rn->loss_sum, r1->loss_sum, 1e-4 * std::abs(r1->loss_sum));
+  EXPECT_EQ(rn->correct, r1->correct);
+  auto g1 = one->gradients();
+  auto gn = (*many)->gradients();
+  for (size_t v = 0; v < g1.size(); ++v) {
+    for (int64_t i = 0; i < g1[v]->num_elements(); ++i) {
+      const float a = (*g1[v])[i], b = (*gn[v])[i];
+      ASSERT_NEAR(b, a, 1e-5f + 1e-4f * std::abs(a)) << "variable " << v << " element " << i;
+    }
+  }
+  // A second step with new weights uploads them again.
+  for (common::Tensor* w : (*many)->weights()) w->Fill(0.01f);
+  for (common::Tensor* w : one->weights()) w->Fill(0.01f);
+  r1 = one->ComputeGradients(batch);
+  rn = (*many)->ComputeGradients(batch);
+  ASSERT_TRUE(rn.ok()) << rn.status();
+  EXPECT_NEAR(rn->loss_sum, r1->loss_sum, 1e-4 * std::abs(r1->loss_sum));
 }
 
 TEST(TowersTest, BadArgumentsAreRejected) {

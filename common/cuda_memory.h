@@ -1,0 +1,29 @@
+// GPU memory for the virtual devices' allocators: a common::MemoryBackend
+// that hands out device memory of one physical GPU.
+//
+// Two implementations, chosen in common/BUILD: cuda_memory_cuda.cc (the
+// toolkit's cudaMalloc) and cuda_memory_none.cc (CPU-only builds).
+#ifndef TOWERPS_COMMON_CUDA_MEMORY_H_
+#define TOWERPS_COMMON_CUDA_MEMORY_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "common/device_manager.h"
+
+namespace towerps::common {
+
+// A MemoryBackend whose Alloc is cudaMalloc on physical GPU `gpu` and whose
+// Free is cudaFree. Thread-safe; Alloc, Free and this factory make `gpu` the
+// calling thread's current CUDA device. Alloc(0) returns a unique non-null
+// pointer (a small block). Alloc fails with ResourceExhausted naming the GPU,
+// the bytes asked, the CUDA error and the bytes the GPU has free.
+//
+// Returns InvalidArgument for a negative `gpu`, the CUDA error (e.g.
+// FailedPrecondition: no device or driver; InvalidArgument: no such GPU) when
+// the GPU cannot be used, and Unavailable in CPU-only builds.
+absl::StatusOr<std::unique_ptr<MemoryBackend>> NewCudaMemoryBackend(int gpu);
+
+}  // namespace towerps::common
+
+#endif  // TOWERPS_COMMON_CUDA_MEMORY_H_

@@ -1,0 +1,57 @@
+// Sums of gradient buffers across the GPUs of this process with NCCL
+// all-reduce: the reduction between towers that sit on different physical
+// GPUs.
+//
+// Two implementations, chosen in worker/BUILD: nccl_reduce_cuda.cc (NCCL from
+// the CUDA toolkit) and nccl_reduce_none.cc (CPU-only builds: Create fails
+// with Unavailable). NCCL allows one rank per GPU, so towers that share a GPU
+// (virtual devices) reduce among themselves first, by other means.
+#ifndef TOWERPS_WORKER_NCCL_REDUCE_H_
+#define TOWERPS_WORKER_NCCL_REDUCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace towerps::worker {
+
+// One NCCL communicator per physical GPU in this process (ncclCommInitAll),
+// plus one stream per rank owned by the group, so towers on different GPUs
+// reduce with all-reduce.
+//
+// Not thread-safe: one thread calls AllReduceSum at a time (NCCL requires a
+// single thread to issue a grouped call over all ranks).
+class NcclGroup {
+ public:
+  // A group over `gpus` (physical GPU indices; rank r is gpus[r]). Returns
+  // InvalidArgument for an empty list, a negative index or a duplicate ("NCCL
+  // does not allow two ranks on one GPU"), NCCL's or CUDA's error when the
+  // communicators cannot be created, and Unavailable in CPU-only builds.
+  static absl::StatusOr<std::unique_ptr<NcclGroup>> Create(
+      const std::vector<int>& gpus);
+
+  // Whether this binary was built with NCCL.
+  static bool Built();
+
+  // Waits for pending reductions, then destroys communicators and streams.
+  virtual ~NcclGroup() = default;
+
+  // In place: buffers[r] (device memory on gpus[r], n floats) becomes the
+  // elementwise sum over all ranks. REQUIRES: the caller has finished
+  // writing the buffers (synchronized the streams that wrote them) and does
+  // not touch them until this returns. Blocks until the sums are complete.
+  // Returns InvalidArgument when buffers.size() != size() or n < 0, else the
+  // first NCCL or CUDA error. n == 0 is a no-op.
+  virtual absl::Status AllReduceSum(const std::vector<float*>& buffers,
+                                    int64_t n) = 0;
+
+  // Number of ranks (GPUs).
+  virtual int size() const = 0;
+};
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_NCCL_REDUCE_H_

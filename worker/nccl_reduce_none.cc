@@ -1,0 +1,14 @@
+// CPU-only build: no NCCL.
+#include "worker/nccl_reduce.h"
+
+namespace towerps::worker {
+
+absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
+    const std::vector<int>& gpus) {
+  return absl::UnavailableError(
+      "NCCL: this binary was built without CUDA (CPU-only build)");
+}
+
+bool NcclGroup::Built() { return false; }
+
+}  // namespace towerps::worker

@@ -1,0 +1,97 @@
+// NCCL all-reduce over every visible GPU (one is enough: a 1-rank group).
+// Tagged "gpu" in worker/BUILD; the GPU test skips itself without CUDA or a
+// GPU.
+#include "worker/nccl_reduce.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/gpu_info.h"
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+
+namespace towerps::worker {
+namespace {
+
+TEST(NcclGroupTest, DuplicateGpusAreRejected) {
+  const auto group = NcclGroup::Create({0, 1, 0});
+  if (!NcclGroup::Built()) {
+    EXPECT_EQ(group.status().code(), absl::StatusCode::kUnavailable);
+    return;
+  }
+  // Checked before touching any GPU, so this runs without one.
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      group.status().message().find("NCCL does not allow two ranks on one GPU"),
+      std::string::npos)
+      << group.status();
+}
+
+TEST(NcclGroupTest, EmptyOrNegativeIsInvalid) {
+  if (!NcclGroup::Built()) GTEST_SKIP() << "built without NCCL";
+  EXPECT_EQ(NcclGroup::Create({}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(NcclGroup::Create({-1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// Rank r's value at i: small integers and halves, so every order of
+// summation gives the exact sum.
+float Value(int r, int64_t i) {
+  return static_cast<float>((r + 1) * (i % 97 - 48)) + 0.5f * r;
+}
+
+TEST(NcclGroupTest, AllReduceSumsOverEveryVisibleGpu) {
+  if (!NcclGroup::Built()) GTEST_SKIP() << "built without NCCL";
+  const common::GpuInfo info = common::QueryGpus();
+  if (info.devices.empty()) GTEST_SKIP() << "no GPU: " << info.note;
+  std::vector<int> gpus;
+  for (const auto& device : info.devices) gpus.push_back(device.index);
+  const int ranks = static_cast<int>(gpus.size());
+
+  auto group = NcclGroup::Create(gpus);
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_EQ((*group)->size(), ranks);
+  // The backends only provide device memory and copies here.
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int gpu : gpus) {
+    auto backend = NewCudaBackend(gpu);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backends.push_back(std::move(*backend));
+  }
+
+  for (int64_t n : {int64_t{1}, int64_t{1000003}}) {
+    std::vector<float*> buffers(ranks);
+    for (int r = 0; r < ranks; ++r) {
+      auto p = backends[r]->Allocate(n);
+      ASSERT_TRUE(p.ok()) << p.status();
+      buffers[r] = *p;
+      std::vector<float> host(n);
+      for (int64_t i = 0; i < n; ++i) host[i] = Value(r, i);
+      backends[r]->CopyFromHost(host.data(), n, buffers[r]);  // Synchronous.
+    }
+    const absl::Status status = (*group)->AllReduceSum(buffers, n);
+    ASSERT_TRUE(status.ok()) << status;
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<float> got(n);
+      ASSERT_TRUE(backends[r]->CopyToHost(buffers[r], n, got.data()).ok());
+      for (int64_t i = 0; i < n; ++i) {
+        float want = 0.0f;
+        for (int s = 0; s < ranks; ++s) want += Value(s, i);
+        ASSERT_EQ(got[i], want) << "rank " << r << " element " << i;
+      }
+      backends[r]->Free(buffers[r]);
+    }
+  }
+
+  EXPECT_TRUE((*group)->AllReduceSum(std::vector<float*>(ranks), 0).ok());
+  EXPECT_EQ((*group)->AllReduceSum(std::vector<float*>(ranks + 1), 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*group)->AllReduceSum(std::vector<float*>(ranks), -1).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace towerps::worker
