@@ -1,9 +1,12 @@
 // Worker compute throughput: forward + backward (ComputeGradients) of the MLP
-// and the dense stack on CPU, with 1..N towers, and the dense stack's achieved
-// GEMM FLOP/s as a fraction of a plain BLAS SGEMM of the same shapes measured
-// in the same run. No parameter server: this isolates the worker's math.
+// and the dense stack on CPU and, where there is a GPU, on GPU, with 1..N
+// towers, and the achieved GEMM FLOP/s as a fraction of a plain SGEMM of the
+// same shapes (cblas_sgemm on CPU, one cublasSgemm per GEMM on GPU) measured
+// in the same run. No parameter server: this isolates the worker's math. On
+// GPU, one more row: the dense stack split layer by layer over 12 virtual
+// devices of GPU 0 (the classic layout).
 //
-//   bazel run -c opt //tests/bench:worker_throughput [-- --seconds=2 --towers=1,2]
+//   bazel run -c opt //tests/bench:worker_throughput [-- --seconds=2 --towers=1,2 --devices=cpu,gpu]
 //
 // Correctness in the same run: the reduced gradient with N towers must match
 // one tower's (the `wrong` column counts elements off by more than 1e-4 rel).
@@ -13,6 +16,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -20,13 +25,17 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/gpu_info.h"
+#include "worker/device_placer.h"
 #include "worker/backend.h"
 #include "worker/job_spec.h"
 #include "worker/towers.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Timed seconds per row (after warm-up).");
 ABSL_FLAG(std::string, towers, "1,2", "Tower counts to sweep.");
+ABSL_FLAG(std::string, devices, "cpu,gpu", "Backends to measure (gpu is skipped, saying why, without one).");
 
 namespace towerps::worker {
 namespace {
@@ -61,39 +70,45 @@ double GemmFlops(const v1::ModelSpec& spec, int64_t batch) {
   return flops;
 }
 
-// Same GEMMs through plain cblas_sgemm, no model around them: the ceiling.
-double ReferenceGemmSeconds(const v1::ModelSpec& spec, int64_t batch, int reps) {
-  std::vector<std::vector<float>> w, x, y;
+// Same GEMMs straight through a backend's Gemm (one cblas_sgemm or one
+// cublasSgemm each), no model around them: the ceiling.
+double ReferenceGemmSeconds(Backend& be, const v1::ModelSpec& spec, int64_t batch, int reps) {
+  std::vector<float*> w, x, y;
   int64_t in = spec.input_dim();
   for (int i = 0; i < spec.layers_size(); ++i) {
     const int64_t out = spec.layers(i).units();
-    w.emplace_back(in * out, 0.01f);
-    x.emplace_back(batch * std::max(in, out), 0.5f);
-    y.emplace_back(std::max({batch * out, in * out, batch * in}), 0.0f);
+    const int64_t sizes[3] = {in * out, batch * std::max(in, out),
+                              std::max({batch * out, in * out, batch * in})};
+    for (int k = 0; k < 3; ++k) {
+      float* p = *be.Allocate(sizes[k]);
+      std::vector<float> fill(sizes[k], k == 0 ? 0.01f : 0.5f);
+      be.CopyFromHost(fill.data(), sizes[k], p);
+      (k == 0 ? w : k == 1 ? x : y).push_back(p);
+    }
     in = out;
   }
   auto run = [&] {
     int64_t in = spec.input_dim();
     for (int i = 0; i < spec.layers_size(); ++i) {
       const int64_t out = spec.layers(i).units();
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, out, in, 1.0f, x[i].data(),
-                  in, w[i].data(), out, 0.0f, y[i].data(), out);  // forward
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, batch, 1.0f, x[i].data(),
-                  in, x[i].data(), out, 0.0f, y[i].data(), out);  // dW = x^T dy
-      if (i > 0) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out, 1.0f,
-                    x[i].data(), out, w[i].data(), out, 0.0f, y[i].data(), in);  // dx
-      }
+      be.Gemm(false, false, batch, out, in, 1.0f, x[i], w[i], 0.0f, y[i]);  // forward
+      be.Gemm(true, false, in, out, batch, 1.0f, x[i], x[i], 0.0f, y[i]);   // dW = x^T dy
+      if (i > 0) be.Gemm(false, true, batch, in, out, 1.0f, x[i], w[i], 0.0f, y[i]);  // dx
       in = out;
     }
   };
   run();
+  (void)be.Synchronize();
   const auto t0 = Clock::now();
   for (int r = 0; r < reps; ++r) run();
-  return std::chrono::duration<double>(Clock::now() - t0).count() / reps;
+  (void)be.Synchronize();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count() / reps;
+  for (auto* v : {&w, &x, &y}) for (float* p : *v) be.Free(p);
+  return s;
 }
 
 struct Row {
+  std::string device;
   std::string model;
   int towers;
   int64_t batch;
@@ -103,31 +118,66 @@ struct Row {
   int64_t wrong;
 };
 
-Row Measure(const std::string& name, int towers, double seconds,
+using BackendMaker = std::function<std::unique_ptr<Backend>()>;
+
+// `split_devices` > 0: one tower, its layers over that many backends from
+// `make` in the classic layout.
+Row Measure(const std::string& device, const BackendMaker& make, const std::string& name,
+            int towers, int split_devices, double seconds,
             const std::vector<common::Tensor>* reference_grads,
             std::vector<common::Tensor>* grads_out) {
   v1::JobSpec job = *BuiltinJob(name);
-  const v1::ModelSpec& spec = job.model();
+  v1::ModelSpec spec = job.model();
   const int64_t batch = job.global_batch_size();
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   openblas_set_num_threads(BlasThreadsPerTower(cores, towers));
-  auto t = Towers::Create(spec, towers, [] { return NewCpuBackend(); });
+  std::vector<std::unique_ptr<Backend>> split;
+  absl::StatusOr<std::unique_ptr<Towers>> t;
+  if (split_devices > 0) {
+    std::vector<std::string> names;
+    for (int i = 0; i < split_devices; ++i) {
+      split.push_back(make());
+      names.push_back(absl::StrCat("D:", i));
+    }
+    (void)ApplyClassicLayout(names, &spec);
+    t = Towers::Create(spec, 1, [&](int) -> Model::LayerPlacer {
+      return [&](const std::string&, const std::string& dev) -> absl::StatusOr<Model::LayerPlacement> {
+        int i = 0;
+        (void)absl::SimpleAtoi(dev.substr(2), &i);
+        return Model::LayerPlacement{split[i].get(), dev};
+      };
+    });
+  } else {
+    t = Towers::Create(spec, towers, make);
+  }
+  if (!t.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(t.status().message()).c_str());
+    std::exit(1);
+  }
   (*t)->primary().InitializeWeights();
   const int64_t out_dim = (*t)->primary().output_dim();
   Batch b = RandomBatch(spec, batch, out_dim);
-  for (int i = 0; i < 3; ++i) (void)(*t)->ComputeGradients(b);  // warm up
+  for (int i = 0; i < 3; ++i) {
+    auto r = (*t)->ComputeGradients(b);  // warm up
+    if (!r.ok()) {
+      std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(r.status().message()).c_str());
+      std::exit(1);
+    }
+  }
   int64_t steps = 0;
   const auto t0 = Clock::now();
   double elapsed = 0;
   while (elapsed < seconds) {
-    (void)(*t)->ComputeGradients(b);
+    (void)(*t)->ComputeGradients(b);  // synchronous: ends with the download
     ++steps;
     elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  Row row{name, towers, batch, steps * batch / elapsed, 0, 0, 0};
+  Row row{device, split_devices > 0 ? name + "/split" + std::to_string(split_devices) : name,
+          towers, batch, steps * batch / elapsed, 0, 0, 0};
   row.gflops = GemmFlops(spec, batch) * steps / elapsed / 1e9;
   openblas_set_num_threads(cores);  // the ceiling uses the whole machine
-  const double ref_s = ReferenceGemmSeconds(spec, batch, std::max<int64_t>(3, steps / 2));
+  std::unique_ptr<Backend> ref = make();
+  const double ref_s = ReferenceGemmSeconds(*ref, spec, batch, std::max<int64_t>(3, steps / 2));
   row.ref_gflops = GemmFlops(spec, batch) / ref_s / 1e9;
   std::vector<common::Tensor> grads;
   for (common::Tensor* g : (*t)->gradients()) grads.push_back(*g);
@@ -157,25 +207,50 @@ int main(int argc, char** argv) {
     }
     tower_counts.push_back(n);
   }
-  std::printf("worker_throughput: ComputeGradients (forward + loss + backward) on CPU, no ps\n");
-  std::printf("  cores: %u; BLAS threads per tower = cores / towers; %.1f s timed per row after 3 warm-up steps\n",
+  std::printf("worker_throughput: ComputeGradients (forward + loss + backward), no ps\n");
+  std::printf("  cores: %u; CPU: BLAS threads per tower = cores / towers; %.1f s timed per row after 3 warm-up steps\n",
               std::thread::hardware_concurrency(), absl::GetFlag(FLAGS_seconds));
-  std::printf("  gemm GFLOP/s counts forward, dW and dx GEMMs; ref = the same GEMMs through plain cblas_sgemm\n"
-              "  with all cores, measured now; wrong = gradient elements that differ from 1 tower\n\n");
-  std::printf("%-12s %6s %6s %12s %11s %11s %8s %7s\n", "model", "towers", "batch", "examples/s",
-              "gemm_GF/s", "ref_GF/s", "of_ref", "wrong");
+  std::printf("  gemm GFLOP/s counts forward, dW and dx GEMMs; ref = the same GEMMs through the backend's plain\n"
+              "  SGEMM (cblas_sgemm with all cores; cublasSgemm), measured now; wrong = gradient elements that\n"
+              "  differ from the CPU's first row of the model (rel 1e-4)\n");
+  const towerps::common::GpuInfo gpus = towerps::common::QueryGpus();
+  std::printf("  %s\n\n", towerps::common::DescribeGpus(gpus).c_str());
+  std::printf("%-6s %-20s %6s %6s %12s %11s %11s %8s %7s\n", "device", "model", "towers", "batch",
+              "examples/s", "gemm_GF/s", "ref_GF/s", "of_ref", "wrong");
   int64_t total_wrong = 0;
+  const std::string which = absl::GetFlag(FLAGS_devices);
+  const bool want_cpu = which.find("cpu") != std::string::npos;
+  const bool want_gpu = which.find("gpu") != std::string::npos;
+  const bool have_gpu = towerps::worker::CudaBackendBuilt() && !gpus.devices.empty();
+  if (want_gpu && !have_gpu) {
+    std::printf("(gpu rows skipped: %s)\n", towerps::worker::CudaBackendBuilt()
+                                                ? "no GPU visible"
+                                                : "built without CUDA");
+  }
+  towerps::worker::BackendMaker cpu = [] { return towerps::worker::NewCpuBackend(); };
+  towerps::worker::BackendMaker gpu = [] { return std::move(*towerps::worker::NewCudaBackend(0)); };
+  auto print = [&](const towerps::worker::Row& r) {
+    total_wrong += r.wrong;
+    std::printf("%-6s %-20s %6d %6lld %12.0f %11.2f %11.2f %8.3f %7lld\n", r.device.c_str(),
+                r.model.c_str(), r.towers, static_cast<long long>(r.batch), r.examples_per_s,
+                r.gflops, r.ref_gflops, r.gflops / r.ref_gflops, static_cast<long long>(r.wrong));
+    std::fflush(stdout);
+  };
+  const double secs = absl::GetFlag(FLAGS_seconds);
   for (const std::string name : {"mlp", "dense_stack"}) {
     std::vector<towerps::common::Tensor> one;
-    for (size_t k = 0; k < tower_counts.size(); ++k) {
-      const bool first = k == 0;
-      towerps::worker::Row r = towerps::worker::Measure(
-          name, tower_counts[k], absl::GetFlag(FLAGS_seconds), first ? nullptr : &one,
-          first ? &one : nullptr);
-      total_wrong += r.wrong;
-      std::printf("%-12s %6d %6lld %12.0f %11.2f %11.2f %8.3f %7lld\n", r.model.c_str(), r.towers,
-                  static_cast<long long>(r.batch), r.examples_per_s, r.gflops, r.ref_gflops,
-                  r.gflops / r.ref_gflops, static_cast<long long>(r.wrong));
+    bool have_one = false;
+    for (const auto& [device, make] : {std::make_pair(std::string("cpu"), cpu),
+                                       std::make_pair(std::string("gpu"), gpu)}) {
+      if (device == "cpu" ? !want_cpu : !(want_gpu && have_gpu)) continue;
+      for (int towers : tower_counts) {
+        print(towerps::worker::Measure(device, make, name, towers, 0, secs,
+                                       have_one ? &one : nullptr, have_one ? nullptr : &one));
+        have_one = true;
+      }
+      if (device == "gpu" && name == "dense_stack") {
+        print(towerps::worker::Measure(device, make, name, 1, 12, secs, &one, nullptr));
+      }
     }
   }
   return total_wrong == 0 ? 0 : 1;
