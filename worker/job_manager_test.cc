@@ -37,6 +37,16 @@ TEST(ValidateSubmissionTest, EachBadFieldIsNamed) {
   ExpectRejected(j, "input_dim = 100");
 
   j = Mlp();
+  j.set_micro_batches(-2);
+  ExpectRejected(j, "micro_batches = -2");
+
+  j = Mlp();
+  j.set_towers(3);
+  j.add_tower_devices("GPU:0");
+  j.add_tower_devices("GPU:1");
+  ExpectRejected(j, "towers = 3 but tower_devices names 2 devices");
+
+  j = Mlp();
   j.set_global_batch_size(-5);
   ExpectRejected(j, "global_batch_size = -5");
 
