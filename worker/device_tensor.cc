@@ -48,7 +48,7 @@ absl::Status DeviceTensor::Resize(std::vector<int64_t> shape) {
   return absl::OkStatus();
 }
 
-void DeviceTensor::ViewHost(std::vector<int64_t> shape, float* data) {
+void DeviceTensor::View(std::vector<int64_t> shape, float* data) {
   Release();
   num_elements_ = common::NumElements(shape);
   shape_ = std::move(shape);

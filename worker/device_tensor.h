@@ -37,12 +37,16 @@ class DeviceTensor {
   // REQUIRES: a backend; every dimension >= 0.
   absl::Status Resize(std::vector<int64_t> shape);
 
-  // Makes this tensor a view of host memory `data` of `shape` (no copy; the
-  // memory must outlive the view or the next Resize/View). A view of const
-  // data must not be written. REQUIRES: backend()->host_memory().
-  void ViewHost(std::vector<int64_t> shape, float* data);
+  // Makes this tensor a view of `data` of `shape` (no copy; the memory must
+  // outlive the view or the next Resize/View), freeing a buffer it owned. A
+  // view of const data must not be written. REQUIRES: `data` is in this
+  // backend's memory space (host memory for a host_memory() backend; e.g.
+  // another virtual device's buffer on the same GPU). The next Resize makes
+  // the tensor own a buffer again.
+  void View(std::vector<int64_t> shape, float* data);
+  void ViewHost(std::vector<int64_t> shape, float* data) { View(std::move(shape), data); }
   void ViewHost(std::vector<int64_t> shape, const float* data) {
-    ViewHost(std::move(shape), const_cast<float*>(data));
+    View(std::move(shape), const_cast<float*>(data));
   }
 
   Backend* backend() const { return backend_; }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -17,6 +18,9 @@ struct Registry {
   std::mutex mu;
   std::map<const float*, std::pair<int64_t, int>> blocks;  // start -> (n, space)
 };
+std::atomic<int64_t> host_to_device{0};
+std::atomic<int64_t> device_to_device{0};
+
 Registry& Blocks() {
   static Registry* r = new Registry();
   return *r;
@@ -46,6 +50,7 @@ class FakeBackend : public Backend {
   }
   void CopyFromHost(const float* src, int64_t n, float* dst) override {
     Check("CopyFromHost dst", dst, n);
+    host_to_device += n;
     if (n > 0) std::memcpy(dst, src, n * sizeof(float));
   }
   absl::Status CopyToHost(const float* src, int64_t n, float* dst) override {
@@ -55,6 +60,7 @@ class FakeBackend : public Backend {
   }
   absl::Status CopyFrom(Backend& from, const float* src, int64_t n, float* dst) override {
     Check("CopyFrom dst", dst, n);
+    device_to_device += n;
     if (n > 0) std::memcpy(dst, src, n * sizeof(float));
     return absl::OkStatus();
   }
@@ -134,6 +140,9 @@ class FakeBackend : public Backend {
 };
 
 }  // namespace
+
+int64_t FakeHostToDeviceFloats() { return host_to_device; }
+int64_t FakeDeviceToDeviceFloats() { return device_to_device; }
 
 std::unique_ptr<Backend> NewFakeDeviceBackend(int space, std::vector<std::string>* violations) {
   return std::make_unique<FakeBackend>(space, violations);

@@ -27,6 +27,11 @@ class FakeDeviceBackend;
 std::unique_ptr<Backend> NewFakeDeviceBackend(int space,
                                               std::vector<std::string>* violations);
 
+// Floats every fake backend has copied in from the host (CopyFromHost) and
+// from another device (CopyFrom), since the process started. Thread-safe.
+int64_t FakeHostToDeviceFloats();
+int64_t FakeDeviceToDeviceFloats();
+
 }  // namespace towerps::worker
 
 #endif  // TOWERPS_WORKER_FAKE_DEVICE_BACKEND_H_

@@ -266,6 +266,18 @@ void Model::InitializeWeights() {
   }
 }
 
+absl::Status Model::OwnWeight(size_t v) {
+  DeviceTensor* w = device_weights_[v];
+  if (w->backend()->host_memory()) {
+    if (w->data() != host_weights_[v].data()) {
+      w->ViewHost(host_weights_[v].shape(), host_weights_[v].data());
+    }
+    return absl::OkStatus();
+  }
+  if (w->is_view()) return w->Resize(host_weights_[v].shape());
+  return absl::OkStatus();
+}
+
 absl::Status Model::LoadWeights(const std::vector<common::Tensor*>& host) {
   if (host.size() != device_weights_.size()) {
     return absl::InternalError(absl::StrCat("model '", name_, "': ", host.size(),
@@ -282,8 +294,48 @@ absl::Status Model::LoadWeights(const std::vector<common::Tensor*>& host) {
     if (w->backend()->host_memory()) {
       if (w->data() != host[v]->data()) w->ViewHost(host[v]->shape(), host[v]->data());
     } else {
+      TOWERPS_RETURN_IF_ERROR(OwnWeight(v));
       w->backend()->CopyFromHost(host[v]->data(), host[v]->num_elements(), w->data());
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ShareWeights(const std::vector<Model*>& from) {
+  for (const Model* m : from) {
+    if (m->device_weights_.size() != device_weights_.size()) {
+      return absl::InternalError(absl::StrCat("model '", name_, "': cannot share the weights of '",
+                                              m->name_, "': different variables"));
+    }
+  }
+  for (size_t v = 0; v < device_weights_.size(); ++v) {
+    DeviceTensor* w = device_weights_[v];
+    DeviceTensor* src = from[0]->device_weights_[v];
+    for (const Model* m : from) {
+      if (m->device_weights_[v]->backend()->memory_space() == w->backend()->memory_space()) {
+        src = m->device_weights_[v];
+        break;
+      }
+    }
+    if (src->num_elements() != host_weights_[v].num_elements()) {
+      return absl::InternalError(absl::StrCat("model '", name_, "': weight ", v, " has shape ",
+                                              src->ShapeString(), ", want ",
+                                              host_weights_[v].ShapeString()));
+    }
+    if (w->backend()->memory_space() == src->backend()->memory_space()) {
+      if (w->data() != src->data()) w->View(src->shape(), src->data());
+    } else {
+      TOWERPS_RETURN_IF_ERROR(OwnWeight(v));
+      TOWERPS_RETURN_IF_ERROR(
+          w->backend()->CopyFrom(*src->backend(), src->data(), src->num_elements(), w->data()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::SynchronizeDevices() {
+  for (const Stage& stage : stages_) {
+    TOWERPS_RETURN_IF_ERROR(layers_[stage.first]->backend().Synchronize());
   }
   return absl::OkStatus();
 }
@@ -314,6 +366,7 @@ void Model::EnsureFlows(size_t n) {
       f.dout.emplace_back(b);
       f.din.emplace_back(b);
     }
+    f.x.assign(layers_.size(), nullptr);
     f.labels = DeviceTensor(&layers_.back()->backend());
     f.targets = DeviceTensor(&layers_.back()->backend());
     flows_.push_back(std::move(f));
@@ -347,6 +400,7 @@ absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow,
   const Stage& stage = stages_[s];
   for (size_t i = stage.first; i < stage.end; ++i) {
     TOWERPS_ASSIGN_OR_RETURN(const DeviceTensor* x, Input(batch, flow, i));
+    flow.x[i] = x;
     TOWERPS_RETURN_IF_ERROR(layers_[i]->Forward(*x, &flow.out[i]));
     // Sized by its owner now, so that the next device writes into it in
     // place during the backward pass.
@@ -400,7 +454,7 @@ absl::Status Model::StageBackward(const Batch& batch, size_t s, Flow& flow,
         layers_[top + 1]->backend(), g.data(), g.num_elements(), flow.dout[top].data()));
   }
   for (size_t i = stage.end; i-- > stage.first;) {
-    TOWERPS_ASSIGN_OR_RETURN(const DeviceTensor* x, Input(batch, flow, i));
+    const DeviceTensor* x = flow.x[i];  // as in the forward pass
     DeviceTensor* dx = nullptr;
     if (i > 0) dx = SameSpace(i - 1, i) ? &flow.dout[i - 1] : &flow.din[i];
     TOWERPS_RETURN_IF_ERROR(

@@ -134,9 +134,22 @@ class Model {
   //  - DownloadGradients: copies device gradients into gradients() (nothing
   //    to do for host-memory layers, whose gradients are gradients()).
   absl::Status LoadWeights(const std::vector<common::Tensor*>& host);
+  //  - ShareWeights: the next step uses the weights `from` holds on its
+  //    devices now (after its LoadWeights; `from` has the same spec and must
+  //    not change them until the step ends). A layer in the same memory
+  //    space as `from`'s reads them in place (towers on one GPU or on the
+  //    host: no copy, and the layer's own weight buffer is given back); others
+  //    copy them device to device. So towers upload the weights once per
+  //    step, not once per tower.
+  absl::Status ShareWeights(Model& from) { return ShareWeights(std::vector<Model*>{&from}); }
+  // As above, each weight read in place from the first of `from` in the
+  // same memory space, else copied from from[0].
+  absl::Status ShareWeights(const std::vector<Model*>& from);
   absl::StatusOr<LossResult> ComputeDeviceGradients(const Batch& batch);
   std::vector<DeviceTensor*> device_gradients();
   absl::Status DownloadGradients();
+  // Waits for every device of the model.
+  absl::Status SynchronizeDevices();
 
   // Forward pass and loss only; gradients() are untouched. loss_sum is the
   // sum over the batch, so callers can average across batches. Errors as for
@@ -183,6 +196,8 @@ class Model {
     std::vector<DeviceTensor> dout;  // dout[i]: dL/d out[i]
     std::vector<DeviceTensor> din;   // din[i]: dL/d input of layer i, before
                                      // its copy to the previous device
+    std::vector<const DeviceTensor*> x;  // x[i]: layer i's input in the
+                                         // forward pass, reused backward
     DeviceTensor labels;             // on the last layer's device
     DeviceTensor targets;
     std::vector<float> host_labels;
@@ -206,6 +221,9 @@ class Model {
                              bool accumulate);
   absl::StatusOr<LossResult> Run(const Batch& batch, bool train);
   bool SameSpace(size_t a, size_t b) const;
+  // Makes weight v its own again (a view of host_weights_[v] on host memory,
+  // an owned device buffer elsewhere), so it can be written.
+  absl::Status OwnWeight(size_t v);
 
   // Constant after construction. The layers hold the Backend.
   const std::string name_;

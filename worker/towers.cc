@@ -206,14 +206,22 @@ absl::StatusOr<LossResult> Towers::ComputeGradients(const Batch& batch) {
     SliceRows(batch, begin, begin + examples[t], &parts_[t]);
     begin += examples[t];
   }
-  // Every tower computes with tower 0's weights: read in place on the host,
-  // uploaded by GPU towers.
+  // Every tower computes with tower 0's weights: loaded once (in place on
+  // the host, uploaded to a GPU), then read in place by towers in a memory
+  // space that has them already, and copied device to device once into each
+  // other space.
+  // (Before the towers' threads start: a copy waits for tower 0's devices,
+  // which must not be in use by another thread then.)
+  TOWERPS_RETURN_IF_ERROR(models_[0]->LoadWeights(w0));
+  TOWERPS_RETURN_IF_ERROR(models_[0]->SynchronizeDevices());
+  std::vector<Model*> loaded = {models_[0].get()};
+  for (int t = 1; t < n; ++t) {
+    TOWERPS_RETURN_IF_ERROR(
+        common::Annotate(models_[t]->ShareWeights(loaded), absl::StrCat("tower ", t)));
+    loaded.push_back(models_[t].get());
+  }
   std::vector<absl::StatusOr<LossResult>> results(n, LossResult{});
-  auto run = [&](int t) {
-    absl::Status st = models_[t]->LoadWeights(w0);
-    results[t] = st.ok() ? models_[t]->ComputeDeviceGradients(parts_[t])
-                         : absl::StatusOr<LossResult>(st);
-  };
+  auto run = [&](int t) { results[t] = models_[t]->ComputeDeviceGradients(parts_[t]); };
   std::vector<std::thread> threads;
   for (int t = 1; t < n; ++t) threads.emplace_back(run, t);
   run(0);

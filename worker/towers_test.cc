@@ -127,7 +127,17 @@ TEST(TowersTest, DeviceMemoryTowersReduceOnTheDevicesAndEqualOneDevice) {
   auto one = Make(spec, 1);
   const Batch batch = RandomBatch(37, false);
   auto r1 = one->ComputeGradients(batch);
+  const int64_t h2d = FakeHostToDeviceFloats(), d2d = FakeDeviceToDeviceFloats();
   auto rn = (*many)->ComputeGradients(batch);
+  // Weights go up once (tower 0) and reach tower 2 (the other space) device
+  // to device; towers 1 and 3 read their space leader's in place. Plus the
+  // batch: 37 x 12 features and 37 labels.
+  int64_t params = 0;
+  for (common::Tensor* w : one->weights()) params += w->num_elements();
+  EXPECT_EQ(FakeHostToDeviceFloats() - h2d, params + 37 * 12 + 37);
+  // Device to device: the weights to tower 2, and its space's gradient sum
+  // back to tower 0.
+  EXPECT_EQ(FakeDeviceToDeviceFloats() - d2d, 2 * params);
   ASSERT_TRUE(r1.ok()) << r1.status();
   ASSERT_TRUE(rn.ok()) << rn.status();
   EXPECT_TRUE(violations.empty()) << violations[0];
