@@ -3,9 +3,9 @@
 // float32 buffers.
 //
 // Two implementations: the CPU one (CBLAS; buffers are host memory) and the
-// CUDA one (worker/backend_cuda.cu: cuBLAS for GEMM, small kernels for the
-// rest, one stream and one cuBLAS handle per backend), which exists only in
-// builds with the CUDA toolkit. Layers hold a `Backend&` and never touch a
+// CUDA one (worker/backend_cuda.cc with kernels in worker/cuda_kernels.cu:
+// cuBLAS for GEMM, small kernels for the rest, one stream and one cuBLAS
+// handle per backend), which exists only in builds with the CUDA toolkit. Layers hold a `Backend&` and never touch a
 // math library directly.
 #ifndef TOWERPS_WORKER_BACKEND_H_
 #define TOWERPS_WORKER_BACKEND_H_
@@ -33,7 +33,8 @@ struct LossResult {
 };
 
 // Not thread-safe: one thread drives a backend at a time (each tower and each
-// pipeline stage has its own). Kernels may run asynchronously on the device
+// pipeline stage has its own); the exception is Synchronize(), which another
+// thread may call at any time (CopyFrom waits for the source device so). Kernels may run asynchronously on the device
 // (in order, on the backend's stream); buffers passed to a kernel must stay
 // alive until Synchronize() or a synchronous call (CopyToHost, Loss) returns.
 // On the CPU backend every call is synchronous.
@@ -71,7 +72,7 @@ class Backend {
   virtual absl::Status CopyToHost(const float* src, int64_t n, float* dst) = 0;
   // dst (this backend's device) = src (on `from`'s device), n floats. Waits
   // for `from`'s pending work so that src is complete; works across memory
-  // spaces (host<->GPU, GPU<->GPU).
+  // spaces (host<->GPU, GPU<->GPU). The copy is complete when it returns.
   virtual absl::Status CopyFrom(Backend& from, const float* src, int64_t n,
                                 float* dst) = 0;
   // Waits for every kernel and copy issued so far; the first device error
@@ -118,7 +119,8 @@ class Backend {
 
   // The loss of predictions `pred` [n, d] (device), Keras semantics (see
   // worker/losses.h), and, when `dpred` (device, [n, d]) is non-null, the
-  // gradient of the per-example losses' SUM divided by `grad_count` (> 0):
+  // gradient of the per-example losses' SUM divided by `grad_count` (<= 0
+  // means n):
   // n for the mean over this batch, the whole batch's size when this is a
   // micro-batch of it, so micro-batches add up to the whole batch's gradient.
   //  - SOFTMAX_CROSS_ENTROPY: `labels` (device, n floats holding class
@@ -127,7 +129,7 @@ class Backend {
   // Waits for the device; returns the sums in double (per-row values are
   // summed on the host in row order, so every backend reports the same sum
   // for the same per-row values) or the device's error. InvalidArgument for
-  // an unknown loss type.
+  // an unknown loss type (the CUDA backend also for a label out of range).
   virtual absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n,
                                           int64_t d, const float* pred,
                                           const float* labels,

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "common/cuda_util.h"
 #include "common/device_manager.h"
 #include "common/status.h"
@@ -97,7 +98,13 @@ class CudaBackend final : public Backend {
 
   // Keeps `status` if it is the first failure.
   void Record(const absl::Status& status) {
-    if (!status.ok() && first_error_.ok()) first_error_ = status;
+    if (status.ok()) return;
+    absl::MutexLock lock(&error_mu_);
+    if (first_error_.ok()) first_error_ = status;
+  }
+  absl::Status FirstError() const {
+    absl::MutexLock lock(&error_mu_);
+    return first_error_;
   }
   void Record(cudaError_t err, absl::string_view what) {
     if (err != cudaSuccess) {
@@ -128,7 +135,7 @@ class CudaBackend final : public Backend {
       Record(cudaStreamSynchronize(stream_.get()),
              absl::StrCat(what, ": cudaStreamSynchronize"));
     }
-    return first_error_;
+    return FirstError();
   }
 
   // Room for `rows` per-row losses (double) and correct flags (int32) in
@@ -142,8 +149,11 @@ class CudaBackend final : public Backend {
   // Bound to stream_; destroyed before it (declared after it).
   const CublasHandle cublas_;
 
-  // State of the one thread driving the backend.
-  absl::Status first_error_;
+  // The first failure. Guarded: Synchronize() may come from another thread
+  // (a CopyFrom on another device waits for this one), while the thread
+  // driving this backend records.
+  mutable absl::Mutex error_mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(error_mu_);
   // Loss's per-row results: cudaMalloc'd directly, not charged to the
   // allocator (12 bytes per row of the largest batch seen; a virtual
   // device's limit is about tensors, and this is far below its rounding).
@@ -444,7 +454,7 @@ absl::StatusOr<LossResult> CudaBackend::Loss(v1::LossType type, int64_t n,
   }
   // As worker/loss_kernels.cc (the CPU backend).
   if (grad_count <= 0) grad_count = std::max<int64_t>(n, 1);
-  if (!SetDevice()) return first_error_;
+  if (!SetDevice()) return FirstError();
   TOWERPS_RETURN_IF_ERROR(ReserveLossScratch(n));
   double* row_loss = static_cast<double*>(loss_scratch_.get());
   int32_t* row_correct = reinterpret_cast<int32_t*>(row_loss + n);
