@@ -186,6 +186,34 @@ TEST(DevicePlacerTest, MicroBatchPipelineMatchesNoMicroBatching) {
   }
 }
 
+// A stage that fails in the middle of a pipelined step (its device's memory
+// runs out) fails the step with the device's error; no stage waits forever,
+// and the model works again with a batch that fits.
+TEST(DevicePlacerTest, PipelineFailureEndsTheStepWithTheDeviceError) {
+  common::DeviceManagerOptions o;
+  o.task_name = "/job:worker/replica:0/task:0";
+  o.virtual_devices = "CPU=1x3";  // three devices of 1 MB
+  o.physical = {{"CPU", 0, int64_t{1} << 34, "host"}};
+  auto devices = common::DeviceManager::Create(o);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  v1::ModelSpec spec = Spec();
+  ASSERT_TRUE(ApplyClassicLayout({"CPU:0", "CPU:1", "CPU:2"}, &spec).ok());
+  DevicePlacer placer(**devices);
+  auto model = Model::Create(spec, placer.Placer());
+  ASSERT_TRUE(model.ok()) << model.status();
+  (*model)->InitializeWeights();
+  (*model)->set_micro_batches(4);
+  Batch big;
+  big.features = common::Tensor({20000, 10});
+  for (int i = 0; i < 20000; ++i) big.labels.push_back(i % 5);
+  auto r = (*model)->ComputeGradients(big);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("cannot allocate"), std::string::npos) << r.status();
+  auto ok = (*model)->ComputeGradients(RandomBatch());
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
 // Towers combined with per-layer devices: with CPU=6 and 2 towers, each
 // tower gets 3 devices, layers name tower 0's; the result equals one device.
 TEST(DevicePlacerTest, TowersOfSplitModelsMatchOneDevice) {
