@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "worker/cuda_kernels.h"
+#include "worker/loss_rows.h"
 
 namespace towerps::worker::internal {
 namespace {
@@ -105,9 +106,8 @@ __global__ void ScaleKernel(int64_t n, float alpha, float* x) {
   }
 }
 
-// worker/loss_kernels.cc's SoftmaxCrossEntropy for one row per thread, line
-// by line: same argmax rule (std::max_element: the first maximum, compared
-// with <), same double expressions in the same order.
+// The losses: one row per thread, with the CPU backend's arithmetic
+// (worker/loss_rows.h).
 __global__ void SoftmaxCrossEntropyKernel(int64_t n, int64_t d, const float* z,
                                           const float* labels, double inv_count,
                                           float* dz, double* row_loss,
@@ -122,49 +122,20 @@ __global__ void SoftmaxCrossEntropyKernel(int64_t n, int64_t d, const float* z,
       row_correct[i] = -1;
       continue;
     }
-    const int64_t label = static_cast<int64_t>(label_value);
-    const float* row = z + i * d;
-    int64_t argmax = 0;
-    for (int64_t j = 1; j < d; ++j) {
-      if (row[argmax] < row[j]) argmax = j;
-    }
-    const double max = row[argmax];
-    double sum = 0.0;
-    for (int64_t j = 0; j < d; ++j) sum += exp(row[j] - max);
-    row_loss[i] = log(sum) - (row[label] - max);
-    row_correct[i] = argmax == label ? 1 : 0;
-    if (dz != nullptr) {
-      float* drow = dz + i * d;
-      for (int64_t j = 0; j < d; ++j) {
-        const double p = exp(row[j] - max) / sum;
-        drow[j] =
-            static_cast<float>((p - (j == label ? 1.0 : 0.0)) * inv_count);
-      }
-    }
+    bool correct = false;
+    row_loss[i] = SoftmaxCrossEntropyRow(d, z + i * d, static_cast<int64_t>(label_value),
+                                         inv_count, dz != nullptr ? dz + i * d : nullptr,
+                                         &correct);
+    row_correct[i] = correct ? 1 : 0;
   }
 }
 
-// worker/loss_kernels.cc's Regression for one row per thread.
 __global__ void RegressionKernel(bool absolute, int64_t n, int64_t d,
                                  const float* p, const float* t, double inv_d,
                                  double inv_nd, float* dp, double* row_loss) {
   for (int64_t i = GlobalIndex(); i < n; i += GridStride()) {
-    double example = 0.0;
-    for (int64_t j = 0; j < d; ++j) {
-      const int64_t k = i * d + j;
-      const double diff = static_cast<double>(p[k]) - t[k];
-      if (absolute) {
-        example += fabs(diff);
-        if (dp != nullptr) {
-          const double sign = diff > 0 ? 1.0 : (diff < 0 ? -1.0 : 0.0);
-          dp[k] = static_cast<float>(sign * inv_nd);
-        }
-      } else {
-        example += diff * diff;
-        if (dp != nullptr) dp[k] = static_cast<float>(2.0 * diff * inv_nd);
-      }
-    }
-    row_loss[i] = example * inv_d;
+    row_loss[i] = RegressionRow(absolute, d, p + i * d, t + i * d, inv_d, inv_nd,
+                                dp != nullptr ? dp + i * d : nullptr);
   }
 }
 

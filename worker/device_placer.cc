@@ -31,7 +31,7 @@ absl::Status ApplyClassicLayout(const std::vector<std::string>& devices,
 absl::StatusOr<std::unique_ptr<MemoryReservation>> MemoryReservation::Reserve(
     Model& model, const common::DeviceManager& devices, int64_t max_batch) {
   std::unique_ptr<MemoryReservation> r(new MemoryReservation());
-  const std::vector<Model::LayerMemory> use = model.MemoryUse(max_batch);
+  const std::vector<Model::LayerMemory> use = model.ParamMemory();
   const std::vector<std::string>& where = model.layer_devices();
   for (size_t i = 0; i < use.size() && i < where.size(); ++i) {
     common::VirtualDevice* device = nullptr;
@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<MemoryReservation>> MemoryReservation::Reserve(
           "layer \"", use[i].layer, "\" is on \"", where[i], "\", not a device of this worker"));
     }
     if (device->type() != "CPU") continue;  // weights live in device memory
-    auto p = device->allocator().Allocate(use[i].param_bytes);
+    auto p = device->allocator().Allocate(use[i].bytes);
     if (!p.ok()) {
       return common::Annotate(p.status(), absl::StrCat("layer \"", use[i].layer, "\""));
     }

@@ -50,6 +50,33 @@ std::unique_ptr<common::DeviceManager> Cpus(int n, bool soft, std::vector<std::s
   return std::move(*m);
 }
 
+// Element by element within `tol` relative (0: bit-identical), and not all
+// zero.
+void ExpectSameGradients(const std::vector<common::Tensor*>& got,
+                         const std::vector<common::Tensor*>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  double norm = 0;
+  for (size_t v = 0; v < got.size(); ++v) {
+    for (int64_t i = 0; i < got[v]->num_elements(); ++i) {
+      const float x = (*got[v])[i], y = (*want[v])[i];
+      ASSERT_NEAR(x, y, tol * (std::abs(y) + 1e-3)) << "variable " << v << " element " << i;
+      norm += std::abs(y);
+    }
+  }
+  EXPECT_GT(norm, 1e-3);
+}
+
+// Compares two models' results and gradients on `batch`.
+void ExpectSame(Model& a, Model& b, const Batch& batch, double tol) {
+  auto ra = a.ComputeGradients(batch);
+  auto rb = b.ComputeGradients(batch);
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  EXPECT_NEAR(ra->loss_sum, rb->loss_sum, tol * std::abs(rb->loss_sum));
+  EXPECT_EQ(ra->correct, rb->correct);
+  ExpectSameGradients(a.gradients(), b.gradients(), tol);
+}
+
 TEST(DevicePlacerTest, ClassicLayoutOverThreeCpusMatchesUnsplit) {
   std::vector<std::string> log;
   auto devices = Cpus(3, false, &log);
@@ -77,49 +104,9 @@ TEST(DevicePlacerTest, ClassicLayoutOverThreeCpusMatchesUnsplit) {
   ASSERT_EQ(log.size(), 4u);
   EXPECT_EQ(log[1], "layer \"dense_1\": /job:worker/replica:0/task:0/device:CPU:1");
 
-  const Batch batch = RandomBatch();
-  auto a = (*split)->ComputeGradients(batch);
-  auto b = (*whole)->ComputeGradients(batch);
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_DOUBLE_EQ(a->loss_sum, b->loss_sum);
-  auto ga = (*split)->gradients();
-  auto gb = (*whole)->gradients();
-  double norm = 0;
-  for (size_t v = 0; v < ga.size(); ++v) {
-    for (int64_t i = 0; i < ga[v]->num_elements(); ++i) {
-      ASSERT_FLOAT_EQ((*ga[v])[i], (*gb[v])[i]) << "variable " << v;
-      norm += std::abs((*gb[v])[i]);
-    }
-  }
-  EXPECT_GT(norm, 1e-3);
+  ExpectSame(**split, **whole, RandomBatch(), 0);
 }
 
-// Compares two models' results and gradients (relative tolerance `tol`;
-// 0 = bit-identical).
-void ExpectSame(Model& a, Model& b, const Batch& batch, double tol) {
-  auto ra = a.ComputeGradients(batch);
-  auto rb = b.ComputeGradients(batch);
-  ASSERT_TRUE(ra.ok()) << ra.status();
-  ASSERT_TRUE(rb.ok()) << rb.status();
-  EXPECT_NEAR(ra->loss_sum, rb->loss_sum, tol * std::abs(rb->loss_sum));
-  EXPECT_EQ(ra->correct, rb->correct);
-  auto ga = a.gradients();
-  auto gb = b.gradients();
-  double norm = 0;
-  for (size_t v = 0; v < ga.size(); ++v) {
-    for (int64_t i = 0; i < ga[v]->num_elements(); ++i) {
-      const float x = (*ga[v])[i], y = (*gb[v])[i];
-      ASSERT_NEAR(x, y, tol * (std::abs(y) + 1e-3)) << "variable " << v << " element " << i;
-      norm += std::abs(y);
-    }
-  }
-  EXPECT_GT(norm, 1e-3);
-}
-
-// The GPU path's logic without a GPU: layers on three devices with their own
-// memory (uploads, copies of activations and their gradients between
-// devices, downloads), checked by the fake backend for any buffer used on the
-// wrong device or never copied in.
 TEST(DevicePlacerTest, SplitOverDeviceMemoryMatchesUnsplit) {
   std::vector<std::string> log, violations;
   auto devices = Cpus(3, false, &log);
@@ -246,13 +233,7 @@ TEST(DevicePlacerTest, TowersOfSplitModelsMatchOneDevice) {
   ASSERT_TRUE(rt.ok()) << rt.status();
   ASSERT_TRUE(rw.ok());
   EXPECT_NEAR(rt->loss_sum, rw->loss_sum, 1e-5 * rw->loss_sum);
-  auto gt = (*towers)->gradients();
-  auto gw = (*whole)->gradients();
-  for (size_t v = 0; v < gt.size(); ++v) {
-    for (int64_t i = 0; i < gt[v]->num_elements(); ++i) {
-      ASSERT_NEAR((*gt[v])[i], (*gw[v])[i], 1e-5 * (std::abs((*gw[v])[i]) + 1e-3)) << v;
-    }
-  }
+  ExpectSameGradients((*towers)->gradients(), (*whole)->gradients(), 1e-5);
 }
 
 TEST(DevicePlacerTest, MissingDeviceIsAnErrorListingDevices) {

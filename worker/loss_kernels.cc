@@ -1,9 +1,9 @@
 #include "worker/loss_kernels.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "worker/loss_rows.h"
 
 namespace towerps::worker {
 namespace {
@@ -13,22 +13,11 @@ void SoftmaxCrossEntropy(int64_t n, int64_t c, const float* z,
                          LossResult* out) {
   const double inv_n = 1.0 / static_cast<double>(grad_count);
   for (int64_t i = 0; i < n; ++i) {
-    const float* row = z + i * c;
-    const int64_t argmax = std::max_element(row, row + c) - row;
-    const double max = row[argmax];
-    // Accumulate in double: log-sum-exp of shifted logits, all <= 0.
-    double sum = 0.0;
-    for (int64_t j = 0; j < c; ++j) sum += std::exp(row[j] - max);
-    const int64_t label = static_cast<int64_t>(labels[i]);
-    out->loss_sum += std::log(sum) - (row[label] - max);
-    if (argmax == label) ++out->correct;
-    if (dz != nullptr) {
-      float* drow = dz + i * c;
-      for (int64_t j = 0; j < c; ++j) {
-        const double p = std::exp(row[j] - max) / sum;
-        drow[j] = static_cast<float>((p - (j == label ? 1.0 : 0.0)) * inv_n);
-      }
-    }
+    bool correct = false;
+    out->loss_sum += SoftmaxCrossEntropyRow(c, z + i * c, static_cast<int64_t>(labels[i]),
+                                            inv_n, dz != nullptr ? dz + i * c : nullptr,
+                                            &correct);
+    if (correct) ++out->correct;
   }
 }
 
@@ -42,22 +31,8 @@ void Regression(bool absolute, int64_t n, int64_t d, const float* p,
             : 0.0;
   const double inv_d = d > 0 ? 1.0 / static_cast<double>(d) : 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    double example = 0.0;
-    for (int64_t j = 0; j < d; ++j) {
-      const int64_t k = i * d + j;
-      const double diff = static_cast<double>(p[k]) - t[k];
-      if (absolute) {
-        example += std::fabs(diff);
-        if (dp != nullptr) {
-          const double sign = diff > 0 ? 1.0 : (diff < 0 ? -1.0 : 0.0);
-          dp[k] = static_cast<float>(sign * inv_nd);
-        }
-      } else {
-        example += diff * diff;
-        if (dp != nullptr) dp[k] = static_cast<float>(2.0 * diff * inv_nd);
-      }
-    }
-    out->loss_sum += example * inv_d;
+    out->loss_sum += RegressionRow(absolute, d, p + i * d, t + i * d, inv_d, inv_nd,
+                                   dp != nullptr ? dp + i * d : nullptr);
   }
 }
 

@@ -149,7 +149,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
               std::make_unique<ReLU>(backend, absl::StrCat(name, "/relu")));
         }
         model->summary_rows_.push_back(
-            {name, "Dense", width, params, layer.activation() == v1::RELU ? 2 : 1});
+            {name, "Dense", width, params});
         model->num_parameters_ += params;
         break;
       }
@@ -163,7 +163,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
           model->layer_devices_.push_back(where.device);
           model->layers_.push_back(std::make_unique<ReLU>(*where.backend, name));
         }
-        model->summary_rows_.push_back({name, "ReLU", width, 0, 1});
+        model->summary_rows_.push_back({name, "ReLU", width, 0});
         break;
       case v1::LayerSpec::LAYER_UNSPECIFIED:
         return absl::InvalidArgumentError(
@@ -623,13 +623,10 @@ std::string Model::Summary() const {
   return out;
 }
 
-std::vector<Model::LayerMemory> Model::MemoryUse(int64_t max_batch) const {
+std::vector<Model::LayerMemory> Model::ParamMemory() const {
   std::vector<LayerMemory> out;
   for (const SummaryRow& r : summary_rows_) {
-    const int64_t weights = 2 * r.params;                       // values + gradients
-    const int64_t activations = 2 * r.layers * max_batch * r.output_dim;  // outputs + deltas
-    out.push_back({r.name, (weights + activations) * static_cast<int64_t>(sizeof(float)),
-                   weights * static_cast<int64_t>(sizeof(float))});
+    out.push_back({r.name, 2 * r.params * static_cast<int64_t>(sizeof(float))});
   }
   return out;
 }

@@ -61,15 +61,14 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> Create(
       const v1::ModelSpec& spec, const LayerPlacer& placer);
 
-  // Memory one spec layer needs on its device for batches of up to
-  // `max_batch` examples: weights and their gradients, plus its output and
-  // the gradient of that output (a fused ReLU keeps one more of each).
+  // Bytes of each spec layer's weights and their gradients (its activation
+  // buffers are allocated on its device as they are needed; see
+  // PrepareBuffers).
   struct LayerMemory {
     std::string layer;
     int64_t bytes = 0;
-    int64_t param_bytes = 0;  // Of which weights and their gradients.
   };
-  std::vector<LayerMemory> MemoryUse(int64_t max_batch) const;
+  std::vector<LayerMemory> ParamMemory() const;
 
   // Allocates the activation buffers for a batch of `max_batch` examples
   // now, so that a device too small fails at start with its allocator's
@@ -183,7 +182,6 @@ class Model {
     std::string type;
     int64_t output_dim;
     int64_t params;
-    int layers;  // implementation layers behind this row (Dense + ReLU: 2)
   };
 
   Model(std::string name, v1::LossType loss, int64_t input_dim,
