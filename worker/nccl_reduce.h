@@ -39,14 +39,27 @@ class NcclGroup {
   // Waits for pending reductions, then destroys communicators and streams.
   virtual ~NcclGroup() = default;
 
-  // In place: buffers[r] (device memory on gpus[r], n floats) becomes the
-  // elementwise sum over all ranks. REQUIRES: the caller has finished
-  // writing the buffers (synchronized the streams that wrote them) and does
-  // not touch them until this returns. Blocks until the sums are complete.
-  // Returns InvalidArgument when buffers.size() != size() or n < 0, else the
-  // first NCCL or CUDA error. n == 0 is a no-op.
-  virtual absl::Status AllReduceSum(const std::vector<float*>& buffers,
-                                    int64_t n) = 0;
+  // One all-reduce: buffers[r] is rank r's buffer (device memory on
+  // gpus[r]) of n floats.
+  struct Op {
+    std::vector<float*> buffers;
+    int64_t n = 0;
+  };
+
+  // In place: for every op, buffers[r] becomes the elementwise sum over all
+  // ranks. All ops go out in one NCCL group (NCCL aggregates them: one
+  // launch per rank instead of one per op). REQUIRES: the caller has
+  // finished writing the buffers (synchronized the streams that wrote them)
+  // and does not touch them until this returns. Blocks until the sums are
+  // complete. Returns InvalidArgument when an op's buffers.size() != size()
+  // or n < 0, before anything runs; else the first NCCL or CUDA error. Ops
+  // with n == 0 are skipped.
+  virtual absl::Status AllReduceSum(const std::vector<Op>& ops) = 0;
+
+  // A single op.
+  absl::Status AllReduceSum(const std::vector<float*>& buffers, int64_t n) {
+    return AllReduceSum(std::vector<Op>{Op{buffers, n}});
+  }
 
   // Number of ranks (GPUs).
   virtual int size() const = 0;

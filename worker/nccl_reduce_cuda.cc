@@ -52,28 +52,37 @@ class CudaNcclGroup final : public NcclGroup {
     }
   }
 
-  absl::Status AllReduceSum(const std::vector<float*>& buffers,
-                            int64_t n) override {
-    if (static_cast<int64_t>(buffers.size()) != size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("NCCL all-reduce: ", buffers.size(), " buffers for ",
-                       size(), " ranks"));
+  using NcclGroup::AllReduceSum;
+
+  absl::Status AllReduceSum(const std::vector<Op>& ops) override {
+    bool any = false;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (static_cast<int64_t>(ops[i].buffers.size()) != size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("NCCL all-reduce op ", i, ": ", ops[i].buffers.size(),
+                         " buffers for ", size(), " ranks"));
+      }
+      if (ops[i].n < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("NCCL all-reduce op ", i, ": ", ops[i].n, " floats"));
+      }
+      any = any || ops[i].n > 0;
     }
-    if (n < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("NCCL all-reduce: ", n, " floats"));
-    }
-    if (n == 0) return absl::OkStatus();
-    // One grouped call over all ranks from this thread: without the group,
-    // the first rank's ncclAllReduce would wait for the others forever.
+    if (!any) return absl::OkStatus();
+    // One grouped call over all ranks and ops from this thread: without the
+    // group, the first rank's ncclAllReduce would wait for the others
+    // forever; with it, NCCL also fuses the ops into one launch per rank.
     TOWERPS_RETURN_IF_GPU_ERROR(ncclGroupStart(), "ncclGroupStart");
     absl::Status status;
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      status = common::GpuStatus(
-          ncclAllReduce(buffers[r], buffers[r], static_cast<size_t>(n),
-                        ncclFloat, ncclSum, ranks_[r].comm.get(),
-                        ranks_[r].stream.get()),
-          absl::StrCat("ncclAllReduce on GPU ", ranks_[r].gpu));
+    for (const Op& op : ops) {
+      if (op.n == 0) continue;
+      for (size_t r = 0; r < ranks_.size() && status.ok(); ++r) {
+        status = common::GpuStatus(
+            ncclAllReduce(op.buffers[r], op.buffers[r],
+                          static_cast<size_t>(op.n), ncclFloat, ncclSum,
+                          ranks_[r].comm.get(), ranks_[r].stream.get()),
+            absl::StrCat("ncclAllReduce on GPU ", ranks_[r].gpu));
+      }
       if (!status.ok()) break;
     }
     // ncclGroupEnd must follow ncclGroupStart even when a call failed.

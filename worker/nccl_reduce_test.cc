@@ -3,6 +3,7 @@
 // GPU.
 #include "worker/nccl_reduce.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -91,6 +92,62 @@ TEST(NcclGroupTest, AllReduceSumsOverEveryVisibleGpu) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*group)->AllReduceSum(std::vector<float*>(ranks), -1).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Several variables in one call (one NCCL group), sizes mixed, one empty;
+// a malformed op anywhere refuses the whole call before anything runs.
+TEST(NcclGroupTest, ManyOpsInOneGroupEachSumOverTheRanks) {
+  if (!NcclGroup::Built()) GTEST_SKIP() << "built without NCCL";
+  const common::GpuInfo info = common::QueryGpus();
+  if (info.devices.empty()) GTEST_SKIP() << "no GPU: " << info.note;
+  std::vector<int> gpus;
+  for (const auto& device : info.devices) gpus.push_back(device.index);
+  const int ranks = static_cast<int>(gpus.size());
+  auto group = NcclGroup::Create(gpus);
+  ASSERT_TRUE(group.ok()) << group.status();
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (int gpu : gpus) {
+    auto backend = NewCudaBackend(gpu);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backends.push_back(std::move(*backend));
+  }
+  const std::vector<int64_t> sizes = {300, 1, 0, 65537, 12};
+  std::vector<NcclGroup::Op> ops;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    NcclGroup::Op op{{}, sizes[k]};
+    for (int r = 0; r < ranks; ++r) {
+      auto p = backends[r]->Allocate(std::max<int64_t>(sizes[k], 1));
+      ASSERT_TRUE(p.ok()) << p.status();
+      std::vector<float> host(sizes[k]);
+      // Offset by k so that a mix-up between ops shows.
+      for (int64_t i = 0; i < sizes[k]; ++i) host[i] = Value(r, i) + 1000.0f * k;
+      backends[r]->CopyFromHost(host.data(), sizes[k], *p);
+      op.buffers.push_back(*p);
+    }
+    ops.push_back(op);
+  }
+  std::vector<NcclGroup::Op> bad = ops;
+  bad.back().buffers.pop_back();
+  EXPECT_EQ((*group)->AllReduceSum(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = ops;
+  bad[1].n = -1;
+  EXPECT_EQ((*group)->AllReduceSum(bad).code(), absl::StatusCode::kInvalidArgument);
+
+  // The refused calls left the buffers alone: one real call sums once.
+  const absl::Status status = (*group)->AllReduceSum(ops);
+  ASSERT_TRUE(status.ok()) << status;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    for (int r = 0; r < ranks; ++r) {
+      std::vector<float> got(sizes[k]);
+      ASSERT_TRUE(backends[r]->CopyToHost(ops[k].buffers[r], sizes[k], got.data()).ok());
+      for (int64_t i = 0; i < sizes[k]; ++i) {
+        float want = 0.0f;
+        for (int s = 0; s < ranks; ++s) want += Value(s, i) + 1000.0f * k;
+        ASSERT_EQ(got[i], want) << "op " << k << " rank " << r << " element " << i;
+      }
+      backends[r]->Free(ops[k].buffers[r]);
+    }
+  }
 }
 
 }  // namespace

@@ -24,17 +24,31 @@ class DeviceReducer : public GradientReducer {
   DeviceReducer(std::string name, bool use_nccl)
       : name_(std::move(name)), use_nccl_(use_nccl) {}
 
+  // Three phases, each over every variable, so a device synchronizes twice
+  // per step rather than twice per variable and NCCL gets every variable in
+  // one group: (1) within each memory space, weighted sums onto the space's
+  // first tower (its leader); (2) across spaces, NCCL all-reduce between
+  // physical GPUs, else copies to tower 0's device; (3) division by the
+  // total on tower 0's device.
   absl::Status Reduce(const std::vector<std::vector<DeviceTensor*>>& grads,
                       const std::vector<int64_t>& examples) override {
     int64_t total = 0;
     for (int64_t n : examples) total += n;
     const size_t towers = grads.size();
-    if (staging_.size() < grads[0].size()) staging_.resize(grads[0].size());
-    for (size_t v = 0; v < grads[0].size(); ++v) {
+    const size_t vars = grads[0].size();
+    if (staging_.size() < vars) staging_.resize(vars);
+    std::vector<Backend*> involved;  // each backend once, in first-use order
+    auto involve = [&involved](Backend* b) {
+      if (std::find(involved.begin(), involved.end(), b) == involved.end()) {
+        involved.push_back(b);
+      }
+    };
+    // leaders[v]: the towers whose gradient of v leads a memory space;
+    // leaders[v][0] == 0.
+    std::vector<std::vector<size_t>> leaders(vars);
+    for (size_t v = 0; v < vars; ++v) {
       DeviceTensor& acc = *grads[0][v];
       const int64_t n = acc.num_elements();
-      // 1. Within each memory space, sum onto its first tower (the leader).
-      std::vector<size_t> leaders;
       std::map<std::string, size_t> leader_of;
       for (size_t t = 0; t < towers; ++t) {
         DeviceTensor& g = *grads[t][v];
@@ -45,44 +59,56 @@ class DeviceReducer : public GradientReducer {
         }
         auto [it, first] = leader_of.emplace(g.backend()->memory_space(), t);
         DeviceTensor& lead = *grads[it->second][v];
+        involve(g.backend());
         if (first) {
-          leaders.push_back(t);
+          leaders[v].push_back(t);
           lead.backend()->Scale(n, static_cast<float>(examples[t]), lead.data());
         } else if (examples[t] > 0) {
           lead.backend()->Axpy(n, static_cast<float>(examples[t]), g.data(), lead.data());
         }
       }
-      // 2. Across spaces: NCCL between GPUs, else copies to tower 0's device.
-      if (leaders.size() > 1) {
-        std::vector<int> gpus;
-        std::vector<float*> buffers;
-        for (size_t t : leaders) {
-          gpus.push_back(GpuOf(grads[t][v]->backend()->memory_space()));
-          buffers.push_back(grads[t][v]->data());
-        }
-        const bool nccl = use_nccl_ && NcclGroup::Built() &&
-                          std::find(gpus.begin(), gpus.end(), -1) == gpus.end();
-        for (size_t t : leaders) TOWERPS_RETURN_IF_ERROR(grads[t][v]->backend()->Synchronize());
-        if (nccl) {
-          TOWERPS_ASSIGN_OR_RETURN(NcclGroup * group, Group(gpus));
-          TOWERPS_RETURN_IF_ERROR(group->AllReduceSum(buffers, n));
-        } else {
-          DeviceTensor& stage = staging_[v];
-          if (stage.backend() != acc.backend()) stage = DeviceTensor(acc.backend());
-          TOWERPS_RETURN_IF_ERROR(stage.Resize({n}));
-          for (size_t i = 1; i < leaders.size(); ++i) {
-            DeviceTensor& g = *grads[leaders[i]][v];
-            TOWERPS_RETURN_IF_ERROR(
-                acc.backend()->CopyFrom(*g.backend(), g.data(), n, stage.data()));
-            acc.backend()->Axpy(n, 1.0f, stage.data(), acc.data());
-          }
-        }
-      }
-      if (total > 0) {
-        acc.backend()->Scale(n, 1.0f / static_cast<float>(total), acc.data());
-      }
-      for (size_t t : leaders) TOWERPS_RETURN_IF_ERROR(grads[t][v]->backend()->Synchronize());
     }
+    for (Backend* b : involved) TOWERPS_RETURN_IF_ERROR(b->Synchronize());
+
+    // NCCL ops by the GPUs they span (one group call per distinct set).
+    std::map<std::vector<int>, std::vector<NcclGroup::Op>> nccl_ops;
+    for (size_t v = 0; v < vars; ++v) {
+      if (leaders[v].size() < 2) continue;
+      DeviceTensor& acc = *grads[0][v];
+      const int64_t n = acc.num_elements();
+      std::vector<int> gpus;
+      NcclGroup::Op op{{}, n};
+      for (size_t t : leaders[v]) {
+        gpus.push_back(GpuOf(grads[t][v]->backend()->memory_space()));
+        op.buffers.push_back(grads[t][v]->data());
+      }
+      if (use_nccl_ && NcclGroup::Built() &&
+          std::find(gpus.begin(), gpus.end(), -1) == gpus.end()) {
+        nccl_ops[gpus].push_back(std::move(op));
+        continue;
+      }
+      DeviceTensor& stage = staging_[v];
+      if (stage.backend() != acc.backend()) stage = DeviceTensor(acc.backend());
+      TOWERPS_RETURN_IF_ERROR(stage.Resize({n}));
+      for (size_t i = 1; i < leaders[v].size(); ++i) {
+        DeviceTensor& g = *grads[leaders[v][i]][v];
+        TOWERPS_RETURN_IF_ERROR(
+            acc.backend()->CopyFrom(*g.backend(), g.data(), n, stage.data()));
+        acc.backend()->Axpy(n, 1.0f, stage.data(), acc.data());
+      }
+    }
+    for (const auto& [gpus, ops] : nccl_ops) {
+      TOWERPS_ASSIGN_OR_RETURN(NcclGroup * group, Group(gpus));
+      TOWERPS_RETURN_IF_ERROR(group->AllReduceSum(ops));
+    }
+
+    if (total > 0) {
+      for (size_t v = 0; v < vars; ++v) {
+        DeviceTensor& acc = *grads[0][v];
+        acc.backend()->Scale(acc.num_elements(), 1.0f / static_cast<float>(total), acc.data());
+      }
+    }
+    for (Backend* b : involved) TOWERPS_RETURN_IF_ERROR(b->Synchronize());
     return absl::OkStatus();
   }
 
