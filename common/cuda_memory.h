@@ -16,8 +16,10 @@ namespace towerps::common {
 // A MemoryBackend whose Alloc is cudaMalloc on physical GPU `gpu` and whose
 // Free is cudaFree. Thread-safe; Alloc, Free and this factory make `gpu` the
 // calling thread's current CUDA device. Alloc(0) returns a unique non-null
-// pointer (a small block). Alloc fails with ResourceExhausted naming the GPU,
-// the bytes asked, the CUDA error and the bytes the GPU has free.
+// pointer (a small block). Out of device memory, Alloc fails with
+// ResourceExhausted naming the GPU, the bytes asked, the CUDA error and the
+// bytes the GPU has free; any other CUDA error (a faulted context, the
+// driver) keeps its own code (see common/cuda_util.h's GpuStatus).
 //
 // Returns InvalidArgument for a negative `gpu`, the CUDA error (e.g.
 // FailedPrecondition: no device or driver; InvalidArgument: no such GPU) when

@@ -37,7 +37,7 @@ class CudaMemoryBackend : public MemoryBackend {
     void* p = nullptr;
     const cudaError_t err =
         cudaMalloc(&p, static_cast<size_t>(std::max(bytes, kMinBlockBytes)));
-    if (err != cudaSuccess) {
+    if (err == cudaErrorMemoryAllocation) {
       // Out of memory is not sticky; clear it so that this thread's next
       // cudaGetLastError does not report it again.
       cudaGetLastError();
@@ -53,6 +53,14 @@ class CudaMemoryBackend : public MemoryBackend {
           "GPU ", gpu_, ": cudaMalloc of ", bytes, " bytes: ",
           cudaGetErrorName(err), ": ", cudaGetErrorString(err), left));
     }
+    // Anything else is not about memory: a sticky context error (an earlier
+    // kernel's illegal address), a driver failure. Calling it out of memory
+    // would send the caller looking for a smaller batch; GpuStatus picks the
+    // code (Internal, FailedPrecondition, ...). Not cleared, as in
+    // worker/backend_cuda.cc's Allocate: a sticky error cannot be, and kernel
+    // launchers clear stale errors themselves.
+    TOWERPS_RETURN_IF_GPU_ERROR(
+        err, absl::StrCat("GPU ", gpu_, ": cudaMalloc of ", bytes, " bytes"));
     return p;
   }
 

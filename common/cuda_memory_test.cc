@@ -5,6 +5,7 @@
 
 #include "common/device_manager.h"
 #include "common/gpu_info.h"
+#include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 
 namespace towerps::common {
@@ -27,7 +28,7 @@ class CudaMemoryGpuTest : public ::testing::Test {
   void SetUp() override {
     const GpuInfo info = QueryGpus();
     if (!info.cuda_built) GTEST_SKIP() << "built without CUDA";
-    if (info.devices.empty()) GTEST_SKIP() << "no GPU: " << info.note;
+    TOWERPS_SKIP_WITHOUT_GPU(info);
   }
 };
 

@@ -1,6 +1,7 @@
 #include "common/cuda_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/nccl_lib.h"
 
 namespace towerps::common {
 
@@ -22,6 +23,11 @@ absl::Status GpuStatus(cudaError_t err, absl::string_view context) {
     case cudaErrorDevicesUnavailable:
     case cudaErrorNoKernelImageForDevice:
     case cudaErrorUnsupportedPtxVersion:
+    case cudaErrorStubLibrary:
+    case cudaErrorCallRequiresNewerDriver:
+    case cudaErrorSystemNotReady:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
       return absl::FailedPreconditionError(message);
     default:
       return absl::InternalError(message);
@@ -49,8 +55,13 @@ absl::Status GpuStatus(cublasStatus_t status, absl::string_view context) {
 
 absl::Status GpuStatus(ncclResult_t result, absl::string_view context) {
   if (result == ncclSuccess) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(context, ": NCCL: ", ncclGetErrorString(result));
+  // NCCL is loaded at run time; a result can only come from a loaded NCCL,
+  // but say the number if it is somehow not there.
+  const NcclLib* nccl = Nccl();
+  const std::string message = absl::StrCat(
+      context, ": NCCL: ",
+      nccl != nullptr ? nccl->GetErrorString(result)
+                      : absl::StrCat("error ", static_cast<int>(result)));
   switch (result) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:

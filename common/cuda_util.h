@@ -26,7 +26,8 @@ namespace towerps::common {
 //                      CUBLAS_STATUS_ALLOC_FAILED);
 //   InvalidArgument    a bad device ordinal or a bad argument we passed;
 //   FailedPrecondition no usable GPU or driver (cudaErrorNoDevice,
-//                      cudaErrorInsufficientDriver, ...);
+//                      cudaErrorInsufficientDriver, a stub libcuda, a
+//                      driver/runtime mismatch, ...);
 //   Internal           everything else (kernel faults, library bugs).
 absl::Status GpuStatus(cudaError_t err, absl::string_view context);
 absl::Status GpuStatus(cublasStatus_t status, absl::string_view context);

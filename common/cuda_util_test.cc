@@ -28,6 +28,12 @@ TEST(CudaUtilTest, CudaErrorsGetMeaningfulCodesAndText) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(GpuStatus(cudaErrorInsufficientDriver, "x").code(),
             absl::StatusCode::kFailedPrecondition);
+  // A container with the toolkit's stub libcuda, or a driver older than
+  // the runtime: no usable GPU, not an internal error.
+  EXPECT_EQ(GpuStatus(cudaErrorStubLibrary, "x").code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(GpuStatus(cudaErrorSystemDriverMismatch, "x").code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(GpuStatus(cudaErrorIllegalAddress, "x").code(),
             absl::StatusCode::kInternal);
 }
@@ -42,8 +48,11 @@ TEST(CudaUtilTest, CublasAndNcclErrors) {
             absl::StatusCode::kInternal);
   EXPECT_EQ(GpuStatus(ncclInvalidUsage, "n").code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(GpuStatus(ncclUnhandledCudaError, "n").code(),
-            absl::StatusCode::kInternal);
+  const absl::Status nccl = GpuStatus(ncclUnhandledCudaError, "n");
+  EXPECT_EQ(nccl.code(), absl::StatusCode::kInternal);
+  // NCCL's own text, from the library loaded at run time.
+  EXPECT_NE(nccl.message().find("n: NCCL: "), std::string::npos) << nccl.message();
+  EXPECT_EQ(nccl.message().find("error 1"), std::string::npos) << nccl.message();
 }
 
 absl::Status Fails() {

@@ -11,7 +11,12 @@ std::string DescribeGpus(const GpuInfo& info) {
     absl::StrAppend(&out, " [", d.index, ": ", d.name, ", ", d.memory_bytes >> 20, " MiB]");
   }
   if (info.devices.empty() && !info.note.empty()) absl::StrAppend(&out, " (", info.note, ")");
-  absl::StrAppend(&out, "; cuBLAS ", info.cublas_version, "; NCCL ", info.nccl_version);
+  absl::StrAppend(&out, "; cuBLAS ", info.cublas_version);
+  if (info.nccl_version > 0) {
+    absl::StrAppend(&out, "; NCCL ", info.nccl_version);
+  } else {
+    absl::StrAppend(&out, "; NCCL unavailable (", info.nccl_note, ")");
+  }
   return out;
 }
 

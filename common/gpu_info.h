@@ -1,7 +1,7 @@
 // What the CUDA side of this build can see: GPUs and library versions.
 //
 // Two implementations, chosen in common/BUILD: gpu_info_cuda.cu (compiled by
-// nvcc where the toolkit is installed; links cudart, cuBLAS and NCCL) and
+// nvcc where the toolkit is installed; links cudart and cuBLAS, loads NCCL) and
 // gpu_info_none.cc (CPU-only builds). No GPU is a normal answer, not an error.
 // Thread-safe.
 #ifndef TOWERPS_COMMON_GPU_INFO_H_
@@ -23,13 +23,14 @@ struct GpuInfo {
   std::vector<GpuDevice> devices;  // Empty where there is no GPU or driver.
   std::string note;              // Why there are none, e.g. the driver's answer.
   int cublas_version = 0;        // 0 when not built with CUDA.
-  int nccl_version = 0;
+  int nccl_version = 0;           // 0 when NCCL is not built or not loadable,
+  std::string nccl_note;         // and then why (CUDA builds).
 };
 
 GpuInfo QueryGpus();
 
-// One line: "CUDA: 2 GPU(s) [NVIDIA H100 ...]; cuBLAS 130000; NCCL 22703" or
-// "CUDA: not built (CPU-only)".
+// One line: "CUDA: 2 GPU(s) [NVIDIA H100 ...]; cuBLAS 130000; NCCL 22703"
+// ("NCCL unavailable (<why>)" without it) or "CUDA: not built (CPU-only)".
 std::string DescribeGpus(const GpuInfo& info);
 
 }  // namespace towerps::common

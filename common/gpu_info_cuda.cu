@@ -1,9 +1,10 @@
-// CUDA build: asks the runtime, cuBLAS and NCCL what they have.
+// CUDA build: asks the runtime, cuBLAS and NCCL (loaded at run time) what
+// they have.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include "common/gpu_info.h"
+#include "common/nccl_lib.h"
 
 namespace towerps::common {
 
@@ -30,8 +31,12 @@ GpuInfo QueryGpus() {
     cublasGetProperty(PATCH_LEVEL, &patch);
     info.cublas_version = v * 10000 + minor * 100 + patch;
   }
-  int nccl = 0;
-  if (ncclGetVersion(&nccl) == ncclSuccess) info.nccl_version = nccl;
+  std::string why;
+  if (const NcclLib* nccl = Nccl(&why)) {
+    info.nccl_version = nccl->version;
+  } else {
+    info.nccl_note = why;
+  }
   return info;
 }
 

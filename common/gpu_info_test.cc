@@ -14,7 +14,7 @@ TEST(GpuInfoTest, AnswersWithoutCrashingAndDescribes) {
   if (info.cuda_built) {
     // The libraries answer even without a GPU.
     EXPECT_GT(info.cublas_version, 0);
-    EXPECT_GT(info.nccl_version, 0);
+    EXPECT_GT(info.nccl_version, 0) << info.nccl_note;
     if (info.devices.empty()) EXPECT_FALSE(info.note.empty());
     for (const auto& d : info.devices) EXPECT_GT(d.memory_bytes, 0);
   } else {
@@ -30,6 +30,11 @@ TEST(GpuInfoTest, DescribeListsDevices) {
   info.cublas_version = 130000;
   info.nccl_version = 22703;
   EXPECT_EQ(DescribeGpus(info), "CUDA: 1 GPU(s) [0: Test GPU, 2048 MiB]; cuBLAS 130000; NCCL 22703");
+  info.nccl_version = 0;
+  info.nccl_note = "libnccl.so.2: cannot open shared object file";
+  EXPECT_EQ(DescribeGpus(info),
+            "CUDA: 1 GPU(s) [0: Test GPU, 2048 MiB]; cuBLAS 130000; "
+            "NCCL unavailable (libnccl.so.2: cannot open shared object file)");
 }
 
 }  // namespace

@@ -2,12 +2,13 @@
 
 Used only where @local_cuda//:defs.bzl has HAS_CUDA = True; BUILD files pick
 the CUDA or CPU-only implementation with that constant, so call sites carry no
-#if. The object links against cudart/cuBLAS/NCCL via @local_cuda//:cuda_libs.
+#if. The object links against cudart and cuBLAS via @local_cuda//:cuda_libs (NCCL
+is loaded at run time: common/nccl_lib).
 """
 
 load("@local_cuda//:defs.bzl", "NVCC")
 
-def cuda_object(name, src, hdrs = [], deps_hdrs = [], copts = []):
+def cuda_object(name, src, hdrs = [], deps_hdrs = [], copts = [], deps = []):
     """One .cu file -> one object in a cc_library of that name.
 
     Args:
@@ -16,6 +17,7 @@ def cuda_object(name, src, hdrs = [], deps_hdrs = [], copts = []):
       hdrs: headers it includes from this package.
       deps_hdrs: headers it includes from elsewhere.
       copts: extra nvcc flags (e.g. -arch, --fmad=false).
+      deps: libraries the object calls into (linked after it).
     """
     native.genrule(
         name = name + "_nvcc",
@@ -29,6 +31,6 @@ def cuda_object(name, src, hdrs = [], deps_hdrs = [], copts = []):
     native.cc_library(
         name = name,
         srcs = [name + ".o"],
-        deps = ["@local_cuda//:cuda_libs"],
+        deps = ["@local_cuda//:cuda_libs"] + deps,
         alwayslink = True,
     )

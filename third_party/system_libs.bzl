@@ -75,16 +75,19 @@ def _local_cuda_impl(ctx):
             break
     build = ['package(default_visibility = ["//visibility:public"])', ""]
     if root == None:
-        ctx.file("defs.bzl", "HAS_CUDA = False\nCUDA_ROOT = None\nNVCC = None\n")
+        ctx.file("defs.bzl", "HAS_CUDA = False\nCUDA_ROOT = None\nNVCC = None\nCUDA_LIBDIRS = []\n")
         build.append('cc_library(name = "cuda_libs")')
         build.append('cc_library(name = "cuda_headers")')
     else:
-        ctx.file("defs.bzl", "HAS_CUDA = True\nCUDA_ROOT = %r\nNVCC = %r\n" % (root, root + "/bin/nvcc"))
         libdirs = [d for d in [root + "/lib64", root + "/lib"] if ctx.path(d).exists]
+        ctx.file("defs.bzl", "HAS_CUDA = True\nCUDA_ROOT = %r\nNVCC = %r\nCUDA_LIBDIRS = %r\n" % (root, root + "/bin/nvcc", libdirs))
         linkopts = []
         for d in libdirs:
             linkopts += ["-L" + d, "-Wl,-rpath," + d]
-        linkopts += ["-lcudart", "-lcublas", "-lnccl"]
+
+        # NCCL is not linked: common/nccl_lib loads it with dlopen, so CUDA
+        # binaries start where it is missing.
+        linkopts += ["-lcudart", "-lcublas"]
         build.append("cc_library(name = \"cuda_libs\", linkopts = %r)" % linkopts)
 
         # The toolkit's headers for code compiled by the ordinary C++ compiler

@@ -5,8 +5,8 @@
 // Two implementations: the CPU one (CBLAS; buffers are host memory) and the
 // CUDA one (worker/backend_cuda.cc with kernels in worker/cuda_kernels.cu:
 // cuBLAS for GEMM, small kernels for the rest, one stream and one cuBLAS
-// handle per backend), which exists only in builds with the CUDA toolkit. Layers hold a `Backend&` and never touch a
-// math library directly.
+// handle per backend), which exists only in builds with the CUDA toolkit.
+// Layers hold a `Backend&` and never touch a math library directly.
 #ifndef TOWERPS_WORKER_BACKEND_H_
 #define TOWERPS_WORKER_BACKEND_H_
 
@@ -33,11 +33,21 @@ struct LossResult {
 };
 
 // Not thread-safe: one thread drives a backend at a time (each tower and each
-// pipeline stage has its own); the exception is Synchronize(), which another
-// thread may call at any time (CopyFrom waits for the source device so). Kernels may run asynchronously on the device
-// (in order, on the backend's stream); buffers passed to a kernel must stay
-// alive until Synchronize() or a synchronous call (CopyToHost, Loss) returns.
-// On the CPU backend every call is synchronous.
+// pipeline stage has its own). The exceptions are what CopyFrom calls on its
+// source, `from`, from the copying backend's thread while another thread may
+// be driving `from` (pipeline stages on different devices):
+// memory_space(), host_memory(), Synchronize() and CopyToHost() may be
+// called from any thread at any time, concurrently with the driving thread's
+// calls. Such a CopyToHost is ordered after the work queued before it on the
+// backend; its `src` must not be written by work the driving thread queues
+// until it returns (CopyFrom's contract on `src` already requires this).
+// Implementations keep these calls to constant members and mutex-guarded
+// state.
+//
+// Kernels may run asynchronously on the device (in order, on the backend's
+// stream); buffers passed to a kernel must stay alive until Synchronize() or
+// a synchronous call (CopyToHost, Loss) returns. On the CPU backend every
+// call is synchronous.
 //
 // "Device pointers" are pointers from this backend's Allocate (or, for a
 // backend with host_memory(), any host pointer). Buffers are row-major and
@@ -68,7 +78,8 @@ class Backend {
   // soon as the call returns.
   virtual void CopyFromHost(const float* src, int64_t n, float* dst) = 0;
   // dst (host) = src (device), n floats; waits for pending work first and
-  // returns the first error the device reported (OK on the CPU).
+  // returns the first error the device reported (OK on the CPU). May be
+  // called from another thread (see the class comment).
   virtual absl::Status CopyToHost(const float* src, int64_t n, float* dst) = 0;
   // dst (this backend's device) = src (on `from`'s device), n floats. Waits
   // for `from`'s pending work so that src is complete; works across memory
@@ -76,7 +87,7 @@ class Backend {
   virtual absl::Status CopyFrom(Backend& from, const float* src, int64_t n,
                                 float* dst) = 0;
   // Waits for every kernel and copy issued so far; the first device error
-  // (sticky) otherwise OK.
+  // (sticky) otherwise OK. May be called from another thread.
   virtual absl::Status Synchronize() = 0;
 
   // ---- Kernels ----------------------------------------------------------
@@ -129,7 +140,9 @@ class Backend {
   // Waits for the device; returns the sums in double (per-row values are
   // summed on the host in row order, so every backend reports the same sum
   // for the same per-row values) or the device's error. InvalidArgument for
-  // an unknown loss type (the CUDA backend also for a label out of range).
+  // an unknown loss type and for softmax cross-entropy over no classes
+  // (d == 0 with n > 0; an empty batch is fine at any d); the CUDA backend
+  // also for a label out of range.
   virtual absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n,
                                           int64_t d, const float* pred,
                                           const float* labels,

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -42,9 +43,36 @@ int64_t Bytes(int64_t floats) {
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
+// Lets the calling thread's current device, `device`, reach `peer`'s memory
+// where the hardware allows, so that cudaMemcpyPeerAsync between them goes
+// directly (NVLink or PCIe) instead of staging through host memory; either
+// direction being enabled is enough for that. Never fails: without peer
+// access the copy is still correct, only slower, so every error is cleared
+// from the thread and forgotten. Peer access belongs to the two devices'
+// primary contexts, which the whole process shares; enabling it again
+// (another backend on the same GPU, or NCCL) answers "already enabled",
+// which is what we wanted.
+void EnablePeerAccess(int device, int peer) {
+  int can_access = 0;
+  cudaError_t err = cudaDeviceCanAccessPeer(&can_access, device, peer);
+  if (err == cudaSuccess && can_access != 0) {
+    err = cudaDeviceEnablePeerAccess(peer, /*flags=*/0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      cudaGetLastError();
+      err = cudaSuccess;
+    }
+  }
+  // Not a failure of the copy: keep it out of this thread's last error.
+  if (err != cudaSuccess) cudaGetLastError();
+}
+
 // Not thread-safe (see Backend): one thread at a time, but not always the
 // same one, so every call that touches the device first makes gpu_ the
-// calling thread's current device.
+// calling thread's current device. Synchronize, CopyToHost and memory_space
+// may also come from another thread (a CopyFrom on another backend whose
+// source is this one): they touch only constant members (gpu_, stream_;
+// enqueueing on a stream from several threads is safe in the CUDA runtime)
+// and the mutex-guarded first_error_, never cublas_ or the Loss buffers.
 //
 // Errors: CUDA reports a bad launch or a failed copy only to the call that
 // made it (and execution errors at the next synchronization), while the
@@ -149,9 +177,9 @@ class CudaBackend final : public Backend {
   // Bound to stream_; destroyed before it (declared after it).
   const CublasHandle cublas_;
 
-  // The first failure. Guarded: Synchronize() may come from another thread
-  // (a CopyFrom on another device waits for this one), while the thread
-  // driving this backend records.
+  // The first failure. Guarded: Synchronize() and CopyToHost() may come
+  // from another thread (a CopyFrom on another backend waits for and reads
+  // from this one), while the thread driving this backend records.
   mutable absl::Mutex error_mu_;
   absl::Status first_error_ ABSL_GUARDED_BY(error_mu_);
   // Loss's per-row results: cudaMalloc'd directly, not charged to the
@@ -159,6 +187,7 @@ class CudaBackend final : public Backend {
   // device's limit is about tensors, and this is far below its rounding).
   common::CudaMemory loss_scratch_;
   int64_t loss_scratch_rows_ = 0;
+  std::set<int> peers_tried_;  // GPUs EnablePeerAccess was tried for
   std::vector<double> host_row_loss_;
   std::vector<int32_t> host_row_correct_;
 };
@@ -308,9 +337,11 @@ absl::Status CudaBackend::CopyFrom(Backend& from, const float* src, int64_t n,
              "CopyFrom: cudaMemcpyAsync");
     }
   } else if (other != nullptr) {
-    // Works with or without peer access enabled (the driver stages through
-    // host memory when the GPUs cannot reach each other).
+    // Works with or without peer access (the driver stages through host
+    // memory when the GPUs cannot reach each other); with it, it is direct.
     if (SetDevice()) {
+      // Once per peer for this backend (CopyFrom runs on the owning thread).
+      if (peers_tried_.insert(other->gpu_).second) EnablePeerAccess(gpu_, other->gpu_);
       Record(cudaMemcpyPeerAsync(dst, gpu_, src, other->gpu_, Bytes(n),
                                  stream_.get()),
              absl::StrCat("CopyFrom ", from.memory_space(),
@@ -451,6 +482,13 @@ absl::StatusOr<LossResult> CudaBackend::Loss(v1::LossType type, int64_t n,
     return absl::InvalidArgumentError(
         classification ? "loss: softmax cross-entropy needs labels"
                        : "loss: MSE and MAE need targets");
+  }
+  // No class a label could name; the kernel would otherwise read logits of
+  // an empty row. After the n == 0 case, as the CPU backend accepts an empty
+  // batch of any width.
+  if (classification && d == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss: softmax cross-entropy over 0 classes (logits [", n, ", 0])"));
   }
   // As worker/loss_kernels.cc (the CPU backend).
   if (grad_count <= 0) grad_count = std::max<int64_t>(n, 1);

@@ -1,7 +1,8 @@
 // The CUDA backend against the CPU backend: every op on the same random
 // inputs (fixed seeds), copies in and out through the Backend interface.
 // Tagged "gpu" in worker/BUILD; without CUDA or without a GPU the GPU tests
-// skip themselves and only the build-configuration checks run.
+// skip themselves (or fail, without a GPU, under TOWERPS_REQUIRE_GPU=1: see
+// common/gpu_test_util.h) and only the build-configuration checks run.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -15,6 +16,7 @@
 #include "common/cuda_memory.h"
 #include "common/device_manager.h"
 #include "common/gpu_info.h"
+#include "common/gpu_test_util.h"
 #include "gtest/gtest.h"
 #include "proto/towerps.pb.h"
 #include "worker/backend.h"
@@ -125,7 +127,7 @@ class CudaBackendTest : public ::testing::Test {
   void SetUp() override {
     if (!CudaBackendBuilt()) GTEST_SKIP() << "built without CUDA";
     const common::GpuInfo info = common::QueryGpus();
-    if (info.devices.empty()) GTEST_SKIP() << "no GPU: " << info.note;
+    TOWERPS_SKIP_WITHOUT_GPU(info);
     gpu_count_ = static_cast<int>(info.devices.size());
     cpu_ = NewCpuBackend();
     auto gpu = NewCudaBackend(0);
@@ -252,11 +254,21 @@ TEST_F(CudaBackendTest, GemmWithEmptyOutputIsANoOp) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+// The elementwise kernels launch at most 4096 blocks of 256 threads
+// (worker/cuda_kernels.cu), 1 << 20 threads, and loop over the rest.
+constexpr int64_t kElementwiseThreads = int64_t{4096} * 256;
+
 TEST_F(CudaBackendTest, AddBiasRowsMatchesCpu) {
   struct Shape {
     int64_t rows, cols;
   };
-  for (const Shape& s : {Shape{256, 784}, Shape{7, 13}, Shape{1, 1}}) {
+  // The last two exceed kElementwiseThreads elements, so their grid-stride
+  // loop makes a second pass, whose bias index (i % cols) starts mid-row: two
+  // rows wider than a pass's worth of threads, and many narrow rows.
+  static_assert(2 * 600000 > kElementwiseThreads);
+  static_assert(1100 * 1000 > kElementwiseThreads);
+  for (const Shape& s : {Shape{256, 784}, Shape{7, 13}, Shape{1, 1},
+                         Shape{2, 600000}, Shape{1100, 1000}}) {
     const auto x0 = RandomVector(s.rows * s.cols, 21);
     const auto bias = RandomVector(s.cols, 22);
     std::vector<float> want = x0;
@@ -274,8 +286,13 @@ TEST_F(CudaBackendTest, SumRowsMatchesCpuAndExactSums) {
   struct Shape {
     int64_t rows, cols;
   };
+  // SumRows launches at most 4096 blocks of 32 columns each
+  // (worker/cuda_kernels.cu), 131072 columns a pass: 140003 columns need a
+  // second pass, whose last block has 3 columns (140003 = 4375 * 32 + 3).
+  static_assert(140003 > 4096 * 32 && 140003 % 32 != 0);
   for (const Shape& s : {Shape{256, 784}, Shape{7, 13}, Shape{4096, 10},
-                         Shape{1, 5}, Shape{100, 1}, Shape{0, 5}}) {
+                         Shape{1, 5}, Shape{100, 1}, Shape{0, 5},
+                         Shape{3, 140003}}) {
     const std::string what =
         "SumRows " + std::to_string(s.rows) + "x" + std::to_string(s.cols);
     const auto x = RandomVector(s.rows * s.cols, 31);
@@ -389,6 +406,11 @@ TEST_F(CudaBackendTest, LossesMatchCpu) {
     cases.push_back({type, 7, 13, 7});
     cases.push_back({type, 1, 1, 1});
     cases.push_back({type, 512, 1000, 512});
+    // The loss kernels run a thread per row, at most 4096 blocks of 128
+    // (worker/cuda_kernels.cu): 524288 rows a pass. 600001 rows make a
+    // second pass; 3 columns keep it small (and leave room for the ties).
+    static_assert(600001 > 4096 * 128);
+    cases.push_back({type, 600001, 3, 600001});
   }
   uint64_t seed = 100;
   for (const LossCase& c : cases) {
@@ -449,6 +471,28 @@ TEST_F(CudaBackendTest, LossOfAnEmptyBatchIsZero) {
   }
 }
 
+// No class to pick. A label in (-1, 0) truncates to 0, so without the check
+// the kernel would read row[0] of an empty row.
+TEST_F(CudaBackendTest, SoftmaxCrossEntropyOverNoClassesIsInvalidArgument) {
+  const int64_t n = 3;
+  float* labels = ToDevice({-0.5f, 0.0f, -0.25f});
+  float* pred = DeviceBuffer(1);  // Holds no logits: [3, 0].
+  for (v1::LossType type : {v1::LOSS_UNSPECIFIED, v1::SOFTMAX_CROSS_ENTROPY}) {
+    for (float* dpred : {static_cast<float*>(nullptr), DeviceBuffer(1)}) {
+      const auto got = gpu_->Loss(type, n, 0, pred, labels, nullptr, dpred, n);
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument)
+          << got.status();
+    }
+  }
+  // An empty batch is still fine at d == 0, as on the CPU.
+  const auto empty = gpu_->Loss(v1::SOFTMAX_CROSS_ENTROPY, 0, 0, nullptr,
+                                nullptr, nullptr, nullptr, 0);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->loss_sum, 0.0);
+  const absl::Status status = gpu_->Synchronize();
+  EXPECT_TRUE(status.ok()) << status;
+}
+
 TEST_F(CudaBackendTest, UnknownLossTypeIsInvalidArgument) {
   const auto got = gpu_->Loss(static_cast<v1::LossType>(42), 1, 1, nullptr,
                               nullptr, nullptr, nullptr, 1);
@@ -477,7 +521,19 @@ TEST_F(CudaBackendTest, CopyFromBetweenBackendsOnOneGpu) {
   const int64_t n = 100003;
   const auto data = RandomVector(n, 91);
   float* src = ToDevice(data);
-  // Queued but maybe not run yet: CopyFrom must wait for it.
+  // Milliseconds of work queued ahead of the Scale whose result is copied
+  // (40 GEMMs of 2048^3, 0.7 TFLOP: about 10 ms even on an H200's FP32
+  // units), so that a CopyFrom that did not wait for gpu_ would copy src
+  // before the Scale ran and fail the comparison, rather than usually win the
+  // race against one short kernel.
+  const int64_t side = 2048;
+  float* scratch_a = DeviceBuffer(side * side);
+  float* scratch_c = DeviceBuffer(side * side);
+  gpu_->Zero(side * side, scratch_a);
+  for (int i = 0; i < 40; ++i) {
+    gpu_->Gemm(false, false, side, side, side, 1.0f, scratch_a, scratch_a,
+               0.0f, scratch_c);
+  }
   gpu_->Scale(n, 2.0f, src);
   std::vector<float> want = data;
   cpu_->Scale(n, 2.0f, want.data());

@@ -115,9 +115,11 @@ __global__ void SoftmaxCrossEntropyKernel(int64_t n, int64_t d, const float* z,
   for (int64_t i = GlobalIndex(); i < n; i += GridStride()) {
     // The caller validates labels; a bad one must still not make this thread
     // read outside the row. Truncation toward zero, as the CPU's cast: valid
-    // exactly when -1 < label < d (NaN fails both).
+    // exactly when -1 < label < d (NaN fails both). d == 0 is checked too: a
+    // label in (-1, 0) would pass and read row[0] of an empty row.
     const double label_value = labels[i];
-    if (!(label_value > -1.0 && label_value < static_cast<double>(d))) {
+    if (!(d > 0 && label_value > -1.0 &&
+          label_value < static_cast<double>(d))) {
       row_loss[i] = __longlong_as_double(0x7ff8000000000000LL);  // NaN
       row_correct[i] = -1;
       continue;

@@ -45,9 +45,9 @@ int LaunchScale(void* stream, int64_t n, float alpha, float* x);
 // Softmax cross-entropy, one thread per row of logits [n, d]: row_loss[i] =
 // log(sum_j exp(z_ij - max_i)) - (z_i,label - max_i); row_correct[i] = 1 if
 // the row's first maximum is at the label, else 0, and -1 if labels[i] is not
-// a class index in [0, d) (then row_loss[i] is NaN and the row's dlogits are
-// left as they were). dlogits (may be null) [n, d] = (softmax - onehot) *
-// inv_count.
+// a class index in [0, d), which no label is when d == 0 (then row_loss[i]
+// is NaN and the row's dlogits are left as they were). dlogits (may be null)
+// [n, d] = (softmax - onehot) * inv_count.
 int LaunchSoftmaxCrossEntropy(void* stream, int64_t n, int64_t d,
                               const float* logits, const float* labels,
                               double inv_count, float* dlogits,

@@ -47,6 +47,12 @@ absl::Status HostLoss(v1::LossType type, int64_t n, int64_t d,
   switch (type) {
     case v1::LOSS_UNSPECIFIED:
     case v1::SOFTMAX_CROSS_ENTROPY:
+      // No class a label could name: the row function would read logits of
+      // an empty row. (An empty batch is fine at any width.)
+      if (n > 0 && d == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "loss: softmax cross-entropy over 0 classes (logits [", n, ", 0])"));
+      }
       SoftmaxCrossEntropy(n, d, pred, labels, dpred, grad_count, out);
       return absl::OkStatus();
     case v1::MSE:

@@ -2,8 +2,9 @@
 // all-reduce: the reduction between towers that sit on different physical
 // GPUs.
 //
-// Two implementations, chosen in worker/BUILD: nccl_reduce_cuda.cc (NCCL from
-// the CUDA toolkit) and nccl_reduce_none.cc (CPU-only builds: Create fails
+// Two implementations, chosen in worker/BUILD: nccl_reduce_cuda.cc (NCCL,
+// loaded at run time by common/nccl_lib, so a machine without it still runs
+// everything else) and nccl_reduce_none.cc (CPU-only builds: Create fails
 // with Unavailable). NCCL allows one rank per GPU, so towers that share a GPU
 // (virtual devices) reduce among themselves first, by other means.
 #ifndef TOWERPS_WORKER_NCCL_REDUCE_H_
@@ -11,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,12 +31,14 @@ class NcclGroup {
   // A group over `gpus` (physical GPU indices; rank r is gpus[r]). Returns
   // InvalidArgument for an empty list, a negative index or a duplicate ("NCCL
   // does not allow two ranks on one GPU"), NCCL's or CUDA's error when the
-  // communicators cannot be created, and Unavailable in CPU-only builds.
+  // communicators cannot be created, and Unavailable in CPU-only builds or
+  // where libnccl.so.2 cannot be loaded.
   static absl::StatusOr<std::unique_ptr<NcclGroup>> Create(
       const std::vector<int>& gpus);
 
-  // Whether this binary was built with NCCL.
-  static bool Built();
+  // Whether NCCL can be used: this binary was built with CUDA and NCCL
+  // loads. If not, `why` (if not null) says why.
+  static bool Available(std::string* why = nullptr);
 
   // Waits for pending reductions, then destroys communicators and streams.
   virtual ~NcclGroup() = default;

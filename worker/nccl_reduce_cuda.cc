@@ -1,5 +1,4 @@
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <cstdint>
 #include <memory>
@@ -13,14 +12,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cuda_util.h"
+#include "common/nccl_lib.h"
 #include "common/status.h"
 #include "worker/nccl_reduce.h"
 
 namespace towerps::worker {
 namespace {
 
+// Only constructed once NCCL has loaded (Create checks).
 struct NcclCommDeleter {
-  void operator()(ncclComm_t comm) const { ncclCommDestroy(comm); }
+  void operator()(ncclComm_t comm) const { common::Nccl()->CommDestroy(comm); }
 };
 using NcclComm =
     std::unique_ptr<std::remove_pointer_t<ncclComm_t>, NcclCommDeleter>;
@@ -35,7 +36,8 @@ struct Rank {
 
 class CudaNcclGroup final : public NcclGroup {
  public:
-  explicit CudaNcclGroup(std::vector<Rank> ranks) : ranks_(std::move(ranks)) {}
+  CudaNcclGroup(const common::NcclLib* nccl, std::vector<Rank> ranks)
+      : nccl_(nccl), ranks_(std::move(ranks)) {}
 
   ~CudaNcclGroup() override {
     // A failed AllReduceSum may have left work queued; finish it before the
@@ -72,13 +74,13 @@ class CudaNcclGroup final : public NcclGroup {
     // One grouped call over all ranks and ops from this thread: without the
     // group, the first rank's ncclAllReduce would wait for the others
     // forever; with it, NCCL also fuses the ops into one launch per rank.
-    TOWERPS_RETURN_IF_GPU_ERROR(ncclGroupStart(), "ncclGroupStart");
+    TOWERPS_RETURN_IF_GPU_ERROR(nccl_->GroupStart(), "ncclGroupStart");
     absl::Status status;
     for (const Op& op : ops) {
       if (op.n == 0) continue;
       for (size_t r = 0; r < ranks_.size() && status.ok(); ++r) {
         status = common::GpuStatus(
-            ncclAllReduce(op.buffers[r], op.buffers[r],
+            nccl_->AllReduce(op.buffers[r], op.buffers[r],
                           static_cast<size_t>(op.n), ncclFloat, ncclSum,
                           ranks_[r].comm.get(), ranks_[r].stream.get()),
             absl::StrCat("ncclAllReduce on GPU ", ranks_[r].gpu));
@@ -86,7 +88,7 @@ class CudaNcclGroup final : public NcclGroup {
       if (!status.ok()) break;
     }
     // ncclGroupEnd must follow ncclGroupStart even when a call failed.
-    const absl::Status end = common::GpuStatus(ncclGroupEnd(), "ncclGroupEnd");
+    const absl::Status end = common::GpuStatus(nccl_->GroupEnd(), "ncclGroupEnd");
     TOWERPS_RETURN_IF_ERROR(status);
     TOWERPS_RETURN_IF_ERROR(end);
     for (const Rank& rank : ranks_) {
@@ -103,6 +105,7 @@ class CudaNcclGroup final : public NcclGroup {
   int size() const override { return static_cast<int>(ranks_.size()); }
 
  private:
+  const common::NcclLib* const nccl_;
   std::vector<Rank> ranks_;  // Constant after construction.
 };
 
@@ -110,6 +113,11 @@ class CudaNcclGroup final : public NcclGroup {
 
 absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
     const std::vector<int>& gpus) {
+  std::string why;
+  const common::NcclLib* nccl = common::Nccl(&why);
+  if (nccl == nullptr) {
+    return absl::UnavailableError(absl::StrCat("NCCL unavailable: ", why));
+  }
   if (gpus.empty()) {
     return absl::InvalidArgumentError("NCCL group: no GPUs");
   }
@@ -140,13 +148,15 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
   }
   std::vector<ncclComm_t> comms(gpus.size(), nullptr);
   TOWERPS_RETURN_IF_GPU_ERROR(
-      ncclCommInitAll(comms.data(), static_cast<int>(gpus.size()), gpus.data()),
+      nccl->CommInitAll(comms.data(), static_cast<int>(gpus.size()), gpus.data()),
       absl::StrCat("NCCL group: ncclCommInitAll over GPUs [",
                    absl::StrJoin(gpus, ", "), "]"));
   for (size_t r = 0; r < gpus.size(); ++r) ranks[r].comm.reset(comms[r]);
-  return std::unique_ptr<NcclGroup>(new CudaNcclGroup(std::move(ranks)));
+  return std::unique_ptr<NcclGroup>(new CudaNcclGroup(nccl, std::move(ranks)));
 }
 
-bool NcclGroup::Built() { return true; }
+bool NcclGroup::Available(std::string* why) {
+  return common::Nccl(why) != nullptr;
+}
 
 }  // namespace towerps::worker

@@ -9,6 +9,9 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
       "NCCL: this binary was built without CUDA (CPU-only build)");
 }
 
-bool NcclGroup::Built() { return false; }
+bool NcclGroup::Available(std::string* why) {
+  if (why != nullptr) *why = "built without CUDA";
+  return false;
+}
 
 }  // namespace towerps::worker

@@ -82,7 +82,7 @@ class DeviceReducer : public GradientReducer {
         gpus.push_back(GpuOf(grads[t][v]->backend()->memory_space()));
         op.buffers.push_back(grads[t][v]->data());
       }
-      if (use_nccl_ && NcclGroup::Built() &&
+      if (use_nccl_ && NcclGroup::Available() &&
           std::find(gpus.begin(), gpus.end(), -1) == gpus.end()) {
         nccl_ops[gpus].push_back(std::move(op));
         continue;
@@ -170,9 +170,11 @@ std::unique_ptr<GradientReducer> NewReducer(
                                                            : "on-device sums",
                                    " (", absl::StrJoin(parts, ", "), ")");
   if (order.size() > 1) {
-    const bool nccl = use_nccl && NcclGroup::Built() && !cpu;
+    std::string why;
+    const bool nccl = use_nccl && !cpu && NcclGroup::Available(&why);
     name += nccl ? absl::StrCat(" + NCCL all-reduce over ", gpus, " GPUs")
                  : " + copies to tower 0's device";
+    if (use_nccl && !cpu && !nccl) absl::StrAppend(&name, " (NCCL unavailable: ", why, ")");
   }
   return std::make_unique<DeviceReducer>(name, use_nccl);
 }

@@ -18,8 +18,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <random>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -221,14 +224,35 @@ int main(int argc, char** argv) {
   const std::string which = absl::GetFlag(FLAGS_devices);
   const bool want_cpu = which.find("cpu") != std::string::npos;
   const bool want_gpu = which.find("gpu") != std::string::npos;
-  const bool have_gpu = towerps::worker::CudaBackendBuilt() && !gpus.devices.empty();
+  bool have_gpu = towerps::worker::CudaBackendBuilt() && !gpus.devices.empty();
   if (want_gpu && !have_gpu) {
     std::printf("(gpu rows skipped: %s)\n", towerps::worker::CudaBackendBuilt()
                                                 ? "no GPU visible"
                                                 : "built without CUDA");
   }
+  if (want_gpu && have_gpu) {
+    // A GPU that is listed but unusable (a driver older than the runtime, a
+    // GPU taken exclusively by another process) fails here; say so and
+    // measure the CPU, as without a GPU.
+    const auto probe = towerps::worker::NewCudaBackend(0);
+    if (!probe.ok()) {
+      have_gpu = false;
+      std::printf("(gpu rows skipped: cannot create a CUDA backend on GPU 0: %s)\n",
+                  probe.status().ToString().c_str());
+    }
+  }
   towerps::worker::BackendMaker cpu = [] { return towerps::worker::NewCpuBackend(); };
-  towerps::worker::BackendMaker gpu = [] { return std::move(*towerps::worker::NewCudaBackend(0)); };
+  towerps::worker::BackendMaker gpu = [] {
+    auto backend = towerps::worker::NewCudaBackend(0);
+    if (!backend.ok()) {
+      // The probe above succeeded, so this is a failure in the middle of a
+      // run (out of memory for another stream or handle): no row can be
+      // measured meaningfully any more; stop, as Measure does on errors.
+      std::fprintf(stderr, "gpu: NewCudaBackend(0): %s\n", backend.status().ToString().c_str());
+      std::exit(1);
+    }
+    return std::move(*backend);
+  };
   auto print = [&](const towerps::worker::Row& r) {
     total_wrong += r.wrong;
     std::printf("%-6s %-20s %6d %6lld %12.0f %11.2f %11.2f %8.3f %7lld\n", r.device.c_str(),

@@ -12,24 +12,29 @@ targets=(//worker:backend_cuda_test //worker:nccl_reduce_test //common:cuda_memo
          //tests/bench:worker_throughput //worker:worker //ps:ps)
 bazel build -c opt "${targets[@]}"
 out=gpu-bundle
-rm -rf "$out" && mkdir -p "$out/bin" "$out/lib"
+rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/lib-fallback"
 for t in "${targets[@]}"; do
   p=${t#//}; bin="bazel-bin/${p%%:*}/${p##*:}"
   cp -L "$bin" "$out/bin/"
   # Libraries from this machine's Debian packages; not glibc, not the CUDA
   # driver, and not cudart, cuBLAS or NCCL: the GPU machine has CUDA 13 with
-  # them (tests/gpu/run.sh finds them there), and they are 800 MB.
+  # them (tests/gpu/run.sh finds them there), and they are 800 MB. (NCCL is
+  # loaded with dlopen; without it the NCCL test fails and training falls back
+  # to copies, saying so.)
   ldd "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libcudart*|libcublas*|libnccl*) ;;
+      # Debian 12's C++ runtime needs glibc 2.36: used there only when the
+      # machine's own is too old for these binaries (run.sh decides).
+      libstdc++.so*|libgcc_s.so*) cp -Ln "$lib" "$out/lib-fallback/" 2>/dev/null || true ;;
       *) cp -Ln "$lib" "$out/lib/" 2>/dev/null || true ;;
     esac
   done
 done
 # Fashion-MNIST (the Debian package's files) for the training runs.
 mkdir -p "$out/data" && cp /usr/share/datasets/fashion-mnist/*.gz "$out/data/"
-strip --strip-unneeded "$out"/lib/*.so* "$out"/bin/* 2>/dev/null || true
+strip --strip-unneeded "$out"/lib/*.so* "$out"/lib-fallback/*.so* "$out"/bin/* 2>/dev/null || true
 # One compressed file travels (the device tool carries at most 64 MiB).
-tar -C "$out" -cJf gpu-bundle.tar.xz bin lib data
+tar -C "$out" -cJf gpu-bundle.tar.xz bin lib lib-fallback data
 rm -rf "$out" && mkdir -p "$out" && mv gpu-bundle.tar.xz "$out/"
 du -sh "$out"

@@ -13,7 +13,23 @@ cuda_dirs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib
   $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)))' 2>/dev/null) \
   2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH="$B/lib:${cuda_dirs}${LD_LIBRARY_PATH:-}"
+# The machine's own libstdc++/libgcc_s unless they are too old for these
+# binaries; then the bundle's (Debian 12's, which need glibc 2.36).
+unresolved() { for b in "$B"/bin/*; do ldd "$b" 2>&1; done | grep "not found" | sort -u; }
+if [ -n "$(unresolved)" ]; then
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$B/lib-fallback"
+  echo "using the bundle's C++ runtime ($B/lib-fallback)"
+fi
+if [ -n "$(unresolved)" ]; then
+  echo "cannot run the bundle here ($(ldd --version | head -n 1)):"
+  unresolved
+  exit 1
+fi
 nvidia-smi -L || true
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+# Where nvidia-smi lists a GPU, a GPU test that finds none fails instead of
+# skipping (a driver too old for the CUDA runtime, a stub libcuda).
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then export TOWERPS_REQUIRE_GPU=1; fi
 rc=0
 for t in backend_cuda_test nccl_reduce_test cuda_memory_test; do
   echo "== $t"
