@@ -46,113 +46,104 @@ float Value(int r, int64_t i) {
   return static_cast<float>((r + 1) * (i % 97 - 48)) + 0.5f * r;
 }
 
-TEST(NcclGroupTest, AllReduceSumsOverEveryVisibleGpu) {
-  if (!NcclGroup::Available()) GTEST_SKIP() << "NCCL unavailable";
-  const common::GpuInfo info = common::QueryGpus();
-  TOWERPS_SKIP_WITHOUT_GPU(info);
-  std::vector<int> gpus;
-  for (const auto& device : info.devices) gpus.push_back(device.index);
-  const int ranks = static_cast<int>(gpus.size());
-
-  auto group = NcclGroup::Create(gpus);
-  ASSERT_TRUE(group.ok()) << group.status();
-  EXPECT_EQ((*group)->size(), ranks);
-  if (ranks == 1) {
-    // Said in the output, since it limits what this test shows.
-    std::printf("note: 1 GPU, so 1 rank: NCCL runs, but a sum over one rank "
-                "equals its input\n");
+// A group over every visible GPU, with one backend per GPU for device
+// memory and copies.
+class NcclOnGpusTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!NcclGroup::Available()) GTEST_SKIP() << "NCCL unavailable";
+    const common::GpuInfo info = common::QueryGpus();
+    TOWERPS_SKIP_WITHOUT_GPU(info);
+    std::vector<int> gpus;
+    for (const auto& device : info.devices) gpus.push_back(device.index);
+    ranks_ = static_cast<int>(gpus.size());
+    auto group = NcclGroup::Create(gpus);
+    ASSERT_TRUE(group.ok()) << group.status();
+    group_ = std::move(*group);
+    EXPECT_EQ(group_->size(), ranks_);
+    if (ranks_ == 1) {
+      // Said in the output, since it limits what these tests show.
+      std::printf("note: 1 GPU, so 1 rank: NCCL runs, but a sum over one rank "
+                  "equals its input\n");
+    }
+    for (int gpu : gpus) {
+      auto backend = NewCudaBackend(gpu);
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      backends_.push_back(std::move(*backend));
+    }
   }
-  // The backends only provide device memory and copies here.
-  std::vector<std::unique_ptr<Backend>> backends;
-  for (int gpu : gpus) {
-    auto backend = NewCudaBackend(gpu);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    backends.push_back(std::move(*backend));
+
+  // Rank r's buffer of n floats holding Value(r, i) + offset.
+  float* Upload(int r, int64_t n, float offset) {
+    auto p = backends_[r]->Allocate(std::max<int64_t>(n, 1));
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return nullptr;
+    std::vector<float> host(n);
+    for (int64_t i = 0; i < n; ++i) host[i] = Value(r, i) + offset;
+    backends_[r]->CopyFromHost(host.data(), n, *p);  // Synchronous.
+    return *p;
   }
 
+  // Rank r's buffer holds the sum over ranks of Upload(., n, offset)'s
+  // values; then frees it.
+  void ExpectSumAndFree(int r, float* buffer, int64_t n, float offset,
+                        const std::string& what) {
+    std::vector<float> got(n);
+    ASSERT_TRUE(backends_[r]->CopyToHost(buffer, n, got.data()).ok());
+    for (int64_t i = 0; i < n; ++i) {
+      float want = 0.0f;
+      for (int s = 0; s < ranks_; ++s) want += Value(s, i) + offset;
+      ASSERT_EQ(got[i], want) << what << " rank " << r << " element " << i;
+    }
+    backends_[r]->Free(buffer);
+  }
+
+  int ranks_ = 0;
+  std::unique_ptr<NcclGroup> group_;
+  std::vector<std::unique_ptr<Backend>> backends_;
+};
+
+TEST_F(NcclOnGpusTest, AllReduceSumsOverEveryVisibleGpu) {
   for (int64_t n : {int64_t{1}, int64_t{1000003}}) {
-    std::vector<float*> buffers(ranks);
-    for (int r = 0; r < ranks; ++r) {
-      auto p = backends[r]->Allocate(n);
-      ASSERT_TRUE(p.ok()) << p.status();
-      buffers[r] = *p;
-      std::vector<float> host(n);
-      for (int64_t i = 0; i < n; ++i) host[i] = Value(r, i);
-      backends[r]->CopyFromHost(host.data(), n, buffers[r]);  // Synchronous.
-    }
-    const absl::Status status = (*group)->AllReduceSum(buffers, n);
+    std::vector<float*> buffers(ranks_);
+    for (int r = 0; r < ranks_; ++r) buffers[r] = Upload(r, n, 0.0f);
+    const absl::Status status = group_->AllReduceSum(buffers, n);
     ASSERT_TRUE(status.ok()) << status;
-    for (int r = 0; r < ranks; ++r) {
-      std::vector<float> got(n);
-      ASSERT_TRUE(backends[r]->CopyToHost(buffers[r], n, got.data()).ok());
-      for (int64_t i = 0; i < n; ++i) {
-        float want = 0.0f;
-        for (int s = 0; s < ranks; ++s) want += Value(s, i);
-        ASSERT_EQ(got[i], want) << "rank " << r << " element " << i;
-      }
-      backends[r]->Free(buffers[r]);
+    for (int r = 0; r < ranks_; ++r) {
+      ExpectSumAndFree(r, buffers[r], n, 0.0f, "n=" + std::to_string(n));
     }
   }
-
-  EXPECT_TRUE((*group)->AllReduceSum(std::vector<float*>(ranks), 0).ok());
-  EXPECT_EQ((*group)->AllReduceSum(std::vector<float*>(ranks + 1), 1).code(),
+  EXPECT_TRUE(group_->AllReduceSum(std::vector<float*>(ranks_), 0).ok());
+  EXPECT_EQ(group_->AllReduceSum(std::vector<float*>(ranks_ + 1), 1).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*group)->AllReduceSum(std::vector<float*>(ranks), -1).code(),
+  EXPECT_EQ(group_->AllReduceSum(std::vector<float*>(ranks_), -1).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 // Several variables in one call (one NCCL group), sizes mixed, one empty;
 // a malformed op anywhere refuses the whole call before anything runs.
-TEST(NcclGroupTest, ManyOpsInOneGroupEachSumOverTheRanks) {
-  if (!NcclGroup::Available()) GTEST_SKIP() << "NCCL unavailable";
-  const common::GpuInfo info = common::QueryGpus();
-  TOWERPS_SKIP_WITHOUT_GPU(info);
-  std::vector<int> gpus;
-  for (const auto& device : info.devices) gpus.push_back(device.index);
-  const int ranks = static_cast<int>(gpus.size());
-  auto group = NcclGroup::Create(gpus);
-  ASSERT_TRUE(group.ok()) << group.status();
-  std::vector<std::unique_ptr<Backend>> backends;
-  for (int gpu : gpus) {
-    auto backend = NewCudaBackend(gpu);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    backends.push_back(std::move(*backend));
-  }
+TEST_F(NcclOnGpusTest, ManyOpsInOneGroupEachSumOverTheRanks) {
   const std::vector<int64_t> sizes = {300, 1, 0, 65537, 12};
   std::vector<NcclGroup::Op> ops;
   for (size_t k = 0; k < sizes.size(); ++k) {
     NcclGroup::Op op{{}, sizes[k]};
-    for (int r = 0; r < ranks; ++r) {
-      auto p = backends[r]->Allocate(std::max<int64_t>(sizes[k], 1));
-      ASSERT_TRUE(p.ok()) << p.status();
-      std::vector<float> host(sizes[k]);
-      // Offset by k so that a mix-up between ops shows.
-      for (int64_t i = 0; i < sizes[k]; ++i) host[i] = Value(r, i) + 1000.0f * k;
-      backends[r]->CopyFromHost(host.data(), sizes[k], *p);
-      op.buffers.push_back(*p);
-    }
+    // Offset by k so that a mix-up between ops shows.
+    for (int r = 0; r < ranks_; ++r) op.buffers.push_back(Upload(r, sizes[k], 1000.0f * k));
     ops.push_back(op);
   }
   std::vector<NcclGroup::Op> bad = ops;
   bad.back().buffers.pop_back();
-  EXPECT_EQ((*group)->AllReduceSum(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(group_->AllReduceSum(bad).code(), absl::StatusCode::kInvalidArgument);
   bad = ops;
   bad[1].n = -1;
-  EXPECT_EQ((*group)->AllReduceSum(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(group_->AllReduceSum(bad).code(), absl::StatusCode::kInvalidArgument);
 
   // The refused calls left the buffers alone: one real call sums once.
-  const absl::Status status = (*group)->AllReduceSum(ops);
+  const absl::Status status = group_->AllReduceSum(ops);
   ASSERT_TRUE(status.ok()) << status;
   for (size_t k = 0; k < sizes.size(); ++k) {
-    for (int r = 0; r < ranks; ++r) {
-      std::vector<float> got(sizes[k]);
-      ASSERT_TRUE(backends[r]->CopyToHost(ops[k].buffers[r], sizes[k], got.data()).ok());
-      for (int64_t i = 0; i < sizes[k]; ++i) {
-        float want = 0.0f;
-        for (int s = 0; s < ranks; ++s) want += Value(s, i) + 1000.0f * k;
-        ASSERT_EQ(got[i], want) << "op " << k << " rank " << r << " element " << i;
-      }
-      backends[r]->Free(ops[k].buffers[r]);
+    for (int r = 0; r < ranks_; ++r) {
+      ExpectSumAndFree(r, ops[k].buffers[r], sizes[k], 1000.0f * k, "op " + std::to_string(k));
     }
   }
 }
