@@ -4,32 +4,13 @@
 #include <fstream>
 #include <sstream>
 
+#include "client/export_chunk_test_util.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 
 namespace towerps::client {
 namespace {
-
-std::string Floats(std::initializer_list<float> v) {
-  std::string s(v.size() * 4, '\0');
-  std::memcpy(s.data(), v.begin(), s.size());
-  return s;
-}
-
-v1::ExportChunk Chunk(const std::string& name, std::vector<int64_t> shape, int64_t offset,
-                      std::string data, int64_t step = 7) {
-  v1::ExportChunk c;
-  if (!name.empty()) {
-    c.mutable_def()->set_name(name);
-    for (int64_t d : shape) c.mutable_def()->add_shape(d);
-    c.mutable_def()->set_dtype(v1::DT_FLOAT32);
-  }
-  c.set_offset(offset);
-  c.set_data(std::move(data));
-  c.set_global_step(step);
-  return c;
-}
 
 struct Parsed {
   google::protobuf::Struct header;

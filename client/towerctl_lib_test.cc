@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/export_chunk_test_util.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc.h"
 #include "google/protobuf/struct.pb.h"
@@ -28,12 +29,7 @@ namespace towerps::client {
 namespace {
 
 constexpr double kT0 = 1.7e9;  // Submit time of the canned jobs.
-
-std::string Floats(std::initializer_list<float> v) {
-  std::string s(v.size() * 4, '\0');
-  std::memcpy(s.data(), v.begin(), s.size());
-  return s;
-}
+constexpr int64_t kStep = 468;  // The canned job's exported step.
 
 v1::JobEvent Event(int64_t seq, v1::JobEvent::Kind kind, const std::string& message = "",
                    v1::JobState state = v1::JOB_STATE_UNSPECIFIED, int64_t step = 0) {
@@ -56,20 +52,6 @@ v1::JobEvent Event(int64_t seq, v1::JobEvent::Kind kind, const std::string& mess
     m->set_learning_rate(0.01);
   }
   return e;
-}
-
-v1::ExportChunk Chunk(const std::string& name, std::vector<int64_t> shape, int64_t offset,
-                      std::string data) {
-  v1::ExportChunk c;
-  if (!name.empty()) {
-    c.mutable_def()->set_name(name);
-    for (int64_t d : shape) c.mutable_def()->add_shape(d);
-    c.mutable_def()->set_dtype(v1::DT_FLOAT32);
-  }
-  c.set_offset(offset);
-  c.set_data(std::move(data));
-  c.set_global_step(468);
-  return c;
 }
 
 // A chief with canned, consistent state:
@@ -298,14 +280,14 @@ class FakeJobService final : public v1::JobService::Service {
   grpc::Status ExportWeights(grpc::ServerContext*, const v1::ExportRequest* req,
                              grpc::ServerWriter<v1::ExportChunk>* writer) override {
     if (req->job_id() == "mnist") {
-      writer->Write(Chunk("dense_0/kernel", {2, 3}, 0, Floats({1, 2, 3, 4})));
-      writer->Write(Chunk("", {}, 4, Floats({5, 6})));
-      writer->Write(Chunk("dense_0/bias", {3}, 0, Floats({7, 8, 9})));
+      writer->Write(Chunk("dense_0/kernel", {2, 3}, 0, Floats({1, 2, 3, 4}), kStep));
+      writer->Write(Chunk("", {}, 4, Floats({5, 6}), kStep));
+      writer->Write(Chunk("dense_0/bias", {3}, 0, Floats({7, 8, 9}), kStep));
       return grpc::Status::OK;
     }
     if (req->job_id() == "gappy") {
-      writer->Write(Chunk("w", {4}, 0, Floats({1})));
-      writer->Write(Chunk("", {}, 2, Floats({3, 4})));
+      writer->Write(Chunk("w", {4}, 0, Floats({1}), kStep));
+      writer->Write(Chunk("", {}, 2, Floats({3, 4}), kStep));
       return grpc::Status::OK;
     }
     return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such job");

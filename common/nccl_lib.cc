@@ -5,6 +5,9 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
 namespace towerps::common {
 namespace {
 
@@ -57,16 +60,10 @@ const NcclLib* Nccl(std::string* why) {
   static std::string* error = new std::string();
   std::call_once(once, [] {
     std::vector<std::string> paths = {"libnccl.so.2"};
-#ifdef TOWERPS_CUDA_LIBDIRS
-    // Colon-separated, from the toolkit found at build time.
-    const std::string dirs = TOWERPS_CUDA_LIBDIRS;
-    for (size_t b = 0; b <= dirs.size();) {
-      size_t e = dirs.find(':', b);
-      if (e == std::string::npos) e = dirs.size();
-      if (e > b) paths.push_back(dirs.substr(b, e - b) + "/libnccl.so.2");
-      b = e + 1;
+    // Colon-separated, from the toolkit found at build time (common/BUILD).
+    for (absl::string_view dir : absl::StrSplit(TOWERPS_CUDA_LIBDIRS, ':', absl::SkipEmpty())) {
+      paths.push_back(absl::StrCat(dir, "/libnccl.so.2"));
     }
-#endif
     auto* l = new NcclLib();
     for (const std::string& p : paths) {
       std::string err;

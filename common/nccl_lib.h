@@ -6,8 +6,8 @@
 // on first use leaves the rest working and turns its absence into a clear
 // answer ("NCCL unavailable: ...") that callers can fall back from.
 //
-// CUDA builds only, and plain C++ (no Abseil): nvcc compiles a file that
-// includes it. Thread-safe.
+// CUDA builds only. The header is plain C++ (no Abseil): nvcc compiles a
+// file that includes it. Thread-safe.
 #ifndef TOWERPS_COMMON_NCCL_LIB_H_
 #define TOWERPS_COMMON_NCCL_LIB_H_
 
