@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/fake_device_backend.h"
+#include "worker/reference_model.h"
 #include "worker/towers.h"
 
 namespace towerps::worker {
@@ -50,31 +51,48 @@ std::unique_ptr<common::DeviceManager> Cpus(int n, bool soft, std::vector<std::s
   return std::move(*m);
 }
 
-// Element by element within `tol` relative (0: bit-identical), and not all
-// zero.
-void ExpectSameGradients(const std::vector<common::Tensor*>& got,
-                         const std::vector<common::Tensor*>& want, double tol) {
-  ASSERT_EQ(got.size(), want.size());
+// Same loss, predictions and gradients, bit for bit: the same arithmetic
+// in the same order, on other devices.
+void ExpectIdentical(Model& a, Model& b, const Batch& batch) {
+  auto ra = a.ComputeGradients(batch);
+  auto rb = b.ComputeGradients(batch);
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  EXPECT_EQ(ra->loss_sum, rb->loss_sum);
+  EXPECT_EQ(ra->correct, rb->correct);
+  const std::vector<common::Tensor*> ga = a.gradients(), gb = b.gradients();
+  ASSERT_EQ(ga.size(), gb.size());
   double norm = 0;
-  for (size_t v = 0; v < got.size(); ++v) {
-    for (int64_t i = 0; i < got[v]->num_elements(); ++i) {
-      const float x = (*got[v])[i], y = (*want[v])[i];
-      ASSERT_NEAR(x, y, tol * (std::abs(y) + 1e-3)) << "variable " << v << " element " << i;
-      norm += std::abs(y);
+  for (size_t v = 0; v < ga.size(); ++v) {
+    for (int64_t i = 0; i < ga[v]->num_elements(); ++i) {
+      ASSERT_EQ((*ga[v])[i], (*gb[v])[i]) << "variable " << v << " element " << i;
+      norm += std::abs((*gb[v])[i]);
     }
   }
   EXPECT_GT(norm, 1e-3);
 }
 
-// Compares two models' results and gradients on `batch`.
-void ExpectSame(Model& a, Model& b, const Batch& batch, double tol) {
+// Both models' results within the float error bound of the exact (double)
+// result for `spec` (see worker/reference_model.h): they sum in different
+// orders (micro-batches, towers), so they may differ from each other in the
+// last bits, but neither may be further from the exact value than its
+// roundings allow. `extra_roundings`: the accumulations the split adds.
+void ExpectBothExact(Model& a, Model& b, const v1::ModelSpec& spec, const Batch& batch,
+                     int64_t extra_roundings) {
   auto ra = a.ComputeGradients(batch);
   auto rb = b.ComputeGradients(batch);
   ASSERT_TRUE(ra.ok()) << ra.status();
   ASSERT_TRUE(rb.ok()) << rb.status();
-  EXPECT_NEAR(ra->loss_sum, rb->loss_sum, tol * std::abs(rb->loss_sum));
-  EXPECT_EQ(ra->correct, rb->correct);
-  ExpectSameGradients(a.gradients(), b.gradients(), tol);
+  auto ref = ComputeReferenceGradients(spec, b.weights(), batch);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ExpectLossWithinFloatBound(ra->loss_sum, *ref, extra_roundings, "split");
+  ExpectLossWithinFloatBound(rb->loss_sum, *ref, 0, "whole");
+  if (!batch.labels.empty()) {
+    EXPECT_EQ(ra->correct, ref->correct);
+    EXPECT_EQ(rb->correct, ref->correct);
+  }
+  ExpectWithinFloatBound(a.gradients(), *ref, extra_roundings, "split");
+  ExpectWithinFloatBound(b.gradients(), *ref, 0, "whole");
 }
 
 TEST(DevicePlacerTest, ClassicLayoutOverThreeCpusMatchesUnsplit) {
@@ -104,7 +122,7 @@ TEST(DevicePlacerTest, ClassicLayoutOverThreeCpusMatchesUnsplit) {
   ASSERT_EQ(log.size(), 4u);
   EXPECT_EQ(log[1], "layer \"dense_1\": /job:worker/replica:0/task:0/device:CPU:1");
 
-  ExpectSame(**split, **whole, RandomBatch(), 0);
+  ExpectIdentical(**split, **whole, RandomBatch());
 }
 
 TEST(DevicePlacerTest, SplitOverDeviceMemoryMatchesUnsplit) {
@@ -124,7 +142,7 @@ TEST(DevicePlacerTest, SplitOverDeviceMemoryMatchesUnsplit) {
   ASSERT_TRUE(whole.ok());
   (*split)->InitializeWeights();
   (*whole)->InitializeWeights();
-  ExpectSame(**split, **whole, RandomBatch(), 0);
+  ExpectIdentical(**split, **whole, RandomBatch());
   EXPECT_TRUE(violations.empty()) << violations[0];
   // Evaluation takes the same path.
   auto ea = (*split)->Evaluate(RandomBatch());
@@ -133,7 +151,7 @@ TEST(DevicePlacerTest, SplitOverDeviceMemoryMatchesUnsplit) {
   EXPECT_DOUBLE_EQ(ea->loss_sum, eb->loss_sum);
   // And with micro-batches: a pipeline of device threads.
   (*split)->set_micro_batches(4);
-  ExpectSame(**split, **whole, RandomBatch(), 1e-5);
+  ExpectBothExact(**split, **whole, Spec(), RandomBatch(), 4);
   EXPECT_TRUE(violations.empty()) << violations[0];
 }
 
@@ -166,9 +184,9 @@ TEST(DevicePlacerTest, MicroBatchPipelineMatchesNoMicroBatching) {
         for (int64_t i = 0; i < 45; ++i) batch.targets[i] = std::sin(i * 0.7);
       }
       SCOPED_TRACE(testing::Message() << "loss " << loss << ", " << micro << " micro-batches");
-      ExpectSame(**split, **whole, batch, 1e-5);
+      ExpectBothExact(**split, **whole, plain, batch, micro);
       // A second step reuses the buffers and still agrees.
-      ExpectSame(**split, **whole, batch, 1e-5);
+      ExpectBothExact(**split, **whole, plain, batch, micro);
     }
   }
 }
@@ -232,8 +250,15 @@ TEST(DevicePlacerTest, TowersOfSplitModelsMatchOneDevice) {
   auto rw = (*whole)->ComputeGradients(batch);
   ASSERT_TRUE(rt.ok()) << rt.status();
   ASSERT_TRUE(rw.ok());
-  EXPECT_NEAR(rt->loss_sum, rw->loss_sum, 1e-5 * rw->loss_sum);
-  ExpectSameGradients((*towers)->gradients(), (*whole)->gradients(), 1e-5);
+  // Two towers of two micro-batches each: the micro-batch sums (2), each
+  // tower's weighting and the sum over towers (2 x 2) and the final scale
+  // (1), with one to spare: 8 roundings on top of one device's.
+  auto ref = ComputeReferenceGradients(Spec(), (*whole)->weights(), batch);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ExpectLossWithinFloatBound(rt->loss_sum, *ref, 8, "towers");
+  ExpectLossWithinFloatBound(rw->loss_sum, *ref, 0, "whole");
+  ExpectWithinFloatBound((*towers)->gradients(), *ref, 8, "towers");
+  ExpectWithinFloatBound((*whole)->gradients(), *ref, 0, "whole");
 }
 
 TEST(DevicePlacerTest, MissingDeviceIsAnErrorListingDevices) {

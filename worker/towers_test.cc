@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/fake_device_backend.h"
+#include "worker/reference_model.h"
 
 namespace towerps::worker {
 namespace {
@@ -46,6 +47,27 @@ std::unique_ptr<Towers> Make(const v1::ModelSpec& spec, int n) {
   return std::move(*t);
 }
 
+// One device and `towers` towers both within the float error bound of the
+// exact gradient (worker/reference_model.h). The towers add, per element,
+// each tower's weighting and the sum over towers (2 x towers) and the final
+// scale, with one to spare.
+int64_t TowerRoundings(int towers) { return 2 * towers + 2; }
+
+void ExpectBothExact(const v1::ModelSpec& spec, const Batch& batch, Towers& one,
+                     const LossResult& r1, Towers& many, const LossResult& rn) {
+  auto ref = ComputeReferenceGradients(spec, one.weights(), batch);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  const int64_t extra = TowerRoundings(many.num_towers());
+  ExpectLossWithinFloatBound(r1.loss_sum, *ref, 0, "one device");
+  ExpectLossWithinFloatBound(rn.loss_sum, *ref, extra, "towers");
+  if (!batch.labels.empty()) {
+    EXPECT_EQ(r1.correct, ref->correct);
+    EXPECT_EQ(rn.correct, ref->correct);
+  }
+  ExpectWithinFloatBound(one.gradients(), *ref, 0, "one device");
+  ExpectWithinFloatBound(many.gradients(), *ref, extra, "towers");
+}
+
 void ExpectSameGradients(v1::LossType loss, int rows, int towers) {
   const v1::ModelSpec spec = Spec(loss);
   const Batch batch = RandomBatch(rows, loss != v1::SOFTMAX_CROSS_ENTROPY);
@@ -55,20 +77,7 @@ void ExpectSameGradients(v1::LossType loss, int rows, int towers) {
   auto rn = many->ComputeGradients(batch);
   ASSERT_TRUE(r1.ok()) << r1.status();
   ASSERT_TRUE(rn.ok()) << rn.status();
-  EXPECT_NEAR(rn->loss_sum, r1->loss_sum, 1e-4 * std::abs(r1->loss_sum) + 1e-6);
-  EXPECT_EQ(rn->correct, r1->correct);
-  auto g1 = one->gradients();
-  auto gn = many->gradients();
-  ASSERT_EQ(g1.size(), gn.size());
-  double norm = 0;
-  for (size_t v = 0; v < g1.size(); ++v) {
-    for (int64_t i = 0; i < g1[v]->num_elements(); ++i) {
-      const float a = (*g1[v])[i], b = (*gn[v])[i];
-      ASSERT_NEAR(b, a, 1e-5f + 1e-4f * std::abs(a)) << "variable " << v << " element " << i;
-      norm += std::abs(a);
-    }
-  }
-  EXPECT_GT(norm, 1e-3);  // the gradients are not trivially zero
+  ExpectBothExact(spec, batch, *one, *r1, *many, *rn);
 }
 
 TEST(TowersTest, FourTowersEqualOneDeviceOnTheWholeBatch) {
@@ -141,23 +150,17 @@ TEST(TowersTest, DeviceMemoryTowersReduceOnTheDevicesAndEqualOneDevice) {
   ASSERT_TRUE(r1.ok()) << r1.status();
   ASSERT_TRUE(rn.ok()) << rn.status();
   EXPECT_TRUE(violations.empty()) << violations[0];
-  EXPECT_NEAR(rn->loss_sum, r1->loss_sum, 1e-4 * std::abs(r1->loss_sum));
-  EXPECT_EQ(rn->correct, r1->correct);
-  auto g1 = one->gradients();
-  auto gn = (*many)->gradients();
-  for (size_t v = 0; v < g1.size(); ++v) {
-    for (int64_t i = 0; i < g1[v]->num_elements(); ++i) {
-      const float a = (*g1[v])[i], b = (*gn[v])[i];
-      ASSERT_NEAR(b, a, 1e-5f + 1e-4f * std::abs(a)) << "variable " << v << " element " << i;
-    }
-  }
+  ExpectBothExact(spec, batch, *one, *r1, **many, *rn);
   // A second step with new weights uploads them again.
   for (common::Tensor* w : (*many)->weights()) w->Fill(0.01f);
   for (common::Tensor* w : one->weights()) w->Fill(0.01f);
   r1 = one->ComputeGradients(batch);
   rn = (*many)->ComputeGradients(batch);
+  ASSERT_TRUE(r1.ok()) << r1.status();
   ASSERT_TRUE(rn.ok()) << rn.status();
-  EXPECT_NEAR(rn->loss_sum, r1->loss_sum, 1e-4 * std::abs(r1->loss_sum));
+  auto ref = ComputeReferenceGradients(spec, one->weights(), batch);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ExpectLossWithinFloatBound(rn->loss_sum, *ref, TowerRoundings(4), "towers, second step");
 }
 
 TEST(TowersTest, BadArgumentsAreRejected) {
