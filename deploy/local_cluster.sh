@@ -51,15 +51,10 @@ else
   BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
 fi
 
-# Free ports: ask the kernel for them unless a base port was given.
+# Free ports (see free_ports.py for why not the kernel's port 0) unless a
+# base port was given.
 pick_ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(",".join("127.0.0.1:%d" % s.getsockname()[1] for s in socks))
-PY
+  python3 "$(dirname "${BASH_SOURCE[0]}")/free_ports.py" "$1" | sed 's/\([0-9][0-9]*\)/127.0.0.1:\1/g'
 }
 if [ -n "$BASE_PORT" ]; then
   PS_HOSTS=$(seq -s, "$BASE_PORT" $((BASE_PORT + NUM_PS - 1)) | sed 's/\([0-9]*\)/127.0.0.1:\1/g')

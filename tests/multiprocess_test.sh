@@ -14,14 +14,8 @@ FAILS=0 PASSES=0
 pass() { echo "PASS: $1"; PASSES=$((PASSES + 1)); }
 fail() { echo "FAIL: $1"; FAILS=$((FAILS + 1)); }
 
-ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-s = [socket.socket() for _ in range(int(sys.argv[1]))]
-for x in s: x.bind(("127.0.0.1", 0))
-print(" ".join(str(x.getsockname()[1]) for x in s))
-PY
-}
+# N free ports, space-separated (deploy/free_ports.py says why not port 0).
+ports() { python3 "$PWD/deploy/free_ports.py" "$1" --sep=" "; }
 
 # expect_reject NAME WANT_SUBSTRING -- command...
 expect_reject() {
@@ -49,10 +43,11 @@ expect_reject "bad virtual devices" 'entry "CPU=0": zero count' -- "$WORKER_BIN"
 expect_reject "device memory limit" 'does not fit its devices: layer "dense_1": /job:worker/replica:0/task:0/device:CPU:1: cannot allocate 8008000 bytes' -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --model=dense_stack --virtual_devices=CPU=1x2 --layout=classic
 expect_reject "bad batch size" "global_batch_size = -4" -- "$WORKER_BIN" --ps_hosts=127.0.0.1:1 --worker_hosts=127.0.0.1:2 --job_name=worker --batch_size=-4
 
-# run_cluster NAME NUM_PS NUM_WORKERS DELAY_PS_S WORKER_FLAGS...
-# Starts workers first and the ps DELAY_PS_S later (workers must wait for them).
+# run_cluster NAME NUM_PS NUM_WORKERS WORKER_FLAGS...
+# Starts the workers first, then the servers (workers wait for them; see
+# cluster_faults_test for servers that come up late).
 run_cluster() {
-  local name="$1" nps="$2" nw="$3" delay="$4"; shift 4
+  local name="$1" nps="$2" nw="$3"; shift 3
   local p=($(ports $((nps + nw))))
   local ps_hosts="" wk_hosts=""
   for ((i = 0; i < nps; i++)); do ps_hosts+="${ps_hosts:+,}127.0.0.1:${p[$i]}"; done
@@ -64,7 +59,6 @@ run_cluster() {
       --task_index=$i --log_every_steps=0 "$@" >"$dir/worker$i.log" 2>&1 &
     wpids+=($!); PIDS+=($!)
   done
-  sleep "$delay"
   local pspids=()
   for ((i = 0; i < nps; i++)); do
     timeout 200 "$PS_BIN" --ps_hosts="$ps_hosts" --worker_hosts="$wk_hosts" --job_name=ps \
@@ -91,15 +85,15 @@ expect_trained() {
 }
 
 echo "== sync training: 2 ps, 2 workers, workers started before the servers"
-run_cluster sync 2 2 1 --mode=sync --max_train_examples=4000 --max_test_examples=1000 --epochs=2
+run_cluster sync 2 2 --mode=sync --max_train_examples=4000 --max_test_examples=1000 --epochs=2
 expect_trained sync 32 0.70
 
 echo "== async training: every gradient applied (steps = workers x iterations)"
-run_cluster async 2 2 0 --mode=async --max_train_examples=4000 --max_test_examples=1000 --epochs=2
+run_cluster async 2 2 --mode=async --max_train_examples=4000 --max_test_examples=1000 --epochs=2
 expect_trained async 64 0.65
 
 echo "== sync with shards of different sizes finishes (1001 examples, batch 10)"
-run_cluster uneven 1 2 0 --mode=sync --max_train_examples=1001 --max_test_examples=200 --batch_size=10 --epochs=1
+run_cluster uneven 1 2 --mode=sync --max_train_examples=1001 --max_test_examples=200 --batch_size=10 --epochs=1
 steps=$(final_field steps)
 if [ "$RC" -eq 0 ] && [ "$steps" = "101" ] && grep -q "done: 101 iterations" "$DIR/worker1.log"; then
   pass "uneven shards: steps=$steps"
@@ -108,14 +102,14 @@ else
 fi
 
 echo "== towers and layers on CPU virtual devices, placement logged"
-run_cluster devices 1 1 0 --virtual_devices=CPU=3 --towers=3 --log_device_placement --max_train_examples=600 --max_test_examples=200 --epochs=1
+run_cluster devices 1 1 --virtual_devices=CPU=3 --towers=3 --log_device_placement --max_train_examples=600 --max_test_examples=200 --epochs=1
 if [ "$RC" -eq 0 ] && grep -q "tower 2: /job:worker/replica:0/task:0/device:CPU:2" "$DIR/worker0.log" \
    && grep -q '^final: ' "$DIR/worker0.log"; then
   pass "3 towers on CPU:0-2"
 else
   fail "towers on devices: rc=$RC"; tail -n 5 "$DIR"/*.log
 fi
-run_cluster layers 1 1 0 --virtual_devices=CPU=3 --layout=classic --log_device_placement --max_train_examples=600 --max_test_examples=200 --epochs=1
+run_cluster layers 1 1 --virtual_devices=CPU=3 --layout=classic --log_device_placement --max_train_examples=600 --max_test_examples=200 --epochs=1
 if [ "$RC" -eq 0 ] && grep -q 'layer "dense_2": /job:worker/replica:0/task:0/device:CPU:2' "$DIR/worker0.log" \
    && grep -q '^final: ' "$DIR/worker0.log"; then
   pass "layers split over CPU:0-2 (classic layout)"
@@ -123,7 +117,7 @@ else
   fail "layers on devices: rc=$RC"; tail -n 5 "$DIR"/*.log
 fi
 
-run_cluster pipeline 1 1 0 --virtual_devices=CPU=6 --towers=2 --layout=classic --micro_batches=3 --log_device_placement --max_train_examples=600 --max_test_examples=200 --epochs=1
+run_cluster pipeline 1 1 --virtual_devices=CPU=6 --towers=2 --layout=classic --micro_batches=3 --log_device_placement --max_train_examples=600 --max_test_examples=200 --epochs=1
 if [ "$RC" -eq 0 ] && grep -q 'tower 1 layers: /job:worker/replica:0/task:0/device:CPU:3, .*device:CPU:5' "$DIR/worker0.log" \
    && grep -q '3 micro-batches per tower step, 3 pipeline stage(s)' "$DIR/worker0.log" \
    && grep -q '^final: ' "$DIR/worker0.log"; then
@@ -140,7 +134,9 @@ PSPID=$!; PIDS+=($PSPID)
 COMMON=(--ps_hosts=$PSH --worker_hosts=$WKH --job_name=worker --max_train_examples=512 --max_test_examples=100 --epochs=1 --log_every_steps=0)
 timeout 120 "$WORKER_BIN" "${COMMON[@]}" --task_index=0 >"$dir/worker0.log" 2>&1 &
 W0=$!; PIDS+=($W0)
-for _ in $(seq 1 50); do grep -q "waiting for workers \[1\]" "$dir/ps0.log" && break; sleep 0.2; done
+# Polled with a deadline: the ps logs the wait every second once worker 0
+# has pushed step 0 (after loading the data, which is slow under load).
+for ((t = 0; t < 600; t++)); do grep -q "waiting for workers \[1\]" "$dir/ps0.log" && break; sleep 0.1; done
 if grep -q "waiting for workers \[1\]" "$dir/ps0.log"; then pass "ps names worker 1 as awaited"; else fail "no waiting log: $(cat "$dir/ps0.log")"; fi
 timeout 120 "$WORKER_BIN" "${COMMON[@]}" --task_index=1 >"$dir/worker1.log" 2>&1 &
 W1=$!; PIDS+=($W1)

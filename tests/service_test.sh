@@ -162,37 +162,54 @@ timeout 20 "$TOWERCTL" logs -f long >/dev/null 2>&1; rc=$?
 [ "$rc" -eq 1 ] && pass "following a cancelled job exits 1" || fail "logs -f cancelled: exit $rc"
 
 echo "== a stopped worker is named by towerctl status"
-job d.txtpb stall 3 ""
+# Long enough (6000 steps) that it cannot finish between the check that it
+# runs and the SIGSTOP; it is cancelled once the check is done.
+job d.txtpb stall 200 ""
 "$TOWERCTL" submit "$TMP/d.txtpb" >/dev/null
 wait_until_running stall
 W1=$(cat "$TOWERPS_LOG_DIR/worker1.pid")
 kill -STOP "$W1"
-sleep 4
-status=$("$TOWERCTL" status stall 2>&1)
-if grep -qE "waited [0-9.]+ s for worker 1" <<<"$status"; then
-  pass "status names worker 1: $(grep -m1 -E 'waited' <<<"$status" | sed 's/^ *//')"
+# The step worker 1 has not pushed is named once it has been open 2 s; only
+# worker 1 is awaited (worker 0 pushed it and waits in its pull).
+status=""
+for ((t = 0; t < 300; t++)); do
+  status=$("$TOWERCTL" status stall 2>&1)
+  grep -qE "waited [0-9.]+ s for worker" <<<"$status" && break
+  sleep 0.1
+done
+if grep -qE "waited [0-9.]+ s for worker 1 \(worker 1 does not answer status requests" <<<"$status"; then
+  pass "status names worker 1 alone: $(grep -m1 -E 'waited' <<<"$status" | sed 's/^ *//')"
 else
   fail "status while worker 1 stopped: $status"
 fi
+stalled=$("$TOWERCTL" --output=json status stall | jq_py 'int(d.get("live",{}).get("globalStep","0"))')
 kill -CONT "$W1"
-timeout 300 "$TOWERCTL" logs -f stall >/dev/null 2>&1; rc=$?
-[ "$rc" -eq 0 ] && pass "after SIGCONT the job completes" || fail "stall job: exit $rc"
+step=$stalled
+for ((t = 0; t < 300; t++)); do
+  step=$("$TOWERCTL" --output=json status stall 2>/dev/null | jq_py 'int(d.get("live",{}).get("globalStep","0"))' 2>/dev/null)
+  [ "${step:-0}" -gt "$stalled" ] && break
+  sleep 0.1
+done
+[ "${step:-0}" -gt "$stalled" ] && pass "after SIGCONT the job moves on (step $stalled -> $step)" || fail "stall job stuck at step $step after SIGCONT"
+"$TOWERCTL" cancel stall >/dev/null
+state=$("$TOWERCTL" --output=json status stall | jq_py 'd["job"]["state"]')
+[ "$state" = CANCELLED ] && pass "stall job cancelled" || fail "stall job state $state after cancel"
 
 echo "== a ps killed with SIGKILL and restarted: the job resumes from its last checkpoint"
-job r.txtpb reference 6 "checkpoint { every_steps: 15 }"
-job k.txtpb killed 6 "checkpoint { every_steps: 15 }"
+# 360 steps; ps 1 is killed as soon as the first checkpoint (step 15) is in
+# the MANIFEST, watched on disk (a towerctl poll would lag by dozens of steps).
+job r.txtpb reference 12 "checkpoint { every_steps: 15 }"
+job k.txtpb killed 12 "checkpoint { every_steps: 15 dir: \"$TMP/ckpt_killed\" }"
 "$TOWERCTL" submit "$TMP/r.txtpb" >/dev/null
 timeout 300 "$TOWERCTL" logs -f reference >/dev/null 2>&1 || fail "reference run"
 "$TOWERCTL" submit "$TMP/k.txtpb" >/dev/null
-for ((t = 0; t < 600; t++)); do
-  ck=$("$TOWERCTL" --output=json status killed 2>/dev/null | jq_py 'int(d["job"].get("checkpointStep","-1"))' 2>/dev/null)
-  [ "${ck:--1}" -ge 30 ] && break; sleep 0.1
-done
+for ((t = 0; t < 30000; t++)); do [ -s "$TMP/ckpt_killed/MANIFEST" ] && break; sleep 0.01; done
 P1=$(cat "$TOWERPS_LOG_DIR/ps1.pid")
 mapfile -d '' PS1_CMD <"/proc/$P1/cmdline"
 kill -9 "$P1"
-echo "killed ps 1 (pid $P1) after checkpoint step $ck"
-sleep 2
+echo "killed ps 1 (pid $P1) after the first checkpoint: $(ls "$TMP/ckpt_killed" | tr '\n' ' ')"
+# Restarted once the old process is gone and its port free.
+for ((t = 0; t < 300; t++)); do kill -0 "$P1" 2>/dev/null || break; sleep 0.05; done
 "${PS1_CMD[@]}" >"$TOWERPS_LOG_DIR/ps1.restarted.log" 2>&1 &
 EXTRA_PIDS+=($!)
 timeout 300 "$TOWERCTL" logs -f killed >"$TMP/killed.log" 2>&1; rc=$?

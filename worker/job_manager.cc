@@ -953,15 +953,20 @@ class JobManager::Impl {
     }
     for (auto& w : workers) *live.add_workers() = std::move(w);
     live.set_global_step(std::max<int64_t>(step, 0));
+    // Past the last step the servers still hold the next step open, but no
+    // worker will push it: the chief is evaluating or writing the final
+    // checkpoint, and nobody is waited for.
+    const int64_t total = record.metrics().total_steps();
+    const bool trained = total > 0 && step >= total;
     const bool sync = record.spec().mode() != v1::ASYNC;
-    if (sync) {
+    if (sync && !trained) {
       for (int w : waiting) live.add_waiting_for(w);
       live.set_waiting_s(waited);
     }
     // The most useful single line: a step stuck on some workers first (and
     // whether they answer at all), then unreachable tasks.
     std::string explanation;
-    if (sync && !waiting.empty() && waited >= 2.0) {
+    if (sync && !trained && !waiting.empty() && waited >= 2.0) {
       std::vector<std::string> silent;
       for (int w : waiting) {
         if (w < static_cast<int>(live.workers_size()) && !live.workers(w).reachable()) {
@@ -987,6 +992,10 @@ class JobManager::Impl {
         explanation = absl::StrCat("worker ", w.task_index(), " (", w.address(),
                                    ") is unreachable: ", w.error());
       }
+    }
+    if (explanation.empty() && trained) {
+      explanation = absl::StrCat("trained all ", total,
+                                 " steps: evaluating and writing the final checkpoint");
     }
     if (explanation.empty() && step < 0) {
       explanation = "starting: the servers do not hold the job's variables yet";
