@@ -2,6 +2,7 @@
 // they have.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include "common/gpu_info.h"
 #include "common/nccl_lib.h"
@@ -11,6 +12,7 @@ namespace towerps::common {
 GpuInfo QueryGpus() {
   GpuInfo info;
   info.cuda_built = true;
+  info.driver_loaded = access("/proc/driver/nvidia", F_OK) == 0;
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {

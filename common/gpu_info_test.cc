@@ -15,12 +15,26 @@ TEST(GpuInfoTest, AnswersWithoutCrashingAndDescribes) {
     // The libraries answer even without a GPU.
     EXPECT_GT(info.cublas_version, 0);
     EXPECT_GT(info.nccl_version, 0) << info.nccl_note;
-    if (info.devices.empty()) EXPECT_FALSE(info.note.empty());
+    if (info.devices.empty()) {
+      EXPECT_FALSE(info.note.empty());
+    }
     for (const auto& d : info.devices) EXPECT_GT(d.memory_bytes, 0);
   } else {
     EXPECT_TRUE(info.devices.empty());
     EXPECT_EQ(line, "CUDA: not built (CPU-only)");
   }
+}
+
+TEST(GpuInfoTest, NoGpuSaysSoPlainly) {
+  GpuInfo info;
+  info.cuda_built = true;
+  info.note = "CUDA driver version is insufficient for CUDA runtime version";
+  info.cublas_version = 130000;
+  EXPECT_EQ(DescribeGpus(info), "CUDA: no GPU found, running on CPU");
+  info.driver_loaded = true;  // a driver without a usable device: its words matter
+  EXPECT_EQ(DescribeGpus(info),
+            "CUDA: no usable GPU (CUDA driver version is insufficient for CUDA runtime "
+            "version), running on CPU");
 }
 
 TEST(GpuInfoTest, DescribeListsDevices) {
