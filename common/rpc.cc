@@ -96,10 +96,15 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
-  // Reconnect quickly after a server restart.
+  // Reconnect quickly after a server restart (or a late start): attempts
+  // 100 ms apart, growing to 1 s.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  // gRPC uses this one as the minimum *connect timeout* too (the deadline
+  // of one connection attempt, handshake included), not only as a backoff.
+  // At 100 ms, a freshly started server on a loaded machine missed it over
+  // and over ("tcp handshaker shutdown") for many seconds.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
