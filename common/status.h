@@ -14,10 +14,15 @@
 namespace towerps::common {
 
 // Converts between absl::Status and grpc::Status, keeping code and message.
+// A non-OK result never has an empty message: a peer that answers with a bare
+// code (an unknown method gives UNIMPLEMENTED with no text) gets the code's
+// name, and `call` (what was called, on which address, e.g.
+// "RegisterVariables on 127.0.0.1:2222"; may be empty) when given.
 grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& call = "");
 
-// Returns `status` with `context + ": "` put before its message.
+// Returns `status` with `context + ": "` put before its message (or before
+// the code's name when the message is empty).
 absl::Status Annotate(const absl::Status& status, const std::string& context);
 
 }  // namespace towerps::common

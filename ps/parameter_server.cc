@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint.h"
 #include "common/initializer.h"
@@ -28,7 +29,11 @@ struct Variable {
 };
 
 struct WorkerRecord {
-  bool seen = false;
+  // Liveness: when this server last heard from the worker (register, push,
+  // pull, heartbeat) and by which call. InfinitePast: never.
+  absl::Time last_heard = absl::InfinitePast();
+  const char* heard_by = "";
+  bool seen = false;  // Pushed at least once (incarnation, sequence valid).
   uint64_t incarnation = 0;
   uint64_t last_sequence = 0;
   int64_t completed = 0;  // ASYNC: iterations pushed by this worker.
@@ -41,11 +46,16 @@ class Job {
         config(std::move(config)),
         replicas(this->config.replicas_to_aggregate() > 0
                      ? this->config.replicas_to_aggregate()
-                     : this->config.num_workers()) {}
+                     : this->config.num_workers()),
+        peer_timeout(absl::Seconds(this->config.peer_timeout_s())) {}
 
   const std::string id;
   const v1::TrainingConfig config;
   const int replicas;
+  // A worker silent this long is lost (config.peer_timeout_s, normalized).
+  const absl::Duration peer_timeout;
+  // A worker never heard from counts as silent since then.
+  const absl::Time registered_at = absl::Now();
   // Set once at creation, never resized afterwards.
   std::vector<int64_t> sizes;
 
@@ -62,6 +72,8 @@ class Job {
   // Staging buffers of finished pushes, reused to avoid fresh pages each step.
   std::vector<std::vector<std::vector<float>>> free_buffers ABSL_GUARDED_BY(mu);
   bool deleted ABSL_GUARDED_BY(mu) = false;
+  // The lost workers and step last logged, so that each loss is logged once.
+  std::string lost_logged ABSL_GUARDED_BY(mu);
   int64_t restored_step ABSL_GUARDED_BY(mu) = -1;
   int64_t steps_applied ABSL_GUARDED_BY(mu) = 0;
   // Requests served in the current and the previous 10 s window.
@@ -96,6 +108,30 @@ class Job {
     int64_t b = 0;
     for (int64_t n : sizes) b += n * 4;
     return b;
+  }
+
+  void HeardLocked(int worker, const char* by) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (worker < 0 || worker >= static_cast<int>(workers.size())) return;
+    workers[worker].last_heard = absl::Now();
+    workers[worker].heard_by = by;
+  }
+
+  // When `worker` counts as lost if nothing is heard from it before.
+  absl::Time LostAtLocked(int worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const WorkerRecord& r = workers[worker];
+    return (r.last_heard == absl::InfinitePast() ? registered_at : r.last_heard) + peer_timeout;
+  }
+
+  // "worker 1, not heard from for 3.1 s (...)": why `worker` is lost.
+  std::string LostReasonLocked(int worker, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const WorkerRecord& r = workers[worker];
+    const bool never = r.last_heard == absl::InfinitePast();
+    const double silent = absl::ToDoubleSeconds(now - (never ? registered_at : r.last_heard));
+    return absl::StrFormat(
+        "worker %d, not heard from for %.1f s (%s)", worker, silent,
+        never ? "never joined: not started, crashed or unreachable"
+              : absl::StrCat("last heard by ", r.heard_by, "; crashed, hung or unreachable"));
   }
 
   std::vector<int> WaitingForLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -146,6 +182,15 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
   if (c.max_staleness() < 0) {
     return absl::InvalidArgumentError("register: config.max_staleness is negative");
   }
+  if (!(c.peer_timeout_s() >= 0) || c.peer_timeout_s() > 86400) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: config.peer_timeout_s = ", c.peer_timeout_s(), " (want 0..86400)"));
+  }
+  if (r.has_worker_task() && (r.worker_task() < 0 || r.worker_task() >= c.num_workers())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: worker_task ", r.worker_task(), " is out of range (job has ",
+        c.num_workers(), " workers)"));
+  }
   if (!v1::Mode_IsValid(c.mode())) {
     return absl::InvalidArgumentError("register: config.mode is unknown");
   }
@@ -183,6 +228,7 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
 
 v1::TrainingConfig Normalized(v1::TrainingConfig c) {
   if (c.mode() == v1::MODE_UNSPECIFIED) c.set_mode(v1::SYNC);
+  if (c.peer_timeout_s() == 0) c.set_peer_timeout_s(kDefaultPeerTimeoutS);
   *c.mutable_optimizer() = OptimizerWithDefaults(c.optimizer());
   return c;
 }
@@ -278,8 +324,10 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
               job.vars[i].def.name(), "\" here but differs in the request"));
         }
       }
+      if (request.has_worker_task()) job.HeardLocked(request.worker_task(), "register");
       response.set_created(false);
       response.set_global_step(job.global_step);
+      response.set_incarnation(Incarnation());
       return response;
     }
   }
@@ -299,8 +347,10 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
   // A concurrent registration may have won: it is identical (validated above
   // for the common case), so returning its step is correct.
   absl::MutexLock job_lock(&it->second->mu);
+  if (request.has_worker_task()) it->second->HeardLocked(request.worker_task(), "register");
   response.set_global_step(it->second->global_step);
   response.set_restored_step(it->second->restored_step);
+  response.set_incarnation(Incarnation());
   return response;
 }
 
@@ -473,6 +523,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
     return absl::AbortedError(absl::StrCat("push: job \"", job.id, "\" was deleted on ps ",
                                            options_.task_index));
   }
+  job.HeardLocked(h.worker_task(), "push");
   internal::WorkerRecord& rec = job.workers[h.worker_task()];
   if (rec.seen && rec.incarnation == h.incarnation() && h.sequence() <= rec.last_sequence) {
     ++job.duplicate;
@@ -544,9 +595,13 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job_ptr, FindJob(request.job_id()));
   Job& job = *job_ptr;
   deadline = std::min(deadline, absl::Now() + options_.max_pull_wait);
+  if (request.max_wait_ms() > 0) {
+    deadline = std::min(deadline, absl::Now() + absl::Milliseconds(request.max_wait_ms()));
+  }
   const int64_t staleness = job.config.max_staleness();
   const bool bounded = job.config.mode() == v1::ASYNC && staleness > 0;
   absl::MutexLock lock(&job.mu);
+  job.HeardLocked(request.worker_task(), "pull");
   auto slowest = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
     int64_t m = INT64_MAX;
     for (const auto& w : job.workers) m = std::min(m, w.completed);
@@ -556,6 +611,62 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
     if (job.global_step < request.min_step()) return false;
     return !bounded || slowest() >= request.worker_iteration() - staleness;
   };
+  // The workers this pull waits for; the caller itself is alive.
+  auto awaited = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+    std::vector<int> out;
+    const bool step_wait = job.global_step < request.min_step();
+    const int64_t need = step_wait ? request.worker_iteration()
+                                   : request.worker_iteration() - staleness;
+    for (int w = 0; w < job.config.num_workers(); ++w) {
+      if (w == request.worker_task()) continue;
+      const bool waits = job.config.mode() == v1::SYNC
+                             ? step_wait && !job.pushed.count(w)
+                             : job.workers[w].completed < need;
+      if (waits) out.push_back(w);
+    }
+    return out;
+  };
+  // A non-OK status when the awaited workers that are lost make the wait
+  // hopeless; *wake gets when the next awaited worker would become lost.
+  auto check_lost = [&](absl::Time now, absl::Time* wake)
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) -> absl::Status {
+    const std::vector<int> waiting = awaited();
+    std::vector<std::string> lost;
+    std::string key;
+    for (int w : waiting) {
+      const absl::Time lost_at = job.LostAtLocked(w);
+      if (now >= lost_at) {
+        lost.push_back(job.LostReasonLocked(w, now));
+        absl::StrAppend(&key, w, ",");
+      } else {
+        *wake = std::min(*wake, lost_at);
+      }
+    }
+    if (lost.empty()) return absl::OkStatus();
+    if (job.config.mode() == v1::SYNC) {
+      // Backup workers: the step still completes if enough others can push.
+      const int can_push = job.config.num_workers() - static_cast<int>(job.pushed.size()) -
+                           static_cast<int>(lost.size());
+      if (static_cast<int>(job.pushed.size()) + can_push >= job.replicas) {
+        return absl::OkStatus();
+      }
+    }
+    const std::string what =
+        job.global_step < request.min_step()
+            ? absl::StrCat("step ", request.min_step(), " waits for ")
+            : absl::StrCat("worker ", request.worker_task(), "'s iteration ",
+                           request.worker_iteration(), " (max_staleness ", staleness,
+                           ") waits for ");
+    const std::string message = absl::StrCat(
+        "job \"", job.id, "\" on ps ", options_.task_index, ": ", what,
+        absl::StrJoin(lost, "; "), "; peer_timeout_s=", job.config.peer_timeout_s());
+    absl::StrAppend(&key, job.global_step);
+    if (key != job.lost_logged) {
+      job.lost_logged = key;
+      TLOG(ERROR) << "ps " << options_.task_index << ": " << message;
+    }
+    return absl::AbortedError(absl::StrCat("pull: ", message));
+  };
   const absl::Time start = absl::Now();
   absl::Time next_log = start + options_.wait_log_interval;
   while (!ready()) {
@@ -564,6 +675,8 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
                                              options_.task_index, " while waiting"));
     }
     const absl::Time now = absl::Now();
+    absl::Time wake = std::min(deadline, next_log);
+    TOWERPS_RETURN_IF_ERROR(check_lost(now, &wake));
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "pull: job \"", job.id, "\" on ps ", options_.task_index, " is at step ",
@@ -581,7 +694,7 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
                     << ")";
       next_log = now + options_.wait_log_interval;
     }
-    job.changed.WaitWithDeadline(&job.mu, std::min(deadline, next_log));
+    job.changed.WaitWithDeadline(&job.mu, wake + absl::Milliseconds(1));
   }
   if (job.deleted) {
     return absl::AbortedError(absl::StrCat("pull: job \"", job.id, "\" was deleted on ps ",
@@ -636,7 +749,7 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
     s->set_slot_bytes(job->slot_bytes());
   }
   response.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
-  response.set_incarnation(static_cast<int64_t>(incarnation_ >> 1));
+  response.set_incarnation(Incarnation());
   return response;
 }
 
@@ -681,6 +794,22 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
   response.set_bytes_freed(freed);
   TLOG(INFO) << "ps " << options_.task_index << ": job \"" << request.job_id()
              << "\" deleted, " << freed << " bytes freed";
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> ParameterServer::Heartbeat(
+    const v1::HeartbeatRequest& request) {
+  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
+  if (request.worker_task() < 0 || request.worker_task() >= job->config.num_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat: worker_task ", request.worker_task(), " is out of range (job has ",
+        job->config.num_workers(), " workers)"));
+  }
+  absl::MutexLock lock(&job->mu);
+  job->HeardLocked(request.worker_task(), "heartbeat");
+  v1::HeartbeatResponse response;
+  response.set_global_step(job->global_step);
+  response.set_incarnation(Incarnation());
   return response;
 }
 

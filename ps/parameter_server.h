@@ -18,6 +18,14 @@
 // STALE: dropped and counted.
 // ASYNC: each push is applied on arrival. With max_staleness s > 0, a pull
 // for iteration i waits until every worker has completed i - s iterations.
+//
+// Liveness: the server notes when it last heard from each worker of a job
+// (register with worker_task, push, pull, heartbeat); a worker never heard
+// from counts from the job's registration here. A pull waiting on workers
+// silent longer than the job's peer_timeout_s (so that the wait cannot end:
+// in SYNC, too few others left to reach replicas_to_aggregate) fails with
+// ABORTED naming them and why, and the server logs one line saying the same.
+// The server itself keeps serving.
 #ifndef TOWERPS_PS_PARAMETER_SERVER_H_
 #define TOWERPS_PS_PARAMETER_SERVER_H_
 
@@ -34,6 +42,9 @@
 #include "proto/towerps.pb.h"
 
 namespace towerps::ps {
+
+// TrainingConfig.peer_timeout_s when a job leaves it 0.
+constexpr double kDefaultPeerTimeoutS = 60;
 
 struct ParameterServerOptions {
   int task_index = 0;
@@ -94,9 +105,16 @@ class ParameterServer {
 
   // Blocks until the job's step reaches request.min_step (and, in ASYNC with
   // max_staleness, the slowest worker is close enough), or `deadline` (capped
-  // at max_pull_wait) passes: DEADLINE_EXCEEDED naming the awaited workers.
+  // at max_pull_wait and request.max_wait_ms) passes: DEADLINE_EXCEEDED
+  // naming the awaited workers. ABORTED when an awaited worker is lost (see
+  // "Liveness" above), naming it and how long it has been silent.
   absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> Pull(
       const v1::PullRequest& request, absl::Time deadline);
+
+  // Notes that the worker is alive; returns the job's step and this server's
+  // incarnation. NotFound for a job not held here; InvalidArgument for a
+  // worker_task out of range.
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
 
   // Status of one job, or of all when job_id is empty.
   v1::StatusResponse Status(const v1::StatusRequest& request);
@@ -122,6 +140,8 @@ class ParameterServer {
 
  private:
   absl::StatusOr<std::shared_ptr<internal::Job>> FindJob(const std::string& id);
+  // What StatusResponse, RegisterResponse and HeartbeatResponse report.
+  int64_t Incarnation() const { return static_cast<int64_t>(incarnation_ >> 1); }
 
   absl::StatusOr<std::shared_ptr<internal::Job>> CreateJob(
       const v1::RegisterRequest& request, const v1::TrainingConfig& config);

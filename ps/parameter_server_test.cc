@@ -244,6 +244,112 @@ TEST(ParameterServerTest, AsyncStalenessBoundMakesFastWorkerWait) {
   EXPECT_TRUE(ps.Pull(r, absl::Now() + absl::Seconds(1)).ok());
 }
 
+// Liveness: small peer timeouts; the waits below end by the timeout or by
+// the awaited push, never by a sleep of the test's own.
+v1::RegisterRequest LiveJob(v1::Mode mode, int workers, double peer_timeout_s,
+                            int replicas = 0, int max_staleness = 0) {
+  v1::RegisterRequest r = TwoVarJob(mode, workers, replicas, max_staleness);
+  r.mutable_config()->set_peer_timeout_s(peer_timeout_s);
+  r.set_worker_task(0);
+  return r;
+}
+
+v1::PullRequest PullFor(int worker, int64_t min_step, int64_t iteration = 0) {
+  v1::PullRequest r;
+  r.set_job_id("j");
+  r.set_worker_task(worker);
+  r.set_min_step(min_step);
+  r.set_worker_iteration(iteration);
+  return r;
+}
+
+absl::Status Beat(ParameterServer& ps, int worker) {
+  v1::HeartbeatRequest h;
+  h.set_job_id("j");
+  h.set_worker_task(worker);
+  return ps.Heartbeat(h).status();
+}
+
+TEST(LivenessTest, WorkerThatNeverJoinedFailsTheWaitingPull) {
+  ParameterServer ps({.task_index = 3, .max_pull_wait = absl::Seconds(30)});
+  ASSERT_TRUE(ps.Register(LiveJob(v1::SYNC, 2, 0.3)).ok());
+  ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());
+  const absl::Time start = absl::Now();
+  auto r = ps.Pull(PullFor(0, 1), absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  const std::string m(r.status().message());
+  EXPECT_NE(m.find("job \"j\" on ps 3: step 1 waits for worker 1, not heard from for"),
+            std::string::npos) << m;
+  EXPECT_NE(m.find("never joined: not started, crashed or unreachable"), std::string::npos) << m;
+  EXPECT_NE(m.find("peer_timeout_s=0.3"), std::string::npos) << m;
+  // Generous: the bound follows from the 0.3 s timeout, not from max_pull_wait.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(LivenessTest, WorkerGoneSilentIsNamedWithHowItWasLastHeard) {
+  ParameterServer ps({.task_index = 0, .max_pull_wait = absl::Seconds(30)});
+  ASSERT_TRUE(ps.Register(LiveJob(v1::SYNC, 2, 0.3)).ok());
+  ASSERT_TRUE(Beat(ps, 1).ok());
+  ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());
+  auto r = ps.Pull(PullFor(0, 1), absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_NE(r.status().message().find("worker 1, not heard from for"), std::string::npos);
+  EXPECT_NE(r.status().message().find("last heard by heartbeat"), std::string::npos)
+      << r.status();
+}
+
+TEST(LivenessTest, HeartbeatingWorkerIsWaitedForAndLostBackupIsNotNeeded) {
+  // 3 workers, 2 replicas: worker 2 never joins (lost, but not needed);
+  // worker 1 is slow but heartbeats for several timeouts, then pushes.
+  ParameterServer ps({.task_index = 0, .max_pull_wait = absl::Seconds(30)});
+  ASSERT_TRUE(ps.Register(LiveJob(v1::SYNC, 3, 0.2, /*replicas=*/2)).ok());
+  ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());
+  std::thread slow([&] {
+    for (int i = 0; i < 16; ++i) {
+      ASSERT_TRUE(Beat(ps, 1).ok());
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ASSERT_TRUE(PushConst(ps, Header(1, 1, 0, 1), 1.0f).ok());
+  });
+  auto r = ps.Pull(PullFor(0, 1), absl::Now() + absl::Seconds(30));
+  slow.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->global_step, 1);
+}
+
+TEST(LivenessTest, AsyncStalenessWaitOnALostWorkerFails) {
+  ParameterServer ps({.task_index = 0, .max_pull_wait = absl::Seconds(30)});
+  ASSERT_TRUE(ps.Register(LiveJob(v1::ASYNC, 2, 0.2, 0, /*max_staleness=*/1)).ok());
+  ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());
+  ASSERT_TRUE(PushConst(ps, Header(0, 2, 1, 1), 1.0f).ok());
+  auto r = ps.Pull(PullFor(0, 0, /*iteration=*/2), absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_NE(r.status().message().find("worker 0's iteration 2 (max_staleness 1) waits for "
+                                      "worker 1"),
+            std::string::npos)
+      << r.status();
+}
+
+TEST(LivenessTest, HeartbeatAnswersStepAndIncarnationOrNotFound) {
+  ParameterServer ps({});
+  EXPECT_EQ(Beat(ps, 0).code(), absl::StatusCode::kNotFound);
+  auto reg = ps.Register(LiveJob(v1::SYNC, 2, 1));
+  ASSERT_TRUE(reg.ok());
+  v1::HeartbeatRequest h;
+  h.set_job_id("j");
+  h.set_worker_task(1);
+  auto r = ps.Heartbeat(h);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->global_step(), 0);
+  EXPECT_EQ(r->incarnation(), ps.Status({}).incarnation());
+  EXPECT_EQ(r->incarnation(), reg->incarnation());
+  h.set_worker_task(2);
+  EXPECT_EQ(ps.Heartbeat(h).status().code(), absl::StatusCode::kInvalidArgument);
+  v1::RegisterRequest bad = LiveJob(v1::SYNC, 2, -1);
+  bad.set_job_id("k");
+  EXPECT_EQ(ps.Register(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace towerps::ps
 

@@ -97,6 +97,15 @@ grpc::Status ParameterServiceImpl::SaveCheckpoint(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status ParameterServiceImpl::Heartbeat(grpc::ServerContext*,
+                                             const v1::HeartbeatRequest* request,
+                                             v1::HeartbeatResponse* response) {
+  auto r = ps_.Heartbeat(*request);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *r;
+  return grpc::Status::OK;
+}
+
 grpc::Status ParameterServiceImpl::GetStatus(grpc::ServerContext*,
                                              const v1::StatusRequest* request,
                                              v1::StatusResponse* response) {

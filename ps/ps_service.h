@@ -32,6 +32,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                          v1::DeleteJobResponse* response) override;
   grpc::Status SaveCheckpoint(grpc::ServerContext* context, const v1::SaveRequest* request,
                               v1::SaveResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
 
  private:
   ParameterServer& ps_;

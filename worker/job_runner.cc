@@ -14,6 +14,7 @@
 #include "worker/backend.h"
 #include "worker/dataset.h"
 #include "worker/device_placer.h"
+#include "worker/job_spec.h"
 #include "worker/model.h"
 #include "worker/ps_client.h"
 #include "worker/towers.h"
@@ -166,6 +167,8 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   copts.worker_task = spec.task_index;
   copts.chunk_bytes = env.chunk_bytes;
   copts.wait_timeout = env.wait_timeout;
+  copts.peer_timeout = absl::Seconds(job.peer_timeout_s() > 0 ? job.peer_timeout_s()
+                                                              : kDefaultPeerTimeoutS);
   copts.restore_from = restore_from;
   copts.cancelled = hooks.cancelled;
   TOWERPS_ASSIGN_OR_RETURN(

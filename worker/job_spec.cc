@@ -109,6 +109,7 @@ v1::JobSpec JobWithDefaults(const v1::JobSpec& in) {
   if (d->shuffle_seed() == 0) d->set_shuffle_seed(1);
   if (j.log_every_steps() == 0) j.set_log_every_steps(50);
   if (j.max_restarts() == 0) j.set_max_restarts(3);
+  if (j.peer_timeout_s() == 0) j.set_peer_timeout_s(kDefaultPeerTimeoutS);
   if (j.checkpoint().keep() == 0) j.mutable_checkpoint()->set_keep(3);
   return j;
 }
@@ -134,6 +135,10 @@ absl::Status ValidateJob(const v1::JobSpec& j, int num_workers) {
                             " (want 0..", num_workers, " workers)"));
   }
   if (j.max_staleness() < 0) return bad("max_staleness is negative");
+  if (!(j.peer_timeout_s() >= 0) || j.peer_timeout_s() > 86400) {
+    return bad(absl::StrCat("peer_timeout_s = ", j.peer_timeout_s(),
+                            " (want 0 for the default of 60, or up to 86400 s)"));
+  }
   const v1::DataSpec& d = j.data();
   if (d.max_train_examples() < 0 || d.max_test_examples() < 0) {
     return bad("data.max_train_examples/max_test_examples is negative");

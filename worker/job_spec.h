@@ -23,6 +23,9 @@ absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name);
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text);
 absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path);
 
+// JobSpec.peer_timeout_s when the spec leaves it 0.
+constexpr double kDefaultPeerTimeoutS = 60;
+
 // Fills every zero field with its documented default.
 v1::JobSpec JobWithDefaults(const v1::JobSpec& job);
 

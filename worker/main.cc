@@ -70,7 +70,12 @@ ABSL_FLAG(std::string, layout, "",
           "\"classic\": first layer on device 0, hidden layer i on min(i+1, last), output on the last.");
 ABSL_FLAG(int, blas_threads, 0,
           "BLAS threads per tower (0: cores / towers, so towers never oversubscribe).");
-ABSL_FLAG(double, wait_timeout_s, 600, "Longest wait for servers or a step before failing.");
+ABSL_FLAG(double, wait_timeout_s, 600,
+          "Longest wait for a step (while every peer is alive) before failing.");
+ABSL_FLAG(double, peer_timeout_s, 0,
+          "Override: seconds after which a silent peer is lost (a ps unreachable, a worker not "
+          "heard from); the job then fails naming it. Every task of a job must agree. "
+          "Default (JobSpec.peer_timeout_s = 0): 60.");
 ABSL_FLAG(bool, print_job_spec, false,
           "Print the job that the job flags describe (built-in model, --job_spec, overrides) as "
           "JSON for `towerctl submit`, and exit.");
@@ -126,6 +131,7 @@ absl::Status ApplyOverrides(JobSpec* job) {
   }
   if (absl::GetFlag(FLAGS_max_staleness) >= 0) job->set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
   if (!absl::GetFlag(FLAGS_job_id).empty()) job->set_job_id(absl::GetFlag(FLAGS_job_id));
+  if (absl::GetFlag(FLAGS_peer_timeout_s) != 0) job->set_peer_timeout_s(absl::GetFlag(FLAGS_peer_timeout_s));
   if (!absl::GetFlag(FLAGS_data_dir).empty()) job->mutable_data()->set_dir(absl::GetFlag(FLAGS_data_dir));
   return absl::OkStatus();
 }

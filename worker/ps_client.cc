@@ -5,7 +5,11 @@
 #include <random>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/parallel.h"
@@ -20,18 +24,11 @@ namespace {
 
 using common::FromGrpcStatus;
 
+// Transport failures and server-side waits that ran out: asked again.
+// (ABORTED is a server's verdict, e.g. a lost worker: not retried here; the
+// chief's job manager restarts the attempt.)
 bool Retryable(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsAborted(s);
-}
-
-// Runs fn(s) for every server in parallel; returns the first error, naming its server.
-template <typename Fn>
-absl::Status ForEachServer(int n, Fn fn) {
-  const std::vector<absl::Status> results = common::RunInParallel(n, fn);
-  for (int s = 0; s < n; ++s) {
-    if (!results[s].ok()) return common::Annotate(results[s], absl::StrCat("ps ", s));
-  }
-  return absl::OkStatus();
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
 }
 
 class GrpcParameterClient : public ParameterClient {
@@ -48,11 +45,17 @@ class GrpcParameterClient : public ParameterClient {
     }
     const int n = static_cast<int>(options_.ps_addresses.size());
     for (int s = 0; s < n; ++s) {
-      stubs_.push_back(v1::ParameterService::NewStub(
-          common::NewChannel(options_.ps_addresses[s])));
+      channels_.push_back(common::NewChannel(options_.ps_addresses[s]));
+      stubs_.push_back(v1::ParameterService::NewStub(channels_.back()));
       on_server_.push_back(placement_.VariablesOn(s));
     }
     push_msgs_.resize(n);
+    health_.resize(n);
+  }
+
+  ~GrpcParameterClient() override {
+    stop_.Notify();
+    if (heartbeats_.joinable()) heartbeats_.join();
   }
 
   absl::Status CheckCancelled() const {
@@ -65,27 +68,57 @@ class GrpcParameterClient : public ParameterClient {
   absl::StatusOr<int64_t> Register(const v1::TrainingConfig& config) override {
     const int n = static_cast<int>(stubs_.size());
     std::vector<int64_t> steps(n, 0);
-    TOWERPS_RETURN_IF_ERROR(ForEachServer(n, [&](int s) -> absl::Status {
+    // Heartbeats start now: servers that hold the job hear from this worker
+    // while it waits for the others to come up.
+    if (!heartbeats_.joinable()) heartbeats_ = std::thread([this] { HeartbeatLoop(); });
+    TOWERPS_RETURN_IF_ERROR(ForEachServer([&](int s) -> absl::Status {
       v1::RegisterRequest req;
       req.set_job_id(options_.job_id);
       *req.mutable_config() = config;
       req.set_restore_from(options_.restore_from);
       req.set_num_ps(n);
+      req.set_worker_task(options_.worker_task);
       for (int v : on_server_[s]) *req.add_variables() = vars_[v];
       v1::RegisterResponse resp;
-      // Wait for the server to come up (workers may start first), in short
-      // slices so that a cancellation is noticed.
-      const absl::Time give_up = absl::Now() + options_.wait_timeout;
+      // Wait for the server to come up (workers may start first). Each
+      // round is a wait_for_ready call (a call in flight is what drives the
+      // channel's connection attempts; without one, gRPC polls them only every
+      // few seconds) and, if that finds no connection, one call without it,
+      // which fails at once with the transport's reason for the log line and
+      // the final error.
+      const absl::Time start = absl::Now();
+      absl::Time next_log = start + absl::Seconds(1);
+      const absl::Duration attempt = std::min(absl::Seconds(5), options_.peer_timeout);
       while (true) {
-        grpc::ClientContext ctx;
-        ctx.set_wait_for_ready(true);
-        ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(5))));
-        absl::Status st = FromGrpcStatus(stubs_[s]->RegisterVariables(&ctx, req, &resp));
+        absl::Status st;
+        for (const bool wait_for_ready : {true, false}) {
+          grpc::ClientContext ctx;
+          ctx.set_wait_for_ready(wait_for_ready);
+          // Connected: the server may take a while to create a large job.
+          const bool connected = channels_[s]->GetState(true) == GRPC_CHANNEL_READY;
+          ctx.set_deadline(absl::ToChronoTime(
+              absl::Now() + (connected ? attempt : std::min(attempt, absl::Seconds(1)))));
+          st = FromGrpcStatus(stubs_[s]->RegisterVariables(&ctx, req, &resp),
+                              Call("RegisterVariables", s));
+          if (st.ok() || !Retryable(st)) break;
+          if (channels_[s]->GetState(false) == GRPC_CHANNEL_READY) break;  // connected: slow
+        }
         if (st.ok()) break;
-        if (!absl::IsDeadlineExceeded(st) && !absl::IsUnavailable(st)) return st;
+        if (!Retryable(st)) return st;
+        if (channels_[s]->GetState(false) != GRPC_CHANNEL_READY) NoteUnreachable(s, st);
         TOWERPS_RETURN_IF_ERROR(CheckCancelled());
-        if (absl::Now() >= give_up) return st;
+        TOWERPS_RETURN_IF_ERROR(LostServer());
+        const absl::Time now = absl::Now();
+        if (now >= next_log) {
+          TLOG(WARNING) << "worker " << options_.worker_task << ": waiting for "
+                        << ServerName(s) << " to come up ("
+                        << absl::StrFormat("%.1f", absl::ToDoubleSeconds(now - start))
+                        << " s so far, peer_timeout_s="
+                        << absl::ToDoubleSeconds(options_.peer_timeout) << "): " << st.message();
+          next_log = now + LogInterval();
+        }
       }
+      NoteRegistered(s, resp.incarnation());
       steps[s] = resp.global_step();
       return absl::OkStatus();
     }));
@@ -100,23 +133,35 @@ class GrpcParameterClient : public ParameterClient {
     }
     const int n = static_cast<int>(stubs_.size());
     std::vector<int64_t> steps(n, 0);
+    TOWERPS_RETURN_IF_ERROR(LostServer());
     const absl::Time give_up = absl::Now() + options_.wait_timeout;
-    TOWERPS_RETURN_IF_ERROR(ForEachServer(n, [&](int s) -> absl::Status {
+    TOWERPS_RETURN_IF_ERROR(ForEachServer([&](int s) -> absl::Status {
       absl::Duration backoff = absl::Milliseconds(100);
+      absl::Time next_log = absl::Now() + LogInterval();
       while (true) {
         absl::Status st = PullOnce(s, min_step, iteration, weights, &steps[s]);
-        if (st.ok() || !Retryable(st)) return st;
+        // DEADLINE_EXCEEDED here is the server's step wait (max_wait_ms): it answered.
+        if (st.ok() || absl::IsDeadlineExceeded(st)) NoteReachable(s);
+        if (st.ok()) return st;
+        if (absl::IsNotFound(st)) NoteGone(s, st);
+        if (absl::IsUnavailable(st)) NoteUnreachable(s, st);
+        TOWERPS_RETURN_IF_ERROR(LostServer());
+        if (!Retryable(st)) return st;
         TOWERPS_RETURN_IF_ERROR(CheckCancelled());
-        if (absl::Now() >= give_up) {
+        const absl::Time now = absl::Now();
+        if (now >= give_up) {
           return absl::DeadlineExceededError(absl::StrCat(
               "gave up after ", absl::FormatDuration(options_.wait_timeout),
               ": ", st.message()));
         }
-        TLOG(WARNING) << "worker " << options_.worker_task << ": still waiting on ps "
-                      << s << " for step " << min_step << ": " << st.message();
+        if (now >= next_log) {
+          TLOG(WARNING) << "worker " << options_.worker_task << ": still waiting on "
+                        << ServerName(s) << " for step " << min_step << ": " << st.message();
+          next_log = now + LogInterval();
+        }
         if (absl::IsDeadlineExceeded(st)) continue;  // the server waited already
         absl::SleepFor(backoff);
-        backoff = std::min(backoff * 2, absl::Seconds(2));
+        backoff = std::min(backoff * 2, absl::Seconds(1));
       }
     }));
     return *std::min_element(steps.begin(), steps.end());
@@ -131,16 +176,26 @@ class GrpcParameterClient : public ParameterClient {
     const uint64_t sequence = ++sequence_;
     const int n = static_cast<int>(stubs_.size());
     std::vector<v1::PushResponse> responses(n);
-    TOWERPS_RETURN_IF_ERROR(ForEachServer(n, [&](int s) -> absl::Status {
+    TOWERPS_RETURN_IF_ERROR(LostServer());
+    TOWERPS_RETURN_IF_ERROR(ForEachServer([&](int s) -> absl::Status {
       absl::Duration backoff = absl::Milliseconds(100);
+      int timeouts = 0;
       for (int attempt = 1;; ++attempt) {
         absl::Status st = PushOnce(s, sequence, step, num_examples, grads, &responses[s]);
-        if (st.ok() || !Retryable(st) || attempt >= options_.max_push_attempts) return st;
+        if (st.ok()) NoteReachable(s);
+        if (st.ok()) return st;
+        if (absl::IsNotFound(st)) NoteGone(s, st);
+        if (absl::IsUnavailable(st)) NoteUnreachable(s, st);
+        TOWERPS_RETURN_IF_ERROR(LostServer());
+        // Unreachable: retried until the server is lost (peer_timeout);
+        // timed out while connected: max_push_attempts times.
+        if (!Retryable(st)) return st;
+        if (absl::IsDeadlineExceeded(st) && ++timeouts >= options_.max_push_attempts) return st;
         TOWERPS_RETURN_IF_ERROR(CheckCancelled());
-        TLOG(WARNING) << "worker " << options_.worker_task << ": push to ps " << s
+        TLOG(WARNING) << "worker " << options_.worker_task << ": push to " << ServerName(s)
                       << " failed (attempt " << attempt << "), retrying: " << st.message();
         absl::SleepFor(backoff);
-        backoff = std::min(backoff * 2, absl::Seconds(5));
+        backoff = std::min(backoff * 2, absl::Seconds(1));
       }
     }));
     PushResult r;
@@ -177,6 +232,10 @@ class GrpcParameterClient : public ParameterClient {
     req.set_worker_task(options_.worker_task);
     req.set_worker_iteration(iteration);
     req.set_chunk_bytes(options_.chunk_bytes);
+    // Short server-side waits, so that a lost peer elsewhere is noticed
+    // between them (see Pull).
+    req.set_max_wait_ms(absl::ToInt64Milliseconds(
+        std::clamp(options_.peer_timeout / 4, absl::Milliseconds(250), absl::Seconds(5))));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     auto reader = stubs_[s]->Pull(&ctx, req);
@@ -207,7 +266,7 @@ class GrpcParameterClient : public ParameterClient {
         covered[slice.var_index()] += count;
       }
     }
-    absl::Status st = FromGrpcStatus(reader->Finish());
+    absl::Status st = FromGrpcStatus(reader->Finish(), Call("Pull", s));
     if (!st.ok()) return st;
     if (!bad.ok()) return bad;
     for (size_t k = 0; k < vars.size(); ++k) {
@@ -246,16 +305,136 @@ class GrpcParameterClient : public ParameterClient {
     }
     if (ok) out.Finish();
     writer->WritesDone();
-    return FromGrpcStatus(writer->Finish());
+    return FromGrpcStatus(writer->Finish(), Call("Push", s));
+  }
+
+  // --- Liveness of the servers (see the header). ---
+
+  std::string ServerName(int s) const {
+    return absl::StrCat("ps ", s, " at ", options_.ps_addresses[s]);
+  }
+  std::string Call(const char* method, int s) const {
+    return absl::StrCat(method, " on ", ServerName(s));
+  }
+  absl::Duration LogInterval() const {
+    return std::clamp(options_.peer_timeout / 2, absl::Seconds(1), absl::Seconds(5));
+  }
+
+  // Runs fn(s) for every server in parallel. A lost server is the cause
+  // whatever the calls returned (a wait elsewhere ends because of it);
+  // otherwise the first error, naming its server.
+  template <typename Fn>
+  absl::Status ForEachServer(Fn fn) {
+    const int n = static_cast<int>(stubs_.size());
+    const std::vector<absl::Status> results = common::RunInParallel(n, fn);
+    TOWERPS_RETURN_IF_ERROR(LostServer());
+    for (int s = 0; s < n; ++s) {
+      if (!results[s].ok()) return common::Annotate(results[s], ServerName(s));
+    }
+    return absl::OkStatus();
+  }
+
+  void NoteReachable(int s) {
+    absl::MutexLock lock(&health_mu_);
+    health_[s].unreachable_since = absl::InfiniteFuture();
+  }
+  void NoteUnreachable(int s, const absl::Status& st) {
+    absl::MutexLock lock(&health_mu_);
+    Health& h = health_[s];
+    if (h.unreachable_since == absl::InfiniteFuture()) h.unreachable_since = absl::Now();
+    h.last_error = std::string(st.message());
+  }
+  void NoteRegistered(int s, int64_t incarnation) {
+    absl::MutexLock lock(&health_mu_);
+    health_[s].registered = true;
+    health_[s].incarnation = incarnation;
+    health_[s].unreachable_since = absl::InfiniteFuture();
+  }
+  // NOT_FOUND (or a new incarnation) from a server that held the job.
+  void NoteGone(int s, const absl::Status& st) {
+    absl::MutexLock lock(&health_mu_);
+    Health& h = health_[s];
+    if (h.registered && h.gone.empty()) h.gone = std::string(st.message());
+  }
+
+  // UNAVAILABLE / NOT_FOUND naming the first server lost, else OK.
+  absl::Status LostServer() {
+    absl::MutexLock lock(&health_mu_);
+    const absl::Time now = absl::Now();
+    for (int s = 0; s < static_cast<int>(health_.size()); ++s) {
+      const Health& h = health_[s];
+      if (!h.gone.empty()) {
+        return absl::NotFoundError(absl::StrCat(ServerName(s),
+                                                " restarted and no longer holds job \"",
+                                                options_.job_id, "\" (", h.gone, ")"));
+      }
+      if (now - h.unreachable_since > options_.peer_timeout) {
+        return absl::UnavailableError(absl::StrFormat(
+            "%s unreachable for %.1f s (peer_timeout_s=%g); last error: %s", ServerName(s),
+            absl::ToDoubleSeconds(now - h.unreachable_since),
+            absl::ToDoubleSeconds(options_.peer_timeout), h.last_error));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Every peer_timeout / 6: one Heartbeat to each server that holds the job.
+  void HeartbeatLoop() {
+    const absl::Duration interval =
+        std::clamp(options_.peer_timeout / 6, absl::Milliseconds(50), absl::Seconds(10));
+    const absl::Duration timeout =
+        std::clamp(options_.peer_timeout / 3, absl::Milliseconds(200), absl::Seconds(10));
+    v1::HeartbeatRequest req;
+    req.set_job_id(options_.job_id);
+    req.set_worker_task(options_.worker_task);
+    while (!stop_.WaitForNotificationWithTimeout(interval)) {
+      for (int s = 0; s < static_cast<int>(stubs_.size()) && !stop_.HasBeenNotified(); ++s) {
+        int64_t incarnation = 0;
+        {
+          absl::MutexLock lock(&health_mu_);
+          if (!health_[s].registered) continue;
+          incarnation = health_[s].incarnation;
+        }
+        grpc::ClientContext ctx;
+        ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+        v1::HeartbeatResponse resp;
+        const absl::Status st =
+            FromGrpcStatus(stubs_[s]->Heartbeat(&ctx, req, &resp), Call("Heartbeat", s));
+        if (st.ok() && resp.incarnation() != incarnation) {
+          NoteGone(s, absl::NotFoundError(absl::StrCat(
+                          "its incarnation changed from ", incarnation, " to ",
+                          resp.incarnation())));
+        } else if (st.ok() || absl::IsUnimplemented(st)) {  // (a server without heartbeats)
+          NoteReachable(s);
+        } else if (absl::IsNotFound(st)) {
+          NoteGone(s, st);
+        } else if (Retryable(st)) {
+          NoteUnreachable(s, st);
+        }
+      }
+    }
   }
 
   ParameterClientOptions options_;
   const std::vector<v1::VariableDef> vars_;
   const common::Placement placement_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::ParameterService::Stub>> stubs_;
   std::vector<std::vector<int>> on_server_;  // variable indices per server
   std::vector<v1::PushRequest> push_msgs_;
   uint64_t sequence_ = 0;
+
+  struct Health {
+    bool registered = false;   // The job is registered there.
+    int64_t incarnation = 0;   // The server's, when it registered the job.
+    absl::Time unreachable_since = absl::InfiniteFuture();  // Future: reachable.
+    std::string last_error;    // The last transport error.
+    std::string gone;          // Set: it restarted and lost the job (why).
+  };
+  absl::Mutex health_mu_;
+  std::vector<Health> health_ ABSL_GUARDED_BY(health_mu_);
+  absl::Notification stop_;
+  std::thread heartbeats_;
 };
 
 }  // namespace

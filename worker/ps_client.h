@@ -4,6 +4,15 @@
 //
 // Thread-compatible: one training loop drives one client. Buffers passed to
 // Pull/Push are used only during the call.
+//
+// Liveness: from Register on, a background thread heartbeats every server
+// that holds the job (every peer_timeout / 6), so that the servers know this
+// worker is alive while it computes. A server unreachable (UNAVAILABLE, or a
+// heartbeat timing out) for longer than peer_timeout, at start or mid-job,
+// fails the next or current call with UNAVAILABLE naming the ps task, its
+// address and the last transport error; a server that answers NOT_FOUND for
+// the job, or a new incarnation, after it registered it (it restarted) fails
+// it with NOT_FOUND "ps N at ADDR restarted and no longer holds job ...".
 #ifndef TOWERPS_WORKER_PS_CLIENT_H_
 #define TOWERPS_WORKER_PS_CLIENT_H_
 
@@ -30,9 +39,12 @@ struct ParameterClientOptions {
   uint64_t incarnation = 0;
   int64_t chunk_bytes = 1 << 20;          // Payload per streamed message.
   absl::Duration rpc_timeout = absl::Seconds(60);   // Per attempt.
-  // How long Register waits for servers to come up and a Pull waits for its
-  // step (while logging) before giving up. Default: 10 minutes.
+  // How long a Pull waits for its step (while logging) before giving up,
+  // while every peer is alive. Default: 10 minutes.
   absl::Duration wait_timeout = absl::Minutes(10);
+  // A server unreachable this long is lost: Register (waiting for servers
+  // to come up), Pull and Push then fail. Default: 60 s.
+  absl::Duration peer_timeout = absl::Seconds(60);
   int max_push_attempts = 5;
   // When a server creates the job, it restores its shard from this
   // checkpoint directory instead of initializing. Default: empty (initialize).
@@ -54,13 +66,17 @@ class ParameterClient {
   virtual ~ParameterClient() = default;
 
   // Registers each server's variables; idempotent. Returns the smallest global
-  // step across servers (0 for a new job).
+  // step across servers (0 for a new job). Waits (logging which server and
+  // why every few seconds) for servers that are not up yet, at most
+  // peer_timeout each; other errors fail at once. Starts the heartbeats.
   virtual absl::StatusOr<int64_t> Register(const v1::TrainingConfig& config) = 0;
 
   // Fills `weights` (in VariableDef order, shapes already set) from every
   // server once each has reached `min_step`; returns the smallest step seen.
   // `iteration` is this worker's next iteration (ASYNC staleness bound).
-  // DeadlineExceeded after wait_timeout, naming the servers and workers awaited.
+  // DeadlineExceeded after wait_timeout, naming the servers and workers awaited;
+  // Aborted when a server gives up on a lost worker; Unavailable / NotFound
+  // for a lost or restarted server (see Liveness above).
   virtual absl::StatusOr<int64_t> Pull(int64_t min_step, int64_t iteration,
                                        const std::vector<common::Tensor*>& weights) = 0;
 

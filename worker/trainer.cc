@@ -110,6 +110,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   config.set_num_workers(W);
   config.set_replicas_to_aggregate(job.replicas_to_aggregate());
   config.set_max_staleness(job.max_staleness());
+  config.set_peer_timeout_s(job.peer_timeout_s());
   *config.mutable_optimizer() = TrainingOptimizer(job, total);
   optimizer_ = config.optimizer();
   TOWERPS_ASSIGN_OR_RETURN(int64_t step, client_.Register(config));
