@@ -25,15 +25,8 @@ now() { date +%s.%N; }
 elapsed() { python3 -c "print(f'{$(now) - $1:.1f}')"; }
 le() { python3 -c "import sys; sys.exit(0 if $1 <= $2 else 1)"; }
 
-# Free ports: bound by the kernel (port 0), then released for the servers.
-ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-s = [socket.socket() for _ in range(int(sys.argv[1]))]
-for x in s: x.bind(("127.0.0.1", 0))
-print(" ".join(str(x.getsockname()[1]) for x in s))
-PY
-}
+# N free ports, space-separated (deploy/free_ports.py says why not port 0).
+ports() { python3 "$PWD/deploy/free_ports.py" "$1" --sep=" "; }
 
 # wait_for_line FILE PATTERN SECONDS: 0 once grep -E finds PATTERN in FILE.
 wait_for_line() {
