@@ -82,6 +82,7 @@ class Job {
   double window_service_s[2] ABSL_GUARDED_BY(mu) = {0, 0};
   int64_t applied ABSL_GUARDED_BY(mu) = 0;
   int64_t stale ABSL_GUARDED_BY(mu) = 0;
+  int pulls_waiting ABSL_GUARDED_BY(mu) = 0;  // Pulls blocked in their wait loop.
   int64_t duplicate ABSL_GUARDED_BY(mu) = 0;
   absl::CondVar changed;
 
@@ -669,7 +670,20 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   };
   const absl::Time start = absl::Now();
   absl::Time next_log = start + options_.wait_log_interval;
+  // Counted while it waits (Status reports it, so tests and operators can
+  // see a pull blocked without timing it).
+  struct WaitCount {
+    Job& job;
+    bool counted = false;
+    ~WaitCount() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+      if (counted) --job.pulls_waiting;
+    }
+  } wait_count{job};
   while (!ready()) {
+    if (!wait_count.counted) {
+      wait_count.counted = true;
+      ++job.pulls_waiting;
+    }
     if (job.deleted) {
       return absl::AbortedError(absl::StrCat("pull: job \"", job.id, "\" was deleted on ps ",
                                              options_.task_index, " while waiting"));
@@ -730,6 +744,7 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
     s->set_pushes_applied(job->applied);
     s->set_pushes_stale(job->stale);
     s->set_pushes_duplicate(job->duplicate);
+    s->set_pulls_waiting(job->pulls_waiting);
     const absl::Time now = absl::Now();
     if (job->config.mode() == v1::SYNC) {
       for (int w : job->pushed) s->add_pushed_this_step(w);

@@ -67,6 +67,20 @@ absl::StatusOr<v1::PushResponse> PushConst(ParameterServer& ps, const v1::PushHe
   return ps.FinishPush(std::move(*s));
 }
 
+// Waits (deadline 60 s, polling) until job "j" has `n` pulls blocked in
+// their wait: a test drives the other side by that state, not by sleeping.
+bool WaitForWaitingPulls(ParameterServer& ps, int n) {
+  v1::StatusRequest req;
+  req.set_job_id("j");
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < give_up) {
+    const v1::StatusResponse s = ps.Status(req);
+    if (s.jobs_size() == 1 && s.jobs(0).pulls_waiting() == n) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
+}
+
 std::shared_ptr<const WeightsSnapshot> PullNow(ParameterServer& ps, int64_t min_step = 0) {
   v1::PullRequest r;
   r.set_job_id("j");
@@ -217,14 +231,16 @@ TEST(ParameterServerTest, PullWaitsForStepAndTimesOutNamingWorkers) {
   EXPECT_EQ(timed_out.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(timed_out.status().message().find("waits for workers [1]"), std::string::npos)
       << timed_out.status();
+  // Worker 1 pushes only once the pull is seen waiting.
   std::thread pusher([&] {
-    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(WaitForWaitingPulls(ps, 1));
     ASSERT_TRUE(PushConst(ps, Header(1, 1, 0, 1), 1.0f).ok());
   });
-  auto snap = ps.Pull(r, absl::Now() + absl::Seconds(10));
+  auto snap = ps.Pull(r, absl::Now() + absl::Seconds(60));
   pusher.join();
   ASSERT_TRUE(snap.ok()) << snap.status();
   EXPECT_EQ((*snap)->global_step, 1);
+  EXPECT_TRUE(WaitForWaitingPulls(ps, 0));  // no longer counted once served
 }
 
 TEST(ParameterServerTest, AsyncStalenessBoundMakesFastWorkerWait) {
@@ -302,10 +318,13 @@ TEST(LivenessTest, HeartbeatingWorkerIsWaitedForAndLostBackupIsNotNeeded) {
   // 3 workers, 2 replicas: worker 2 never joins (lost, but not needed);
   // worker 1 is slow but heartbeats for several timeouts, then pushes.
   ParameterServer ps({.task_index = 0, .max_pull_wait = absl::Seconds(30)});
-  ASSERT_TRUE(ps.Register(LiveJob(v1::SYNC, 3, 0.2, /*replicas=*/2)).ok());
+  // The beats come every 50 ms against a 1 s timeout (a 20x margin for a
+  // loaded machine), for 3.5 timeouts.
+  ASSERT_TRUE(ps.Register(LiveJob(v1::SYNC, 3, 1.0, /*replicas=*/2)).ok());
   ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());
   std::thread slow([&] {
-    for (int i = 0; i < 16; ++i) {
+    const absl::Time until = absl::Now() + absl::Seconds(3.5);
+    while (absl::Now() < until) {
       ASSERT_TRUE(Beat(ps, 1).ok());
       absl::SleepFor(absl::Milliseconds(50));
     }
@@ -444,15 +463,15 @@ TEST(DeleteJobTest, FreesTheJobAndWakesWaitingPulls) {
     v1::PullRequest p;
     p.set_job_id("j");
     p.set_min_step(1);  // never reached: nobody pushes
-    waited = ps.Pull(p, absl::Now() + absl::Seconds(20)).status();
+    waited = ps.Pull(p, absl::Now() + absl::Seconds(60)).status();
   });
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(WaitForWaitingPulls(ps, 1));
   v1::DeleteJobRequest d;
   d.set_job_id("j");
   const absl::Time start = absl::Now();
   v1::DeleteJobResponse resp = ps.DeleteJob(d);
   puller.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));  // woken, not timed out at 60 s
   EXPECT_TRUE(resp.existed());
   EXPECT_EQ(resp.bytes_freed(), (6 + 2) * 4);
   EXPECT_EQ(waited.code(), absl::StatusCode::kAborted) << waited;
