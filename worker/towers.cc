@@ -134,13 +134,19 @@ void SliceRows(const Batch& in, int64_t begin, int64_t end, Batch* out) {
   const int64_t rows = end - begin;
   const int64_t d = in.features.rank() == 2 ? in.features.dim(1) : 0;
   out->features.Resize({rows, d});
-  std::memcpy(out->features.data(), in.features.data() + begin * d, rows * d * sizeof(float));
+  // An idle tower's slice is empty and its buffer may be null, which memcpy
+  // must not be given even for zero bytes.
+  if (rows * d > 0) {
+    std::memcpy(out->features.data(), in.features.data() + begin * d, rows * d * sizeof(float));
+  }
   out->labels.assign(in.labels.begin() + std::min<int64_t>(begin, in.labels.size()),
                      in.labels.begin() + std::min<int64_t>(end, in.labels.size()));
   if (in.targets.num_elements() > 0) {
     const int64_t k = in.targets.dim(1);
     out->targets.Resize({rows, k});
-    std::memcpy(out->targets.data(), in.targets.data() + begin * k, rows * k * sizeof(float));
+    if (rows * k > 0) {
+      std::memcpy(out->targets.data(), in.targets.data() + begin * k, rows * k * sizeof(float));
+    }
   } else {
     out->targets.Resize({0});
   }
