@@ -45,7 +45,13 @@ def _which(ctx, name):
 def _system_libs_impl(ctx):
     build = ['package(default_visibility = ["//visibility:public"])', ""]
     for name, pkgs in _PKG_LIBS.items():
-        build.append("cc_library(name = %r, linkopts = %r)" % (name, _pkg_config(ctx, pkgs)))
+        build.append("cc_library(name = %r, linkopts = %r%s)" % (
+            name,
+            _pkg_config(ctx, pkgs),
+            # Debian's Abseil is not built with TSan: --config=tsan links
+            # annotations that make its Mutex visible to TSan.
+            ', deps = select({"@//third_party:tsan": ["@//third_party:absl_tsan_annotations"], "//conditions:default": []})' if name == "absl" else "",
+        ))
     build.append('cc_library(name = "gtest", linkopts = ["-lgmock", "-lgtest", "-pthread"])')
     build.append('cc_library(name = "gtest_main", linkopts = ["-lgmock", "-lgtest_main", "-lgtest", "-pthread"])')
     ctx.symlink(_which(ctx, "protoc"), "protoc")
