@@ -168,6 +168,14 @@ using internal::Job;
 
 namespace {
 
+// InvalidArgument unless 0 <= task < num_workers; `what` names the request.
+absl::Status CheckWorkerTask(const char* what, int64_t task, int num_workers) {
+  if (task >= 0 && task < num_workers) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": worker_task ", task,
+                                                 " is out of range (job has ", num_workers,
+                                                 " workers)"));
+}
+
 absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
   if (r.job_id().empty()) return absl::InvalidArgumentError("register: job_id is empty");
   const auto& c = r.config();
@@ -187,10 +195,8 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "register: config.peer_timeout_s = ", c.peer_timeout_s(), " (want 0..86400)"));
   }
-  if (r.has_worker_task() && (r.worker_task() < 0 || r.worker_task() >= c.num_workers())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "register: worker_task ", r.worker_task(), " is out of range (job has ",
-        c.num_workers(), " workers)"));
+  if (r.has_worker_task()) {
+    TOWERPS_RETURN_IF_ERROR(CheckWorkerTask("register", r.worker_task(), c.num_workers()));
   }
   if (!v1::Mode_IsValid(c.mode())) {
     return absl::InvalidArgumentError("register: config.mode is unknown");
@@ -473,11 +479,8 @@ absl::StatusOr<v1::SaveResponse> ParameterServer::Save(const v1::SaveRequest& re
 absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
     const v1::PushHeader& header) {
   TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(header.job_id()));
-  if (header.worker_task() < 0 || header.worker_task() >= job->config.num_workers()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push: worker_task ", header.worker_task(), " is out of range (job has ",
-        job->config.num_workers(), " workers)"));
-  }
+  TOWERPS_RETURN_IF_ERROR(
+      CheckWorkerTask("push", header.worker_task(), job->config.num_workers()));
   if (header.num_examples() < 0) {
     return absl::InvalidArgumentError("push: num_examples is negative");
   }
@@ -815,11 +818,8 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
 absl::StatusOr<v1::HeartbeatResponse> ParameterServer::Heartbeat(
     const v1::HeartbeatRequest& request) {
   TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
-  if (request.worker_task() < 0 || request.worker_task() >= job->config.num_workers()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "heartbeat: worker_task ", request.worker_task(), " is out of range (job has ",
-        job->config.num_workers(), " workers)"));
-  }
+  TOWERPS_RETURN_IF_ERROR(
+      CheckWorkerTask("heartbeat", request.worker_task(), job->config.num_workers()));
   absl::MutexLock lock(&job->mu);
   job->HeardLocked(request.worker_task(), "heartbeat");
   v1::HeartbeatResponse response;

@@ -44,29 +44,42 @@ Batch RandomBatch(int rows, v1::LossType loss) {
   return b;
 }
 
-class ReferenceModelTest : public testing::TestWithParam<v1::LossType> {};
+// A float model of Spec(loss) on the CPU with initialized weights, and a
+// batch of 13 examples.
+class ReferenceModelTest : public testing::TestWithParam<v1::LossType> {
+ protected:
+  void SetUp() override {
+    auto m = Model::Create(spec_, *backend_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = std::move(*m);
+    model_->InitializeWeights();
+  }
+
+  const v1::ModelSpec spec_ = Spec(GetParam());
+  const Batch batch_ = RandomBatch(13, GetParam());
+  std::unique_ptr<Backend> backend_ = NewCpuBackend();
+  std::unique_ptr<Model> model_;
+};
 
 TEST_P(ReferenceModelTest, FloatModelLiesWithinTheBound) {
-  const v1::ModelSpec spec = Spec(GetParam());
-  auto backend = NewCpuBackend();
-  auto model = Model::Create(spec, *backend);
-  ASSERT_TRUE(model.ok()) << model.status();
-  (*model)->InitializeWeights();
-  const Batch batch = RandomBatch(13, GetParam());
-  auto r = (*model)->ComputeGradients(batch);
+  const v1::ModelSpec& spec = spec_;
+  const Batch& batch = batch_;
+  auto r = model_->ComputeGradients(batch);
   ASSERT_TRUE(r.ok()) << r.status();
-  auto ref = ComputeReferenceGradients(spec, (*model)->weights(), batch);
+  auto ref = ComputeReferenceGradients(spec, model_->weights(), batch);
   ASSERT_TRUE(ref.ok()) << ref.status();
   // 7+16+1 + 16+12+1 + 12+4+1 forward and backward, 13 rows, 4.
   EXPECT_EQ(ref->roundings, 24 + 29 + 17 + 13 + 4);
-  ExpectWithinFloatBound((*model)->gradients(), *ref, 0, "one device");
+  ExpectWithinFloatBound(model_->gradients(), *ref, 0, "one device");
   ExpectLossWithinFloatBound(r->loss_sum, *ref, 0, "one device");
-  if (GetParam() == v1::SOFTMAX_CROSS_ENTROPY) EXPECT_EQ(r->correct, ref->correct);
+  if (GetParam() == v1::SOFTMAX_CROSS_ENTROPY) {
+    EXPECT_EQ(r->correct, ref->correct);
+  }
 
   // The bound is meaningful (well below 1e-3 of the largest element: about
   // 87 roundings x 6e-8 x its magnitude), and an error just past it is
   // caught, naming the element.
-  std::vector<common::Tensor*> grads = (*model)->gradients();
+  std::vector<common::Tensor*> grads = model_->gradients();
   int64_t big = 0;
   for (int64_t i = 0; i < grads[0]->num_elements(); ++i) {
     if (std::fabs((*grads[0])[i]) > std::fabs((*grads[0])[big])) big = i;
@@ -83,13 +96,9 @@ TEST_P(ReferenceModelTest, FloatModelLiesWithinTheBound) {
 // The reference's gradient is the derivative of its loss: central
 // differences in double on a few weights of every variable.
 TEST_P(ReferenceModelTest, GradientMatchesFiniteDifferencesOfTheLoss) {
-  const v1::ModelSpec spec = Spec(GetParam());
-  auto backend = NewCpuBackend();
-  auto model = Model::Create(spec, *backend);
-  ASSERT_TRUE(model.ok()) << model.status();
-  (*model)->InitializeWeights();
-  const Batch batch = RandomBatch(13, GetParam());
-  std::vector<common::Tensor*> w = (*model)->weights();
+  const v1::ModelSpec& spec = spec_;
+  const Batch& batch = batch_;
+  std::vector<common::Tensor*> w = model_->weights();
   auto ref = ComputeReferenceGradients(spec, w, batch);
   ASSERT_TRUE(ref.ok()) << ref.status();
   for (size_t v = 0; v < w.size(); ++v) {
