@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -63,7 +64,12 @@ class Job {
   std::vector<Variable> vars ABSL_GUARDED_BY(mu);
   int64_t global_step ABSL_GUARDED_BY(mu) = 0;
   std::vector<WorkerRecord> workers ABSL_GUARDED_BY(mu);
-  // SYNC accumulation for the open step.
+  // SYNC: the open step's gradients by worker (weight = examples), summed
+  // into `acc` in worker order once the step is complete. Summing as pushes
+  // arrive would make the result depend on their order (saxpy's FMA rounds
+  // fma(w1, g1, w0 g0) and fma(w0, g0, w1 g1) differently): the same job
+  // must give the same weights.
+  std::map<int, std::pair<float, std::vector<std::vector<float>>>> staged ABSL_GUARDED_BY(mu);
   std::vector<std::vector<float>> acc ABSL_GUARDED_BY(mu);
   int64_t acc_examples ABSL_GUARDED_BY(mu) = 0;
   std::set<int> pushed ABSL_GUARDED_BY(mu);
@@ -564,18 +570,23 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
     ++job.duplicate;
     response.set_outcome(v1::PushResponse::DUPLICATE);
   } else {
-    const float weight = static_cast<float>(h.num_examples());
-    if (weight > 0) {
-      for (size_t v = 0; v < job.acc.size(); ++v) {
-        cblas_saxpy(static_cast<int>(job.sizes[v]), weight, s->grads_[v].data(), 1,
-                    job.acc[v].data(), 1);
-      }
+    if (h.num_examples() > 0) {
+      job.staged[h.worker_task()] = {static_cast<float>(h.num_examples()), std::move(s->grads_)};
+      s->grads_.clear();  // kept by the job until the step completes
     }
     job.acc_examples += h.num_examples();
     job.pushed.insert(h.worker_task());
     ++job.applied;
     response.set_outcome(v1::PushResponse::APPLIED);
     if (static_cast<int>(job.pushed.size()) >= job.replicas) {
+      for (auto& [worker, staged] : job.staged) {  // ascending worker order
+        for (size_t v = 0; v < job.acc.size(); ++v) {
+          cblas_saxpy(static_cast<int>(job.sizes[v]), staged.first, staged.second[v].data(), 1,
+                      job.acc[v].data(), 1);
+        }
+        job.free_buffers.push_back(std::move(staged.second));
+      }
+      job.staged.clear();
       if (job.acc_examples > 0) {
         const float inv = 1.0f / static_cast<float>(job.acc_examples);
         for (size_t v = 0; v < job.acc.size(); ++v) {
@@ -804,6 +815,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     job->vars.clear();
     job->vars.shrink_to_fit();
     job->acc.clear();
+    job->staged.clear();
     job->free_buffers.clear();
     job->snapshot.reset();
     job->changed.SignalAll();
