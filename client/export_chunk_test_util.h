@@ -10,7 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "proto/towerps.pb.h"
+#include "proto/job_service.pb.h"
+#include "proto/tensor.pb.h"
 
 namespace towerps::client {
 

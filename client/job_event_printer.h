@@ -13,7 +13,7 @@
 #include <string>
 #include <utility>
 
-#include "proto/towerps.pb.h"
+#include "proto/job_service.pb.h"
 
 namespace towerps::client {
 

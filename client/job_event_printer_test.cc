@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "proto/job_service.pb.h"
 
 namespace towerps::client {
 namespace {

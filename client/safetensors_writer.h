@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "proto/towerps.pb.h"
+#include "proto/job_service.pb.h"
 
 namespace towerps::client {
 

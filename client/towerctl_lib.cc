@@ -17,11 +17,11 @@
 #include "client/job_event_printer.h"
 #include "client/safetensors_writer.h"
 #include "client/text_table.h"
+#include "common/job_spec.h"
 #include "common/rpc.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/client_context.h"
-#include "worker/job_spec.h"
 
 namespace towerps::client {
 namespace {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "proto/towerps.grpc.pb.h"
+#include "proto/job_service.grpc.pb.h"
 
 namespace towerps::client {
 

@@ -13,17 +13,19 @@
 #include <map>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "client/export_chunk_test_util.h"
 #include "absl/synchronization/mutex.h"
+#include "client/export_chunk_test_util.h"
 #include "common/rpc.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/server_context.h"
-#include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "proto/towerps.grpc.pb.h"
+#include "proto/job_service.grpc.pb.h"
+#include "proto/ps.pb.h"
+#include "proto/worker.pb.h"
 
 namespace towerps::client {
 namespace {

@@ -5,7 +5,7 @@
 #define TOWERPS_COMMON_INITIALIZER_H_
 
 #include "absl/types/span.h"
-#include "proto/towerps.pb.h"
+#include "proto/tensor.pb.h"
 
 namespace towerps::common {
 

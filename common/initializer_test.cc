@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "proto/tensor.pb.h"
 
 namespace towerps::common {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "proto/towerps.pb.h"
+#include "proto/job.pb.h"
 
 namespace towerps::common {
 

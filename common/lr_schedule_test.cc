@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "proto/job.pb.h"
 
 namespace towerps::common {
 namespace {

@@ -6,7 +6,7 @@
 #define TOWERPS_COMMON_OPTIMIZER_SPEC_H_
 
 #include "absl/status/status.h"
-#include "proto/towerps.pb.h"
+#include "proto/job.pb.h"
 
 namespace towerps::common {
 

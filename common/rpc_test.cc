@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/towerps.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
 
 namespace towerps::common {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "proto/towerps.pb.h"
+#include "proto/tensor.pb.h"
 
 namespace towerps::common {
 

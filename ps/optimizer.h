@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/optimizer_spec.h"
-#include "proto/towerps.pb.h"
+#include "proto/job.pb.h"
 
 namespace towerps::ps {
 

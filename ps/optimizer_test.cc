@@ -8,6 +8,7 @@
 
 #include "common/lr_schedule.h"
 #include "gtest/gtest.h"
+#include "proto/job.pb.h"
 
 namespace towerps::ps {
 namespace {

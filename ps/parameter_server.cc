@@ -3,19 +3,19 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <map>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/checkpoint.h"
 #include "common/initializer.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/storage/checkpoint.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "ps/optimizer.h"
 

@@ -39,7 +39,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "proto/towerps.pb.h"
+#include "proto/ps.pb.h"
+#include "proto/tensor.pb.h"
 
 namespace towerps::ps {
 

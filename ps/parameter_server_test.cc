@@ -5,6 +5,9 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "proto/job.pb.h"
+#include "proto/ps.pb.h"
+#include "proto/tensor.pb.h"
 
 namespace towerps::ps {
 namespace {

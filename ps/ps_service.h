@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "proto/towerps.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
 #include "ps/parameter_server.h"
 
 namespace towerps::ps {

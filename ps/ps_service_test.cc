@@ -7,7 +7,9 @@
 #include "common/rpc.h"
 #include "grpcpp/client_context.h"
 #include "gtest/gtest.h"
-#include "proto/towerps.grpc.pb.h"
+#include "proto/job.pb.h"
+#include "proto/ps.grpc.pb.h"
+#include "proto/tensor.pb.h"
 
 namespace towerps::ps {
 namespace {

@@ -8,16 +8,17 @@
 #include <random>
 #include <thread>
 
+#include "common/job_spec.h"
 #include "common/rpc.h"
 #include "gtest/gtest.h"
+#include "proto/job.pb.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_service.h"
-#include "worker/backend.h"
-#include "worker/dataset.h"
-#include "worker/job_spec.h"
-#include "worker/model.h"
-#include "worker/ps_client.h"
-#include "worker/trainer.h"
+#include "worker/device/backend.h"
+#include "worker/model/dataset.h"
+#include "worker/model/model.h"
+#include "worker/train/ps_client.h"
+#include "worker/train/trainer.h"
 
 namespace towerps {
 namespace {

@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "common/event_writer.h"
+#include "common/storage/event_writer.h"
 
 namespace {
 

@@ -22,7 +22,12 @@ def cc_grpc_library(name, src, deps = [], visibility = None):
                "--plugin=protoc-gen-grpc=$(location @system_libs//:grpc_cpp_plugin) " +
                "%s/%s") % (pkg, src),
     )
-    native.filegroup(name = name + "_srcs", srcs = [src], visibility = visibility)
+    # The .proto and, transitively, every .proto it imports (protoc reads them all).
+    native.filegroup(
+        name = name + "_srcs",
+        srcs = [src] + [d + "_srcs" for d in deps],
+        visibility = visibility,
+    )
     native.cc_library(
         name = name,
         srcs = [base + ".pb.cc", base + ".grpc.pb.cc"],

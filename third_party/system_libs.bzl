@@ -91,7 +91,7 @@ def _local_cuda_impl(ctx):
         for d in libdirs:
             linkopts += ["-L" + d, "-Wl,-rpath," + d]
 
-        # NCCL is not linked: common/nccl_lib loads it with dlopen, so CUDA
+        # NCCL is not linked: worker/device/nccl_lib loads it with dlopen, so CUDA
         # binaries start where it is missing.
         linkopts += ["-lcudart", "-lcublas"]
         build.append("cc_library(name = \"cuda_libs\", linkopts = %r)" % linkopts)

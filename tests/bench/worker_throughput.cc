@@ -30,11 +30,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/gpu_info.h"
-#include "worker/device_placer.h"
-#include "worker/backend.h"
-#include "worker/job_spec.h"
-#include "worker/towers.h"
+#include "common/job_spec.h"
+#include "proto/job.pb.h"
+#include "worker/device/backend.h"
+#include "worker/device/gpu_info.h"
+#include "worker/model/device_placer.h"
+#include "worker/train/towers.h"
 
 ABSL_FLAG(double, seconds, 2.0, "Timed seconds per row (after warm-up).");
 ABSL_FLAG(std::string, towers, "1,2", "Tower counts to sweep.");

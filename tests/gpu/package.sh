@@ -8,7 +8,7 @@
 #   bash tests/gpu/package.sh && du -sh gpu-bundle
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-targets=(//worker:backend_cuda_test //worker:nccl_reduce_test //common:cuda_memory_test
+targets=(//worker/device:backend_cuda_test //worker/device:nccl_reduce_test //worker/device:cuda_memory_test
          //tests/bench:worker_throughput //worker:worker //ps:ps)
 bazel build -c opt "${targets[@]}"
 out=gpu-bundle

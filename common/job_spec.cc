@@ -1,0 +1,162 @@
+#include "common/job_spec.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace towerps::worker {
+
+absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name) {
+  v1::JobSpec job;
+  job.set_job_id(name);
+  v1::ModelSpec* m = job.mutable_model();
+  m->set_name(name);
+  if (name == "mlp") {
+    m->set_input_dim(784);
+    for (int units : {256, 256, 10}) {
+      v1::LayerSpec* l = m->add_layers();
+      l->set_type(v1::LayerSpec::DENSE);
+      l->set_units(units);
+      if (units != 10) l->set_activation(v1::RELU);
+    }
+    m->set_loss(v1::SOFTMAX_CROSS_ENTROPY);
+    job.mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+    job.mutable_optimizer()->set_learning_rate(1e-3f);
+    job.mutable_data()->set_source(v1::DataSpec::FASHION_MNIST);
+    job.set_global_batch_size(256);
+    job.set_epochs(2);
+    return job;
+  }
+  if (name == "dense_stack") {
+    m->set_input_dim(100);
+    for (int i = 0; i < 12; ++i) {
+      v1::LayerSpec* l = m->add_layers();
+      l->set_type(v1::LayerSpec::DENSE);
+      l->set_units(i == 11 ? 100 : 1000);
+    }
+    m->set_loss(v1::MAE);
+    job.mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
+    job.mutable_optimizer()->set_learning_rate(0.01f);
+    job.mutable_data()->set_source(v1::DataSpec::ONES);
+    job.mutable_data()->set_ones_examples(100);
+    job.set_global_batch_size(10);
+    job.set_epochs(10);
+    return job;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("unknown model \"", name, "\" (known: mlp, dense_stack)"));
+}
+
+absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
+  v1::JobSpec job;
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{') {
+    auto st = google::protobuf::util::JsonStringToMessage(text, &job);
+    if (!st.ok()) {
+      std::string why = st.message().as_string();
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec (JSON): ", why.substr(0, why.find('\n'))));
+    }
+    return job;
+  }
+  struct Collector : google::protobuf::io::ErrorCollector {
+    std::string first;
+    void AddError(int line, int col, const std::string& msg) override {
+      if (first.empty()) first = absl::StrCat("line ", line + 1, ":", col + 1, ": ", msg);
+    }
+  } errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &job)) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec (text format): ", errors.first));
+  }
+  return job;
+}
+
+absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("job spec file \"", path, "\" not found"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto job = ParseJobSpec(ss.str());
+  if (!job.ok()) {
+    return absl::Status(job.status().code(),
+                        absl::StrCat(path, ": ", job.status().message()));
+  }
+  return job;
+}
+
+v1::JobSpec JobWithDefaults(const v1::JobSpec& in) {
+  v1::JobSpec j = in;
+  if (j.job_id().empty()) j.set_job_id("default");
+  if (j.mode() == v1::MODE_UNSPECIFIED) j.set_mode(v1::SYNC);
+  if (j.global_batch_size() == 0) j.set_global_batch_size(256);
+  if (j.epochs() == 0) j.set_epochs(1);
+  if (j.towers() == 0) j.set_towers(1);
+  if (j.placement() == v1::PLACEMENT_UNSPECIFIED) j.set_placement(v1::GREEDY_BYTES);
+  v1::ModelSpec* m = j.mutable_model();
+  if (m->loss() == v1::LOSS_UNSPECIFIED) m->set_loss(v1::SOFTMAX_CROSS_ENTROPY);
+  if (m->init_seed() == 0) m->set_init_seed(1);
+  if (m->name().empty()) m->set_name(j.job_id());
+  v1::DataSpec* d = j.mutable_data();
+  if (d->source() == v1::DataSpec::SOURCE_UNSPECIFIED) d->set_source(v1::DataSpec::FASHION_MNIST);
+  if (d->dir().empty()) d->set_dir("/usr/share/datasets/fashion-mnist");
+  if (d->ones_examples() == 0) d->set_ones_examples(100);
+  if (d->shuffle_seed() == 0) d->set_shuffle_seed(1);
+  if (j.log_every_steps() == 0) j.set_log_every_steps(50);
+  if (j.max_restarts() == 0) j.set_max_restarts(3);
+  if (j.peer_timeout_s() == 0) j.set_peer_timeout_s(kDefaultPeerTimeoutS);
+  if (j.checkpoint().keep() == 0) j.mutable_checkpoint()->set_keep(3);
+  return j;
+}
+
+absl::Status ValidateJob(const v1::JobSpec& j, int num_workers) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError("job spec: " + what); };
+  if (j.global_batch_size() <= 0) {
+    return bad(absl::StrCat("global_batch_size = ", j.global_batch_size(), " (want > 0)"));
+  }
+  if (j.epochs() <= 0) return bad(absl::StrCat("epochs = ", j.epochs(), " (want > 0)"));
+  if (j.max_steps() < 0) return bad("max_steps is negative");
+  if (j.towers() < 1) return bad(absl::StrCat("towers = ", j.towers(), " (want >= 1)"));
+  if (j.tower_devices_size() > 0 && j.towers() > 1 && j.towers() != j.tower_devices_size()) {
+    return bad(absl::StrCat("towers = ", j.towers(), " but tower_devices names ",
+                            j.tower_devices_size(), " devices"));
+  }
+  if (j.micro_batches() < 0) {
+    return bad(absl::StrCat("micro_batches = ", j.micro_batches(), " (want >= 1, or 0 for 1)"));
+  }
+  if (!v1::Mode_IsValid(j.mode())) return bad("mode is unknown");
+  if (j.replicas_to_aggregate() < 0 || j.replicas_to_aggregate() > num_workers) {
+    return bad(absl::StrCat("replicas_to_aggregate = ", j.replicas_to_aggregate(),
+                            " (want 0..", num_workers, " workers)"));
+  }
+  if (j.max_staleness() < 0) return bad("max_staleness is negative");
+  if (!(j.peer_timeout_s() >= 0) || j.peer_timeout_s() > 86400) {
+    return bad(absl::StrCat("peer_timeout_s = ", j.peer_timeout_s(),
+                            " (want 0 for the default of 60, or up to 86400 s)"));
+  }
+  const v1::DataSpec& d = j.data();
+  if (d.max_train_examples() < 0 || d.max_test_examples() < 0) {
+    return bad("data.max_train_examples/max_test_examples is negative");
+  }
+  if (d.source() == v1::DataSpec::ONES && d.ones_examples() <= 0) {
+    return bad("data.ones_examples must be > 0");
+  }
+  if (!v1::DataSpec::Source_IsValid(d.source())) return bad("data.source is unknown");
+  if (j.log_every_steps() < 0) return bad("log_every_steps is negative");
+  const v1::CheckpointSpec& c = j.checkpoint();
+  if (c.every_steps() < 0) {
+    return bad(absl::StrCat("checkpoint.every_steps = ", c.every_steps(), " (want >= 0)"));
+  }
+  if (c.every_seconds() < 0) {
+    return bad(absl::StrCat("checkpoint.every_seconds = ", c.every_seconds(), " (want >= 0)"));
+  }
+  if (c.keep() < 0) return bad(absl::StrCat("checkpoint.keep = ", c.keep(), " (want >= 1)"));
+  return absl::OkStatus();
+}
+
+}  // namespace towerps::worker

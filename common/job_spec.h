@@ -1,0 +1,38 @@
+// JobSpec presets, defaults and validation on the worker side.
+//
+// Pure functions; thread-safe.
+#ifndef TOWERPS_COMMON_JOB_SPEC_H_
+#define TOWERPS_COMMON_JOB_SPEC_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+
+namespace towerps::worker {
+
+// "mlp": 784-256(relu)-256(relu)-10, softmax cross-entropy, Adam 1e-3, global
+// batch 256, 2 epochs of Fashion-MNIST.
+// "dense_stack": Dense 100->1000, ten 1000x1000, 1000->100 (10,211,100
+// parameters), MAE, SGD 0.01, 100 "ones" examples, batch 10, 10 epochs.
+// NotFound lists the known names.
+absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name);
+
+// Parses a JobSpec from JSON (if the text starts with '{') or text format.
+// InvalidArgument names the problem.
+absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text);
+absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path);
+
+// JobSpec.peer_timeout_s when the spec leaves it 0.
+constexpr double kDefaultPeerTimeoutS = 60;
+
+// Fills every zero field with its documented default.
+v1::JobSpec JobWithDefaults(const v1::JobSpec& job);
+
+// Checks the fields the worker owns (batch size, epochs, mode, data source).
+// The model is checked by Model::Create, the optimizer by the servers.
+absl::Status ValidateJob(const v1::JobSpec& job, int num_workers);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_COMMON_JOB_SPEC_H_

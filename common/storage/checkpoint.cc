@@ -1,0 +1,525 @@
+#include "common/storage/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "absl/base/config.h"
+#include "absl/base/internal/endian.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/status.h"
+#include "common/storage/file_util.h"
+#include "common/storage/record_io.h"
+#include "proto/checkpoint.pb.h"
+
+namespace towerps::common {
+namespace {
+
+constexpr char kShardMagic[] = "towerps-shard";
+constexpr char kManifestMagic[] = "towerps-manifest";
+constexpr int kManifestFormatVersion = 1;
+constexpr char kManifestFileName[] = "MANIFEST";
+
+std::string JoinPath(const std::string& dir, absl::string_view name) {
+  if (dir.empty() || dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+// Elements of a tensor of shape `def.shape()`, or a message saying why there
+// is no such count (a negative dimension, overflow).
+absl::StatusOr<int64_t> NumElements(const v1::VariableDef& def) {
+  int64_t n = 1;
+  for (const int64_t d : def.shape()) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("variable \"", def.name(), "\" has shape ",
+                                                     absl::StrJoin(def.shape(), "x")));
+    }
+    // Bytes (4 per element) must fit in int64 as well.
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / 4 / d) {
+      return absl::InvalidArgumentError(absl::StrCat("variable \"", def.name(), "\" shape ",
+                                                     absl::StrJoin(def.shape(), "x"),
+                                                     " overflows"));
+    }
+    n *= d;
+  }
+  return n;
+}
+
+// Appends `values` as raw little-endian float32 records of at most
+// `max_record_bytes` (a multiple of 4) each; none for an empty tensor.
+int64_t AppendFloatRecords(absl::Span<const float> values, int64_t max_record_bytes,
+                           std::string* out) {
+  const size_t per_record = static_cast<size_t>(max_record_bytes / 4);
+  int64_t records = 0;
+#if !defined(ABSL_IS_LITTLE_ENDIAN)
+  std::string le;
+#endif
+  for (size_t begin = 0; begin < values.size(); begin += per_record) {
+    const size_t n = std::min(per_record, values.size() - begin);
+#if defined(ABSL_IS_LITTLE_ENDIAN)
+    AppendRecord(absl::string_view(reinterpret_cast<const char*>(values.data() + begin), 4 * n),
+                 out);
+#else
+    le.resize(4 * n);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &values[begin + i], 4);
+      absl::little_endian::Store32(&le[4 * i], bits);
+    }
+    AppendRecord(le, out);
+#endif
+    ++records;
+  }
+  return records;
+}
+
+void CopyFloats(absl::string_view le, float* dst) {
+#if defined(ABSL_IS_LITTLE_ENDIAN)
+  std::memcpy(dst, le.data(), le.size());
+#else
+  for (size_t i = 0; i < le.size() / 4; ++i) {
+    const uint32_t bits = absl::little_endian::Load32(le.data() + 4 * i);
+    std::memcpy(&dst[i], &bits, 4);
+  }
+#endif
+}
+
+absl::Status ValidateShardState(const ShardState& state, const ShardWriteOptions& options) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("write shard of job \"", state.job_id,
+                                                   "\" task ", state.ps_task, ": ", what));
+  };
+  if (options.max_record_bytes < 4) {
+    return bad(absl::StrCat("max_record_bytes ", options.max_record_bytes, " < 4"));
+  }
+  if (state.num_ps < 1 || state.ps_task < 0 || state.ps_task >= state.num_ps) {
+    return bad(absl::StrCat("ps_task ", state.ps_task, " not in [0, num_ps ", state.num_ps, ")"));
+  }
+  for (const VariableState& v : state.vars) {
+    if (v.def.dtype() != v1::DT_FLOAT32) {
+      return bad(absl::StrCat("variable \"", v.def.name(), "\" has dtype ", v.def.dtype(),
+                              ", only DT_FLOAT32 is supported"));
+    }
+    absl::StatusOr<int64_t> n = NumElements(v.def);
+    if (!n.ok()) return bad(std::string(n.status().message()));
+    if (static_cast<int64_t>(v.value.size()) != *n) {
+      return bad(absl::StrCat("variable \"", v.def.name(), "\" has ", v.value.size(),
+                              " values, its shape ", absl::StrJoin(v.def.shape(), "x"),
+                              " has ", *n, " elements"));
+    }
+    std::set<absl::string_view> names;
+    for (const SlotValues& slot : v.slots) {
+      if (slot.name.empty() || !names.insert(slot.name).second) {
+        return bad(absl::StrCat("variable \"", v.def.name(), "\" has an empty or duplicate slot "
+                                "name \"", slot.name, "\""));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string EncodeShard(const ShardState& state, const ShardWriteOptions& options) {
+  size_t payload = 0;
+  size_t tensors = 0;
+  for (const VariableState& v : state.vars) {
+    payload += 4 * v.value.size();
+    ++tensors;
+    for (const SlotValues& s : v.slots) {
+      payload += 4 * s.values.size();
+      ++tensors;
+    }
+  }
+  const size_t max_records =
+      payload / static_cast<size_t>(options.max_record_bytes) + tensors + state.vars.size() + 2;
+  std::string out;
+  out.reserve(payload + 16 * max_records + 256 * (state.vars.size() + 2) +
+              8 * state.worker_completed.size());
+
+  int64_t records = 0;
+  ckpt::ShardHeader header;
+  header.set_magic(kShardMagic);
+  header.set_format_version(kShardFormatVersion);
+  header.set_job_id(state.job_id);
+  header.set_ps_task(state.ps_task);
+  header.set_num_ps(state.num_ps);
+  header.set_global_step(state.global_step);
+  header.set_num_variables(static_cast<int64_t>(state.vars.size()));
+  header.mutable_worker_completed()->Add(state.worker_completed.begin(),
+                                         state.worker_completed.end());
+  AppendRecord(header.SerializeAsString(), &out);
+  ++records;
+
+  for (const VariableState& v : state.vars) {
+    ckpt::VariableHeader vh;
+    *vh.mutable_def() = v.def;
+    vh.set_updates(v.updates);
+    vh.set_num_elements(static_cast<int64_t>(v.value.size()));
+    for (const SlotValues& s : v.slots) {
+      ckpt::SlotHeader* sh = vh.add_slots();
+      sh->set_name(s.name);
+      sh->set_num_elements(static_cast<int64_t>(s.values.size()));
+    }
+    AppendRecord(vh.SerializeAsString(), &out);
+    ++records;
+    records += AppendFloatRecords(v.value, options.max_record_bytes, &out);
+    for (const SlotValues& s : v.slots) {
+      records += AppendFloatRecords(s.values, options.max_record_bytes, &out);
+    }
+  }
+
+  ckpt::ShardFooter footer;
+  footer.set_num_variables(static_cast<int64_t>(state.vars.size()));
+  footer.set_num_records(records);
+  footer.set_payload_bytes(static_cast<int64_t>(payload));
+  AppendRecord(footer.SerializeAsString(), &out);
+  return out;
+}
+
+// Walks a shard file's records in order, checking each against what the
+// previous ones announced. Every error is DataLoss naming the file.
+class ShardDecoder {
+ public:
+  ShardDecoder(absl::string_view buffer, const std::string& path)
+      : buffer_(buffer), path_(path), reader_(buffer, path) {}
+
+  // Fills `state`; the values only if `keep_values`.
+  absl::Status Decode(bool keep_values, ShardState* state) {
+    TOWERPS_ASSIGN_OR_RETURN(absl::string_view rec, Next("the header"));
+    ckpt::ShardHeader header;
+    if (!header.ParseFromArray(rec.data(), static_cast<int>(rec.size()))) {
+      return Error("the header record does not parse");
+    }
+    if (header.magic() != kShardMagic) {
+      return Error(absl::StrCat("not a shard file (magic \"", absl::CHexEscape(header.magic()),
+                                "\", expected \"", kShardMagic, "\")"));
+    }
+    if (header.format_version() != kShardFormatVersion) {
+      return Error(absl::StrCat("format version ", header.format_version(),
+                                ", this build reads version ", kShardFormatVersion));
+    }
+    if (header.num_ps() < 1 || header.ps_task() < 0 || header.ps_task() >= header.num_ps()) {
+      return Error(absl::StrCat("header has ps_task ", header.ps_task(), " of num_ps ",
+                                header.num_ps()));
+    }
+    // Every variable takes at least one record (16 bytes of framing).
+    if (header.num_variables() < 0 ||
+        header.num_variables() > static_cast<int64_t>(buffer_.size() / 16)) {
+      return Error(absl::StrCat("header announces ", header.num_variables(),
+                                " variables, impossible in ", buffer_.size(), " bytes"));
+    }
+    state->job_id = header.job_id();
+    state->ps_task = header.ps_task();
+    state->num_ps = header.num_ps();
+    state->global_step = header.global_step();
+    state->worker_completed.assign(header.worker_completed().begin(),
+                                   header.worker_completed().end());
+    state->vars.clear();
+    if (keep_values) state->vars.reserve(static_cast<size_t>(header.num_variables()));
+
+    for (int64_t i = 0; i < header.num_variables(); ++i) {
+      TOWERPS_ASSIGN_OR_RETURN(rec, Next(absl::StrCat("the header of variable ", i)));
+      ckpt::VariableHeader vh;
+      if (!vh.ParseFromArray(rec.data(), static_cast<int>(rec.size()))) {
+        return Error(absl::StrCat("the header of variable ", i, " does not parse"));
+      }
+      const std::string var = absl::StrCat("variable ", i, " \"", vh.def().name(), "\"");
+      if (vh.def().dtype() != v1::DT_FLOAT32) {
+        return Error(absl::StrCat(var, " has dtype ", vh.def().dtype(), ", expected DT_FLOAT32"));
+      }
+      absl::StatusOr<int64_t> n = NumElements(vh.def());
+      if (!n.ok()) return Error(std::string(n.status().message()));
+      if (vh.num_elements() != *n) {
+        return Error(absl::StrCat(var, " has ", vh.num_elements(), " elements, its shape ",
+                                  absl::StrJoin(vh.def().shape(), "x"), " has ", *n));
+      }
+      VariableState v;
+      TOWERPS_RETURN_IF_ERROR(
+          ReadFloats(*n, absl::StrCat(var, " value"), keep_values ? &v.value : nullptr));
+      std::set<std::string> names;
+      for (const ckpt::SlotHeader& sh : vh.slots()) {
+        const std::string slot = absl::StrCat(var, " slot \"", sh.name(), "\"");
+        if (sh.name().empty() || !names.insert(sh.name()).second) {
+          return Error(absl::StrCat(slot, ": empty or duplicate slot name"));
+        }
+        if (sh.num_elements() < 0) {
+          return Error(absl::StrCat(slot, " has ", sh.num_elements(), " elements"));
+        }
+        SlotValues s;
+        s.name = sh.name();
+        TOWERPS_RETURN_IF_ERROR(ReadFloats(sh.num_elements(), slot, keep_values ? &s.values : nullptr));
+        if (keep_values) v.slots.push_back(std::move(s));
+      }
+      if (keep_values) {
+        v.def = std::move(*vh.mutable_def());
+        v.updates = vh.updates();
+        state->vars.push_back(std::move(v));
+      }
+    }
+
+    const int64_t records_before_footer = records_;
+    TOWERPS_ASSIGN_OR_RETURN(rec, Next("the footer"));
+    ckpt::ShardFooter footer;
+    if (!footer.ParseFromArray(rec.data(), static_cast<int>(rec.size()))) {
+      return Error(absl::StrCat("the footer record at byte ", record_offset_,
+                                " does not parse"));
+    }
+    if (footer.num_variables() != header.num_variables() ||
+        footer.num_records() != records_before_footer || footer.payload_bytes() != payload_bytes_) {
+      return Error(absl::StrCat("footer counts (", footer.num_variables(), " variables, ",
+                                footer.num_records(), " records, ", footer.payload_bytes(),
+                                " payload bytes) do not match the file (",
+                                header.num_variables(), ", ", records_before_footer, ", ",
+                                payload_bytes_, ")"));
+    }
+    absl::StatusOr<absl::string_view> extra = reader_.Next();
+    if (extra.ok()) {
+      return Error(absl::StrCat("trailing record at byte ", record_offset_, " after the footer"));
+    }
+    if (!absl::IsOutOfRange(extra.status())) return extra.status();
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Error(const std::string& what) const {
+    return absl::DataLossError(absl::StrCat(path_, ": ", what));
+  }
+
+  // The next record, which should be `what`. A clean end of the file here
+  // means it was cut short.
+  absl::StatusOr<absl::string_view> Next(const std::string& what) {
+    record_offset_ = reader_.offset();
+    absl::StatusOr<absl::string_view> rec = reader_.Next();
+    if (absl::IsOutOfRange(rec.status())) {
+      return Error(absl::StrCat("truncated: ends after ", records_, " records (", buffer_.size(),
+                                " bytes) where ", what, " should follow; no footer"));
+    }
+    if (rec.ok()) ++records_;
+    return rec;
+  }
+
+  // Reads `n` floats from payload records into `out` (if not null).
+  absl::Status ReadFloats(int64_t n, const std::string& what, std::vector<float>* out) {
+    const int64_t left_in_file = static_cast<int64_t>(buffer_.size()) - reader_.offset();
+    if (n > left_in_file / 4) {
+      return Error(absl::StrCat("truncated: ", what, " has ", n, " elements, only ",
+                                left_in_file, " bytes are left in the file"));
+    }
+    if (out != nullptr) out->resize(static_cast<size_t>(n));
+    int64_t done = 0;  // Bytes.
+    const int64_t total = 4 * n;
+    while (done < total) {
+      TOWERPS_ASSIGN_OR_RETURN(absl::string_view rec,
+                               Next(absl::StrCat(what, " payload at element ", done / 4)));
+      const int64_t size = static_cast<int64_t>(rec.size());
+      if (size == 0 || size % 4 != 0 || size > total - done) {
+        return Error(absl::StrCat(what, ": payload record at byte ", record_offset_, " has ", size,
+                                  " bytes, expected a positive multiple of 4 up to ",
+                                  total - done));
+      }
+      if (out != nullptr) CopyFloats(rec, out->data() + done / 4);
+      done += size;
+    }
+    payload_bytes_ += total;
+    return absl::OkStatus();
+  }
+
+  const absl::string_view buffer_;
+  const std::string path_;
+  RecordReader reader_;
+  int64_t records_ = 0;        // Read so far.
+  int64_t payload_bytes_ = 0;  // Float32 payload read so far.
+  int64_t record_offset_ = 0;  // Of the last record asked for.
+};
+
+absl::StatusOr<ShardState> ReadShardImpl(const std::string& path, bool keep_values) {
+  TOWERPS_ASSIGN_OR_RETURN(std::string contents, ReadFileToString(path));
+  ShardState state;
+  ShardDecoder decoder(contents, path);
+  TOWERPS_RETURN_IF_ERROR(decoder.Decode(keep_values, &state));
+  return state;
+}
+
+// Empty if `e` is fine, else what is wrong with it.
+std::string CheckEntry(const ManifestEntry& e) {
+  if (e.step < 0) return absl::StrCat("step ", e.step, " < 0");
+  if (e.dir_name.empty() || e.dir_name == "." || e.dir_name == ".." ||
+      e.dir_name == kManifestFileName || e.dir_name.find('/') != std::string::npos ||
+      e.dir_name.find('\0') != std::string::npos) {
+    return absl::StrCat("step ", e.step, ": dir_name \"", absl::CHexEscape(e.dir_name),
+                        "\" is not a plain directory name");
+  }
+  if (e.num_ps < 1) return absl::StrCat("step ", e.step, ": num_ps ", e.num_ps, " < 1");
+  return "";
+}
+
+std::string CheckEntries(const std::vector<ManifestEntry>& entries) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    std::string bad = CheckEntry(entries[i]);
+    if (!bad.empty()) return bad;
+    if (i > 0 && entries[i].step <= entries[i - 1].step) {
+      return absl::StrCat("steps not increasing: ", entries[i - 1].step, " then ",
+                          entries[i].step);
+    }
+  }
+  return "";
+}
+
+// Verifies every shard of checkpoint `e`: OK, or the first problem found.
+absl::Status CheckCheckpoint(const std::string& dir, const ManifestEntry& e) {
+  const std::string ckpt_dir = JoinPath(dir, e.dir_name);
+  for (int task = 0; task < e.num_ps; ++task) {
+    const std::string path = JoinPath(ckpt_dir, ShardFileName(task, e.num_ps));
+    TOWERPS_ASSIGN_OR_RETURN(ShardState header, VerifyShard(path));
+    if (header.ps_task != task || header.num_ps != e.num_ps) {
+      return absl::DataLossError(absl::StrCat(path, ": holds shard ", header.ps_task, " of ",
+                                              header.num_ps));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string CheckpointDirName(int64_t step) { return absl::StrFormat("ckpt-%010d", step); }
+
+std::string ShardFileName(int ps_task, int num_ps) {
+  return absl::StrCat("shard-", ps_task, "-of-", num_ps);
+}
+
+absl::StatusOr<std::string> WriteShard(const std::string& checkpoint_dir, const ShardState& state,
+                                       const ShardWriteOptions& options) {
+  TOWERPS_RETURN_IF_ERROR(ValidateShardState(state, options));
+  TOWERPS_RETURN_IF_ERROR(MakeDirs(checkpoint_dir));
+  const std::string path = JoinPath(checkpoint_dir, ShardFileName(state.ps_task, state.num_ps));
+  TOWERPS_RETURN_IF_ERROR(WriteFileAtomically(path, EncodeShard(state, options)));
+  return path;
+}
+
+absl::StatusOr<ShardState> ReadShard(const std::string& path) {
+  return ReadShardImpl(path, /*keep_values=*/true);
+}
+
+absl::StatusOr<ShardState> VerifyShard(const std::string& path) {
+  return ReadShardImpl(path, /*keep_values=*/false);
+}
+
+absl::Status WriteManifest(const std::string& dir, const std::vector<ManifestEntry>& entries) {
+  const std::string path = JoinPath(dir, kManifestFileName);
+  if (std::string bad = CheckEntries(entries); !bad.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("write ", path, ": ", bad));
+  }
+  ckpt::Manifest manifest;
+  manifest.set_magic(kManifestMagic);
+  manifest.set_format_version(kManifestFormatVersion);
+  for (const ManifestEntry& e : entries) {
+    ckpt::ManifestEntry* m = manifest.add_entries();
+    m->set_step(e.step);
+    m->set_dir_name(e.dir_name);
+    m->set_num_ps(e.num_ps);
+    m->set_unix_time(e.unix_time);
+  }
+  std::string out;
+  AppendRecord(manifest.SerializeAsString(), &out);
+  TOWERPS_RETURN_IF_ERROR(MakeDirs(dir));
+  return WriteFileAtomically(path, out);
+}
+
+absl::StatusOr<std::vector<ManifestEntry>> ReadManifest(const std::string& dir) {
+  const std::string path = JoinPath(dir, kManifestFileName);
+  TOWERPS_ASSIGN_OR_RETURN(std::string contents, ReadFileToString(path));
+  auto bad = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(path, ": ", what));
+  };
+  RecordReader reader(contents, path);
+  absl::StatusOr<absl::string_view> rec = reader.Next();
+  if (absl::IsOutOfRange(rec.status())) return bad("empty file");
+  if (!rec.ok()) return rec.status();
+  ckpt::Manifest manifest;
+  if (!manifest.ParseFromArray(rec->data(), static_cast<int>(rec->size()))) {
+    return bad("the manifest record does not parse");
+  }
+  if (manifest.magic() != kManifestMagic) {
+    return bad(absl::StrCat("not a manifest (magic \"", absl::CHexEscape(manifest.magic()),
+                            "\", expected \"", kManifestMagic, "\")"));
+  }
+  if (manifest.format_version() != kManifestFormatVersion) {
+    return bad(absl::StrCat("format version ", manifest.format_version(),
+                            ", this build reads version ", kManifestFormatVersion));
+  }
+  const int64_t end = reader.offset();
+  absl::StatusOr<absl::string_view> extra = reader.Next();
+  if (extra.ok()) return bad(absl::StrCat("trailing record at byte ", end));
+  if (!absl::IsOutOfRange(extra.status())) return extra.status();
+
+  std::vector<ManifestEntry> entries;
+  entries.reserve(manifest.entries_size());
+  for (const ckpt::ManifestEntry& m : manifest.entries()) {
+    entries.push_back({m.step(), m.dir_name(), m.num_ps(), m.unix_time()});
+  }
+  if (std::string why = CheckEntries(entries); !why.empty()) return bad(why);
+  return entries;
+}
+
+absl::StatusOr<ManifestEntry> FindLatestValidCheckpoint(
+    const std::string& dir, const std::function<void(const std::string&)>& log) {
+  TOWERPS_ASSIGN_OR_RETURN(std::vector<ManifestEntry> entries, ReadManifest(dir));
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    absl::Status s = CheckCheckpoint(dir, *it);
+    if (s.ok()) return *it;
+    // Anything but a corrupt or missing file (a permission or I/O error)
+    // could hide a good checkpoint; falling back past it would silently lose
+    // progress, so it is returned.
+    if (!absl::IsDataLoss(s) && !absl::IsNotFound(s)) return s;
+    if (log) log(absl::StrCat("checkpoint ", it->dir_name, " skipped: ", s.message()));
+  }
+  return absl::NotFoundError(absl::StrCat("no usable checkpoint in ", dir, ": ", entries.size(),
+                                          " listed in its MANIFEST",
+                                          entries.empty() ? "" : ", all skipped"));
+}
+
+absl::Status AddToManifest(const std::string& dir, const ManifestEntry& entry, int keep) {
+  if (keep < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("add to manifest in ", dir, ": keep ", keep,
+                                                   " < 1"));
+  }
+  if (std::string bad = CheckEntry(entry); !bad.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("add to manifest in ", dir, ": ", bad));
+  }
+  std::vector<ManifestEntry> old;
+  absl::StatusOr<std::vector<ManifestEntry>> read = ReadManifest(dir);
+  if (read.ok()) {
+    old = std::move(*read);
+  } else if (!absl::IsNotFound(read.status())) {
+    return read.status();
+  }
+  std::vector<ManifestEntry> kept;
+  std::vector<ManifestEntry> dropped;
+  for (ManifestEntry& e : old) {
+    (e.step < entry.step ? kept : dropped).push_back(std::move(e));
+  }
+  kept.push_back(entry);
+  const size_t excess = kept.size() > static_cast<size_t>(keep) ? kept.size() - keep : 0;
+  dropped.insert(dropped.end(), kept.begin(), kept.begin() + excess);
+  kept.erase(kept.begin(), kept.begin() + excess);
+  TOWERPS_RETURN_IF_ERROR(WriteManifest(dir, kept));
+
+  absl::Status first_error;
+  for (const ManifestEntry& d : dropped) {
+    const bool still_listed = std::any_of(kept.begin(), kept.end(), [&](const ManifestEntry& k) {
+      return k.dir_name == d.dir_name;
+    });
+    if (still_listed) continue;
+    absl::Status s = RemoveAll(JoinPath(dir, d.dir_name));
+    if (!s.ok() && first_error.ok()) first_error = s;
+  }
+  return first_error;
+}
+
+}  // namespace towerps::common

@@ -1,0 +1,100 @@
+// The chief's job queue: jobs are submitted, validated, queued, and run one
+// after another on the cluster's ps and worker processes; each job's
+// variables live in their own namespace (its job_id) on the servers and are
+// freed when it ends or is cancelled.
+//
+// Job records and their events are kept under `state_dir` and survive a
+// restart of the chief; a job that was running when the chief stopped is
+// queued again and resumes from its latest checkpoint.
+//
+// Life of a job:
+//
+//   QUEUED --(runner picks it)--> RUNNING --(every worker done)--> SUCCEEDED
+//     |                            |  ^
+//     | Cancel                     |  | retryable failure (a ps or worker lost):
+//     v                            |  | restart from the latest checkpoint,
+//   CANCELLED <--------- Cancel ---+  | at most max_restarts times
+//                                  +--+--> FAILED (other errors, or too many)
+//
+// One attempt of a job: delete the job on every ps (a clean namespace), pick
+// the checkpoint to restore (if any), StartJob on every worker (the chief's
+// own part runs in-process with callbacks for metrics, checkpoints and
+// TensorBoard), then poll the workers until all are done or one fails.
+//
+// Thread-safe. No lock is held across an RPC.
+#ifndef TOWERPS_WORKER_CHIEF_JOB_MANAGER_H_
+#define TOWERPS_WORKER_CHIEF_JOB_MANAGER_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/cluster_spec.h"
+#include "proto/job.pb.h"
+#include "proto/job_service.pb.h"
+#include "worker/train/worker_service.h"
+
+namespace towerps::worker {
+
+struct JobManagerOptions {
+  common::ClusterSpec cluster;  // REQUIRED; this task is the chief.
+  std::string state_dir;        // REQUIRED: job records, events, default dirs.
+  WorkerRuntime* local = nullptr;  // REQUIRED: the chief's own worker. Not owned.
+  // How often the runner polls workers while a job runs.
+  absl::Duration poll_interval = absl::Milliseconds(200);
+  // A worker unreachable this long fails the attempt (retryable).
+  absl::Duration worker_lost_after = absl::Seconds(15);
+  // Longest wait for a server or worker to answer control RPCs.
+  absl::Duration control_timeout = absl::Minutes(5);
+};
+
+// Checks what can be checked before a job runs, naming the field:
+// ValidateJob, the optimizer and schedule, the model (layers, units), the
+// model's input and output widths against the data set, and that the data
+// files exist. `job` has defaults applied.
+absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers);
+
+class JobManager {
+ public:
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(JobManagerOptions options);
+  // Cancels the running job (its record stays RUNNING on disk, so a restarted
+  // chief resumes it) and joins the runner.
+  ~JobManager();
+
+  // Loads the store and starts the runner thread.
+  absl::Status Start();
+
+  // InvalidArgument naming the field for a bad spec; AlreadyExists for a
+  // job_id in use; NotFound for an unknown resume_job_id; FailedPrecondition
+  // to resume a job that is queued or running.
+  absl::StatusOr<v1::JobRecord> Submit(const v1::SubmitJobRequest& request);
+  std::vector<v1::JobRecord> List();
+  // NotFound for an unknown job. The live part queries the servers.
+  absl::StatusOr<v1::GetJobResponse> Get(const std::string& job_id);
+  // Queued: cancelled at once. Running: stopped within seconds (workers
+  // stopped, variables freed) and then CANCELLED. Ended: FailedPrecondition.
+  absl::StatusOr<v1::JobRecord> Cancel(const std::string& job_id);
+  // Sends the events after `after_seq`; with `follow`, keeps sending until the
+  // job has ended or `write` returns false or `stop()` is true.
+  absl::Status Watch(const std::string& job_id, int64_t after_seq, bool follow,
+                     const std::function<bool(const v1::JobEvent&)>& write,
+                     const std::function<bool()>& stop);
+  v1::ClusterResponse Cluster();
+  // The weights of the job's latest valid checkpoint, variable by variable in
+  // the model's order, in chunks of at most `chunk_bytes`.
+  absl::Status Export(const std::string& job_id, int64_t chunk_bytes,
+                      const std::function<bool(const v1::ExportChunk&)>& write);
+
+  class Impl;
+
+ private:
+  explicit JobManager(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_CHIEF_JOB_MANAGER_H_

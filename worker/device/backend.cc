@@ -1,0 +1,169 @@
+#include "worker/device/backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/device/device_manager.h"
+#include "worker/device/loss_kernels.h"
+
+namespace towerps::worker {
+namespace {
+
+// CBLAS takes `int` sizes (OpenBLAS' default LP64 interface). The layers' sizes
+// are far below 2^31 elements per dimension; a larger one is our bug.
+int ToBlasInt(int64_t v) { return static_cast<int>(v); }
+
+constexpr int64_t kMaxChunk = int64_t{1} << 30;
+
+class CpuBackend : public Backend {
+ public:
+  explicit CpuBackend(common::Allocator* allocator) : allocator_(allocator) {}
+
+  std::string memory_space() const override { return "cpu"; }
+
+  absl::StatusOr<float*> Allocate(int64_t n) override {
+    if (n < 0) return absl::InvalidArgumentError("cannot allocate a negative size");
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+    if (allocator_ != nullptr) {
+      absl::StatusOr<void*> p = allocator_->Allocate(bytes);
+      if (!p.ok()) return p.status();
+      return static_cast<float*>(*p);
+    }
+    // 64-byte aligned, as the allocators' host memory is.
+    void* p = std::aligned_alloc(64, std::max<int64_t>(64, (bytes + 63) / 64 * 64));
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host: cannot allocate ", bytes, " bytes"));
+    }
+    return static_cast<float*>(p);
+  }
+
+  void Free(float* p) override {
+    if (p == nullptr) return;
+    if (allocator_ != nullptr) {
+      allocator_->Deallocate(p);
+    } else {
+      std::free(p);
+    }
+  }
+
+  void CopyFromHost(const float* src, int64_t n, float* dst) override {
+    if (n > 0 && src != dst) std::memcpy(dst, src, n * sizeof(float));
+  }
+
+  absl::Status CopyToHost(const float* src, int64_t n, float* dst) override {
+    if (n > 0 && src != dst) std::memcpy(dst, src, n * sizeof(float));
+    return absl::OkStatus();
+  }
+
+  absl::Status CopyFrom(Backend& from, const float* src, int64_t n,
+                        float* dst) override {
+    if (from.host_memory()) {
+      CopyFromHost(src, n, dst);
+      return absl::OkStatus();
+    }
+    return from.CopyToHost(src, n, dst);
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  void Zero(int64_t n, float* x) override {
+    if (n > 0) std::memset(x, 0, n * sizeof(float));
+  }
+
+  absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n, int64_t d,
+                                  const float* pred, const float* labels,
+                                  const float* targets, float* dpred,
+                                  int64_t grad_count) override {
+    LossResult r;
+    absl::Status s =
+        HostLoss(type, n, d, pred, labels, targets, dpred, grad_count, &r);
+    if (!s.ok()) return s;
+    return r;
+  }
+
+  void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+            float alpha, const float* a, const float* b, float beta,
+            float* c) override {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      // BLAS would leave C alone when k == 0 only for beta == 1; make the
+      // contract (C = beta * C) explicit and avoid 0 * NaN for beta == 0.
+      if (beta == 0.0f) {
+        std::fill(c, c + m * n, 0.0f);
+      } else {
+        Scale(m * n, beta, c);
+      }
+      return;
+    }
+    const int lda = ToBlasInt(trans_a ? m : k);
+    const int ldb = ToBlasInt(trans_b ? k : n);
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, ToBlasInt(m), ToBlasInt(n),
+                ToBlasInt(k), alpha, a, lda, b, ldb, beta, c, ToBlasInt(n));
+  }
+
+  void AddBiasRows(int64_t rows, int64_t cols, const float* bias,
+                   float* x) override {
+    // One saxpy per row; rows are contiguous, so this streams through memory
+    // once.
+    for (int64_t r = 0; r < rows; ++r) {
+      cblas_saxpy(ToBlasInt(cols), 1.0f, bias, 1, x + r * cols, 1);
+    }
+  }
+
+  void SumRows(int64_t rows, int64_t cols, const float* x,
+               float* out) override {
+    if (cols == 0) return;
+    if (rows == 0) {
+      std::fill(out, out + cols, 0.0f);
+      return;
+    }
+    // out = x^T * ones: one gemv over the whole matrix.
+    if (static_cast<int64_t>(ones_.size()) < rows) ones_.assign(rows, 1.0f);
+    cblas_sgemv(CblasRowMajor, CblasTrans, ToBlasInt(rows), ToBlasInt(cols),
+                1.0f, x, ToBlasInt(cols), ones_.data(), 1, 0.0f, out, 1);
+  }
+
+  void Relu(int64_t n, const float* in, float* out) override {
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+  }
+
+  void ReluGrad(int64_t n, const float* y, const float* dy,
+                float* dx) override {
+    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  }
+
+  // Axpy and Scale run over whole flattened variables, which may exceed an
+  // `int`; they go in chunks.
+  void Axpy(int64_t n, float alpha, const float* x, float* y) override {
+    for (int64_t i = 0; i < n; i += kMaxChunk) {
+      cblas_saxpy(ToBlasInt(std::min(kMaxChunk, n - i)), alpha, x + i, 1, y + i,
+                  1);
+    }
+  }
+
+  void Scale(int64_t n, float alpha, float* x) override {
+    for (int64_t i = 0; i < n; i += kMaxChunk) {
+      cblas_sscal(ToBlasInt(std::min(kMaxChunk, n - i)), alpha, x + i, 1);
+    }
+  }
+
+ private:
+  common::Allocator* const allocator_;  // Not owned; may be null.
+  // All ones; grows to the largest row count SumRows has seen.
+  std::vector<float> ones_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> NewCpuBackend(common::Allocator* allocator) {
+  return std::make_unique<CpuBackend>(allocator);
+}
+
+}  // namespace towerps::worker

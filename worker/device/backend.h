@@ -1,0 +1,171 @@
+// The worker's math on one device: memory, copies, the handful of dense
+// kernels a multilayer perceptron needs, and its losses, on raw row-major
+// float32 buffers.
+//
+// Two implementations: the CPU one (CBLAS; buffers are host memory) and the
+// CUDA one (worker/device/backend_cuda.cc with kernels in worker/device/cuda_kernels.cu:
+// cuBLAS for GEMM, small kernels for the rest, one stream and one cuBLAS
+// handle per backend), which exists only in builds with the CUDA toolkit.
+// Layers hold a `Backend&` and never touch a math library directly.
+#ifndef TOWERPS_WORKER_DEVICE_BACKEND_H_
+#define TOWERPS_WORKER_DEVICE_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+
+namespace towerps::common {
+class Allocator;
+}
+
+namespace towerps::worker {
+
+struct LossResult {
+  // Sum over the batch of per-example losses.
+  double loss_sum = 0.0;
+  // Examples whose argmax prediction equals the label (classification only;
+  // always 0 for MSE and MAE). Ties go to the lowest index.
+  int64_t correct = 0;
+};
+
+// Not thread-safe: one thread drives a backend at a time (each tower and each
+// pipeline stage has its own). The exceptions are what CopyFrom calls on its
+// source, `from`, from the copying backend's thread while another thread may
+// be driving `from` (pipeline stages on different devices):
+// memory_space(), host_memory(), Synchronize() and CopyToHost() may be
+// called from any thread at any time, concurrently with the driving thread's
+// calls. Such a CopyToHost is ordered after the work queued before it on the
+// backend; its `src` must not be written by work the driving thread queues
+// until it returns (CopyFrom's contract on `src` already requires this).
+// Implementations keep these calls to constant members and mutex-guarded
+// state.
+//
+// Kernels may run asynchronously on the device (in order, on the backend's
+// stream); buffers passed to a kernel must stay alive until Synchronize() or
+// a synchronous call (CopyToHost, Loss) returns. On the CPU backend every
+// call is synchronous.
+//
+// "Device pointers" are pointers from this backend's Allocate (or, for a
+// backend with host_memory(), any host pointer). Buffers are row-major and
+// not owned. Unless stated otherwise, input and output buffers must not
+// overlap. All sizes must be >= 0; a zero size is a no-op (apart from scaling
+// C by beta in Gemm when k == 0).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu" or "cuda:<physical GPU index>". Two backends with the same memory
+  // space read each other's device pointers directly (after the writer's
+  // Synchronize()).
+  virtual std::string memory_space() const = 0;
+  // True when device pointers are host pointers (the CPU backend).
+  bool host_memory() const { return memory_space() == "cpu"; }
+
+  // ---- Memory and copies ------------------------------------------------
+
+  // `n` floats of device memory, through the virtual device's allocator when
+  // the backend has one (so its limit is enforced: ResourceExhausted naming
+  // the device, the bytes asked and the bytes left).
+  virtual absl::StatusOr<float*> Allocate(int64_t n) = 0;
+  // Frees what Allocate returned; nullptr is a no-op. Waits for pending work.
+  virtual void Free(float* p) = 0;
+
+  // dst (device) = src (host), n floats. The host buffer may be reused as
+  // soon as the call returns.
+  virtual void CopyFromHost(const float* src, int64_t n, float* dst) = 0;
+  // dst (host) = src (device), n floats; waits for pending work first and
+  // returns the first error the device reported (OK on the CPU). May be
+  // called from another thread (see the class comment).
+  virtual absl::Status CopyToHost(const float* src, int64_t n, float* dst) = 0;
+  // dst (this backend's device) = src (on `from`'s device), n floats. Waits
+  // for `from`'s pending work so that src is complete; works across memory
+  // spaces (host<->GPU, GPU<->GPU). The copy is complete when it returns.
+  virtual absl::Status CopyFrom(Backend& from, const float* src, int64_t n,
+                                float* dst) = 0;
+  // Waits for every kernel and copy issued so far; the first device error
+  // (sticky) otherwise OK. May be called from another thread.
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- Kernels ----------------------------------------------------------
+
+  // C[m,n] = alpha * op(A) * op(B) + beta * C, where op(A) is [m,k] and op(B)
+  // is [k,n]. A is stored [m,k] (or [k,m] when trans_a); B is stored [k,n]
+  // (or [n,k] when trans_b). With beta == 0, C's prior contents are ignored
+  // (NaNs in it do not propagate).
+  virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const float* a, const float* b, float beta,
+                    float* c) = 0;
+
+  // x[r, :] += bias for every row r of x[rows, cols].
+  virtual void AddBiasRows(int64_t rows, int64_t cols, const float* bias,
+                           float* x) = 0;
+
+  // out[j] = sum_r x[r, j] (column sums of x[rows, cols]; the bias gradient).
+  // out has `cols` elements and is overwritten.
+  virtual void SumRows(int64_t rows, int64_t cols, const float* x,
+                       float* out) = 0;
+
+  // out[i] = max(in[i], 0). `in` and `out` may be the same buffer.
+  virtual void Relu(int64_t n, const float* in, float* out) = 0;
+
+  // dx[i] = dy[i] if y[i] > 0 else 0, where y is ReLU's output (its input
+  // gives the same mask). `dx` may alias `dy`.
+  virtual void ReluGrad(int64_t n, const float* y, const float* dy,
+                        float* dx) = 0;
+
+  // y += alpha * x (n elements).
+  virtual void Axpy(int64_t n, float alpha, const float* x, float* y) = 0;
+
+  // x *= alpha (n elements).
+  virtual void Scale(int64_t n, float alpha, float* x) = 0;
+
+  // x = 0 (n elements).
+  virtual void Zero(int64_t n, float* x) = 0;
+
+  // ---- Losses -----------------------------------------------------------
+
+  // The loss of predictions `pred` [n, d] (device), Keras semantics (see
+  // worker/model/losses.h), and, when `dpred` (device, [n, d]) is non-null, the
+  // gradient of the per-example losses' SUM divided by `grad_count` (<= 0
+  // means n):
+  // n for the mean over this batch, the whole batch's size when this is a
+  // micro-batch of it, so micro-batches add up to the whole batch's gradient.
+  //  - SOFTMAX_CROSS_ENTROPY: `labels` (device, n floats holding class
+  //    indices; each must be in [0, d): the caller validates).
+  //  - MSE, MAE: `targets` (device, [n, d]).
+  // Waits for the device; returns the sums in double (per-row values are
+  // summed on the host in row order, so every backend reports the same sum
+  // for the same per-row values) or the device's error. InvalidArgument for
+  // an unknown loss type and for softmax cross-entropy over no classes
+  // (d == 0 with n > 0; an empty batch is fine at any d); the CUDA backend
+  // also for a label out of range.
+  virtual absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n,
+                                          int64_t d, const float* pred,
+                                          const float* labels,
+                                          const float* targets, float* dpred,
+                                          int64_t grad_count) = 0;
+};
+
+// A Backend on the host CPU through CBLAS (OpenBLAS). With an `allocator`
+// (not owned; must outlive the backend), Allocate charges it, so a virtual
+// CPU device's limit holds; without one, Allocate uses plain host memory.
+std::unique_ptr<Backend> NewCpuBackend(common::Allocator* allocator = nullptr);
+
+// Whether this binary has the CUDA backend (built with the toolkit).
+bool CudaBackendBuilt();
+
+// A CUDA backend on physical GPU `gpu` with its own stream and cuBLAS
+// handle; memory through `allocator` (not owned; its MemoryBackend must hand
+// out device memory of that GPU, e.g. common::NewCudaMemoryBackend), or
+// cudaMalloc directly when null. Unavailable (with the reason) in CPU-only
+// builds; the CUDA error when the GPU cannot be used.
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(
+    int gpu, common::Allocator* allocator = nullptr);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_DEVICE_BACKEND_H_

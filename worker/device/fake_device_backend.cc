@@ -1,0 +1,152 @@
+#include "worker/device/fake_device_backend.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "proto/job.pb.h"
+
+namespace towerps::worker {
+namespace {
+
+// Allocations of every fake backend, by space, so that backends of one space
+// accept each other's buffers (as virtual devices of one GPU do).
+struct Registry {
+  std::mutex mu;
+  std::map<const float*, std::pair<int64_t, int>> blocks;  // start -> (n, space)
+};
+std::atomic<int64_t> host_to_device{0};
+std::atomic<int64_t> device_to_device{0};
+
+Registry& Blocks() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+class FakeBackend : public Backend {
+ public:
+  FakeBackend(int space, std::vector<std::string>* violations)
+      : space_(space), violations_(violations), cpu_(NewCpuBackend()) {}
+
+  std::string memory_space() const override { return absl::StrCat("fake:", space_); }
+
+  absl::StatusOr<float*> Allocate(int64_t n) override {
+    float* p = new float[std::max<int64_t>(n, 1)];
+    std::fill(p, p + std::max<int64_t>(n, 1), std::numeric_limits<float>::quiet_NaN());
+    std::lock_guard<std::mutex> lock(Blocks().mu);
+    Blocks().blocks[p] = {std::max<int64_t>(n, 1), space_};
+    return p;
+  }
+  void Free(float* p) override {
+    if (p == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(Blocks().mu);
+      Blocks().blocks.erase(p);
+    }
+    delete[] p;
+  }
+  void CopyFromHost(const float* src, int64_t n, float* dst) override {
+    Check("CopyFromHost dst", dst, n);
+    host_to_device += n;
+    if (n > 0) std::memcpy(dst, src, n * sizeof(float));
+  }
+  absl::Status CopyToHost(const float* src, int64_t n, float* dst) override {
+    Check("CopyToHost src", src, n);
+    if (n > 0) std::memcpy(dst, src, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::Status CopyFrom(Backend& from, const float* src, int64_t n, float* dst) override {
+    Check("CopyFrom dst", dst, n);
+    device_to_device += n;
+    if (n > 0) std::memcpy(dst, src, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+            const float* b, float beta, float* c) override {
+    Check("Gemm A", a, m * k);
+    Check("Gemm B", b, k * n);
+    Check("Gemm C", c, m * n);
+    cpu_->Gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
+  }
+  void AddBiasRows(int64_t rows, int64_t cols, const float* bias, float* x) override {
+    Check("AddBiasRows bias", bias, cols);
+    Check("AddBiasRows x", x, rows * cols);
+    cpu_->AddBiasRows(rows, cols, bias, x);
+  }
+  void SumRows(int64_t rows, int64_t cols, const float* x, float* out) override {
+    Check("SumRows x", x, rows * cols);
+    Check("SumRows out", out, cols);
+    cpu_->SumRows(rows, cols, x, out);
+  }
+  void Relu(int64_t n, const float* in, float* out) override {
+    Check("Relu in", in, n);
+    Check("Relu out", out, n);
+    cpu_->Relu(n, in, out);
+  }
+  void ReluGrad(int64_t n, const float* y, const float* dy, float* dx) override {
+    Check("ReluGrad y", y, n);
+    Check("ReluGrad dy", dy, n);
+    Check("ReluGrad dx", dx, n);
+    cpu_->ReluGrad(n, y, dy, dx);
+  }
+  void Axpy(int64_t n, float alpha, const float* x, float* y) override {
+    Check("Axpy x", x, n);
+    Check("Axpy y", y, n);
+    cpu_->Axpy(n, alpha, x, y);
+  }
+  void Scale(int64_t n, float alpha, float* x) override {
+    Check("Scale x", x, n);
+    cpu_->Scale(n, alpha, x);
+  }
+  void Zero(int64_t n, float* x) override {
+    Check("Zero x", x, n);
+    cpu_->Zero(n, x);
+  }
+  absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n, int64_t d, const float* pred,
+                                  const float* labels, const float* targets, float* dpred,
+                                  int64_t grad_count) override {
+    Check("Loss pred", pred, n * d);
+    if (labels != nullptr) Check("Loss labels", labels, n);
+    if (targets != nullptr) Check("Loss targets", targets, n * d);
+    if (dpred != nullptr) Check("Loss dpred", dpred, n * d);
+    return cpu_->Loss(type, n, d, pred, labels, targets, dpred, grad_count);
+  }
+
+ private:
+  // Records a violation unless [p, p + n) lies in one allocation of this
+  // backend's space.
+  void Check(const char* what, const float* p, int64_t n) {
+    if (n <= 0) return;
+    std::lock_guard<std::mutex> lock(Blocks().mu);
+    auto& blocks = Blocks().blocks;
+    auto it = blocks.upper_bound(p);
+    if (it != blocks.begin()) {
+      --it;
+      const float* start = it->first;
+      if (p >= start && p + n <= start + it->second.first && it->second.second == space_) return;
+    }
+    violations_->push_back(absl::StrCat(memory_space(), " ", what, ": ", n,
+                                        " floats not in this device's memory"));
+  }
+
+  const int space_;
+  std::vector<std::string>* const violations_;
+  const std::unique_ptr<Backend> cpu_;
+};
+
+}  // namespace
+
+int64_t FakeHostToDeviceFloats() { return host_to_device; }
+int64_t FakeDeviceToDeviceFloats() { return device_to_device; }
+
+std::unique_ptr<Backend> NewFakeDeviceBackend(int space, std::vector<std::string>* violations) {
+  return std::make_unique<FakeBackend>(space, violations);
+}
+
+}  // namespace towerps::worker

@@ -1,0 +1,284 @@
+#include "worker/model/dataset.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+
+namespace towerps::worker {
+namespace {
+
+constexpr uint32_t kImagesMagic = 0x00000803;
+constexpr uint32_t kLabelsMagic = 0x00000801;
+constexpr int kIdxClasses = 10;
+constexpr size_t kChunk = 1 << 20;
+
+// Reads a whole file, inflating it when it starts with the gzip magic bytes.
+absl::StatusOr<std::string> ReadMaybeGzipped(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  }
+  unsigned char head[2] = {0, 0};
+  const size_t head_len = std::fread(head, 1, 2, f);
+  const bool gzipped = head_len == 2 && head[0] == 0x1f && head[1] == 0x8b;
+  std::string data;
+  if (!gzipped) {
+    data.assign(reinterpret_cast<char*>(head), head_len);
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) data.append(buf, n);
+    const bool failed = std::ferror(f) != 0;
+    std::fclose(f);
+    if (failed) {
+      return absl::DataLossError(absl::StrCat("error reading ", path));
+    }
+    return data;
+  }
+  std::fclose(f);
+
+  gzFile gz = gzopen(path.c_str(), "rb");
+  if (gz == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  }
+  gzbuffer(gz, kChunk);
+  std::string chunk(kChunk, '\0');
+  while (true) {
+    const int n = gzread(gz, chunk.data(), static_cast<unsigned>(kChunk));
+    if (n <= 0) break;
+    data.append(chunk.data(), n);
+  }
+  int errnum = Z_OK;
+  const char* message = gzerror(gz, &errnum);
+  const std::string error = message == nullptr ? "" : message;
+  gzclose(gz);
+  // A truncated stream reports Z_BUF_ERROR ("unexpected end of file").
+  if (errnum != Z_OK && errnum != Z_STREAM_END) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": corrupt or truncated gzip stream (", error, ")"));
+  }
+  return data;
+}
+
+uint32_t BigEndian32(const std::string& data, size_t offset) {
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data() + offset);
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) |
+         (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+// Checks the header of an IDX file of `dims` dimensions and its size.
+// On success fills `shape` (dims entries).
+absl::Status ParseIdxHeader(const std::string& path, const std::string& data,
+                            uint32_t magic, int dims,
+                            std::vector<uint64_t>* shape) {
+  const size_t header = 4 + 4 * static_cast<size_t>(dims);
+  // The magic first: a file of the wrong kind should say so, not "truncated".
+  if (data.size() >= 4 && BigEndian32(data, 0) != magic) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: bad magic number 0x%08x, want 0x%08x", path,
+                        BigEndian32(data, 0), magic));
+  }
+  if (data.size() < header) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": truncated: ", data.size(),
+                     " bytes, shorter than the ", header, "-byte IDX header"));
+  }
+  unsigned __int128 expected = header;
+  unsigned __int128 elements = 1;
+  shape->clear();
+  for (int i = 0; i < dims; ++i) {
+    const uint32_t d = BigEndian32(data, 4 + 4 * i);
+    if (d == 0 && i > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": dimension ", i, " is 0"));
+    }
+    shape->push_back(d);
+    elements *= d;
+  }
+  expected += elements;
+  if (data.size() < expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": truncated: ", data.size(), " bytes, the header promises ",
+        static_cast<uint64_t>(expected)));
+  }
+  if (data.size() > expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", data.size() - static_cast<uint64_t>(expected),
+                     " trailing bytes after the data"));
+  }
+  return absl::OkStatus();
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// SplitMix64's finalizer.
+uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
+                                const std::string& labels_path, float scale,
+                                int64_t max_examples) {
+  if (max_examples < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_examples must be >= 0, got ", max_examples));
+  }
+  TOWERPS_ASSIGN_OR_RETURN(const std::string images,
+                           ReadMaybeGzipped(images_path));
+  TOWERPS_ASSIGN_OR_RETURN(const std::string labels,
+                           ReadMaybeGzipped(labels_path));
+  std::vector<uint64_t> image_shape;
+  std::vector<uint64_t> label_shape;
+  TOWERPS_RETURN_IF_ERROR(
+      ParseIdxHeader(images_path, images, kImagesMagic, 3, &image_shape));
+  TOWERPS_RETURN_IF_ERROR(
+      ParseIdxHeader(labels_path, labels, kLabelsMagic, 1, &label_shape));
+  if (image_shape[0] != label_shape[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(images_path, " has ", image_shape[0], " images but ",
+                     labels_path, " has ", label_shape[0], " labels"));
+  }
+  const int64_t count = static_cast<int64_t>(image_shape[0]);
+  const int64_t pixels = static_cast<int64_t>(image_shape[1] * image_shape[2]);
+  constexpr size_t kLabelsOffset = 8;
+  constexpr size_t kImagesOffset = 16;
+  for (int64_t i = 0; i < count; ++i) {
+    const unsigned char label =
+        static_cast<unsigned char>(labels[kLabelsOffset + i]);
+    if (label >= kIdxClasses) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(labels_path, ": label ", int{label}, " of example ", i,
+                       " is not below ", kIdxClasses));
+    }
+  }
+
+  const int64_t n = max_examples > 0 ? std::min(count, max_examples) : count;
+  Dataset out;
+  out.num_classes = kIdxClasses;
+  out.features = common::Tensor({n, pixels});
+  const auto* src =
+      reinterpret_cast<const unsigned char*>(images.data() + kImagesOffset);
+  float* dst = out.features.data();
+  for (int64_t i = 0; i < n * pixels; ++i) dst[i] = src[i] * scale;
+  out.labels.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    out.labels[i] = static_cast<unsigned char>(labels[kLabelsOffset + i]);
+  }
+  return out;
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> FindFashionMnistFiles(
+    const std::string& dir, bool train) {
+  const std::string prefix = absl::StrCat(dir, "/", train ? "train" : "t10k");
+  std::string paths[2] = {prefix + "-images-idx3-ubyte",
+                          prefix + "-labels-idx1-ubyte"};
+  for (std::string& path : paths) {
+    if (FileExists(path)) continue;
+    const std::string gz = path + ".gz";
+    if (!FileExists(gz)) {
+      return absl::NotFoundError(absl::StrCat("Fashion-MNIST: neither ", path,
+                                              " nor ", gz, " exists"));
+    }
+    path = gz;
+  }
+  return std::make_pair(paths[0], paths[1]);
+}
+
+absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
+                                         int64_t max_examples) {
+  TOWERPS_ASSIGN_OR_RETURN(auto paths, FindFashionMnistFiles(dir, train));
+  return LoadIdx(paths.first, paths.second, 1.0f / 255.0f, max_examples);
+}
+
+Dataset MakeOnes(int64_t n, int64_t input_dim, int64_t target_dim) {
+  Dataset out;
+  out.features = common::Tensor({n, input_dim});
+  out.features.Fill(1.0f);
+  out.targets = common::Tensor({n, target_dim});
+  out.targets.Fill(1.0f);
+  return out;
+}
+
+int64_t StepsPerEpoch(int64_t n, int64_t global_batch) {
+  if (global_batch <= 0 || n <= 0) return 0;
+  return (n + global_batch - 1) / global_batch;
+}
+
+std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int64_t epoch,
+                                      bool shuffle) {
+  std::vector<int64_t> perm(std::max<int64_t>(n, 0));
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  if (!shuffle) return perm;
+  std::mt19937_64 gen(Mix(Mix(seed) + static_cast<uint64_t>(epoch)));
+  // Fisher-Yates; j = floor(word * (i + 1) / 2^64) is uniform enough for any
+  // n far below 2^64, and the same everywhere.
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>((static_cast<unsigned __int128>(gen()) *
+                                         static_cast<uint64_t>(i + 1)) >>
+                                        64);
+    std::swap(perm[i], perm[j]);
+  }
+  return perm;
+}
+
+std::vector<int64_t> WorkerSlice(const std::vector<int64_t>& perm,
+                                 int64_t global_batch, int64_t step,
+                                 int num_workers, int worker) {
+  const int64_t n = static_cast<int64_t>(perm.size());
+  if (global_batch <= 0 || num_workers <= 0 || step < 0) return {};
+  const int64_t begin = std::min(step * global_batch, n);
+  const int64_t end = std::min(begin + global_batch, n);
+  const int64_t size = end - begin;
+  const int64_t base = size / num_workers;
+  const int64_t extra = size % num_workers;
+  const int64_t start =
+      begin + worker * base + std::min<int64_t>(worker, extra);
+  const int64_t len = base + (worker < extra ? 1 : 0);
+  return std::vector<int64_t>(perm.begin() + start, perm.begin() + start + len);
+}
+
+void GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices,
+                 Batch* out) {
+  const int64_t k = static_cast<int64_t>(indices.size());
+  const int64_t width =
+      dataset.features.rank() == 2 ? dataset.features.dim(1) : 0;
+  out->features.Resize({k, width});
+  for (int64_t i = 0; i < k; ++i) {
+    std::memcpy(out->features.data() + i * width,
+                dataset.features.data() + indices[i] * width,
+                width * sizeof(float));
+  }
+  out->labels.clear();
+  if (!dataset.labels.empty()) {
+    out->labels.resize(k);
+    for (int64_t i = 0; i < k; ++i) out->labels[i] = dataset.labels[indices[i]];
+  }
+  if (dataset.targets.num_elements() > 0 && dataset.targets.rank() == 2) {
+    const int64_t tw = dataset.targets.dim(1);
+    out->targets.Resize({k, tw});
+    for (int64_t i = 0; i < k; ++i) {
+      std::memcpy(out->targets.data() + i * tw,
+                  dataset.targets.data() + indices[i] * tw, tw * sizeof(float));
+    }
+  } else if (out->targets.num_elements() > 0) {
+    out->targets = common::Tensor();
+  }
+}
+
+}  // namespace towerps::worker

@@ -1,0 +1,123 @@
+// Layers of a feed-forward network: Dense (affine map) and ReLU.
+//
+// A layer computes y = f(x) for a batch x [n, in] and, given dL/dy, fills its
+// parameter gradients and dL/dx. All math goes through a Backend, held by
+// reference: it must outlive the layer. Every tensor a layer sees lives in
+// its backend's memory (the Model moves activations between devices).
+// Output buffers are reused across calls (DeviceTensor::Resize keeps the
+// allocation).
+//
+// Layers are not thread-safe: one model (and its layers) per thread.
+#ifndef TOWERPS_WORKER_MODEL_LAYERS_H_
+#define TOWERPS_WORKER_MODEL_LAYERS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/device/backend.h"
+#include "worker/device/device_tensor.h"
+
+namespace towerps::worker {
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const std::string& name() const { return name_; }
+  // "Dense", "ReLU" (the Keras class names).
+  virtual std::string TypeName() const = 0;
+  // Width of the output for an input of width `input_dim`.
+  virtual int64_t OutputDim(int64_t input_dim) const = 0;
+
+  // y = f(x). x is [n, in]; y is resized to [n, OutputDim(in)] and
+  // overwritten. `y` must not be `x`. Returns InvalidArgument when x is not
+  // rank 2 or its width does not fit the layer; the backend's error when y
+  // cannot be allocated.
+  virtual absl::Status Forward(const DeviceTensor& x, DeviceTensor* y) = 0;
+
+  // Backpropagates dy = dL/dy, where x and y are the tensors of the matching
+  // Forward call. Writes grads() with dL/dparams, overwriting them, or adding
+  // to them when `accumulate` (micro-batches of one batch), and, when `dx` is
+  // non-null, resizes it to x's shape and writes dL/dx into it. Pass dx =
+  // nullptr for the first layer, whose input gradient nobody needs. `dx` must
+  // not alias x, y or dy. Returns InvalidArgument on shape mismatch.
+  virtual absl::Status Backward(const DeviceTensor& x, const DeviceTensor& y,
+                                const DeviceTensor& dy, DeviceTensor* dx,
+                                bool accumulate = false) = 0;
+
+  // The layer's parameters and their gradients, in the same order and with
+  // the same shapes, in the backend's memory. The Model sets them up (a view
+  // of its host tensors, or device buffers) before the first Forward.
+  // Pointers stay valid for the layer's lifetime. Empty for layers without
+  // parameters.
+  virtual std::vector<DeviceTensor*> params() { return {}; }
+  virtual std::vector<DeviceTensor*> grads() { return {}; }
+  // Shapes of params(), in order.
+  virtual std::vector<std::vector<int64_t>> param_shapes() const { return {}; }
+
+  Backend& backend() const { return backend_; }
+
+ protected:
+  Layer(Backend& backend, std::string name)
+      : backend_(backend), name_(std::move(name)) {}
+
+  Backend& backend_;
+
+ private:
+  const std::string name_;
+};
+
+// y = x * kernel + bias, kernel [in, units], bias [units] (absent with
+// no_bias). params() order is kernel, then bias; they have no storage until
+// the Model gives them some.
+class Dense : public Layer {
+ public:
+  // REQUIRES: input_dim > 0, units > 0 (Model::Create validates the spec).
+  Dense(Backend& backend, std::string name, int64_t input_dim, int64_t units,
+        bool use_bias);
+
+  std::string TypeName() const override { return "Dense"; }
+  int64_t OutputDim(int64_t input_dim) const override { return units_; }
+  absl::Status Forward(const DeviceTensor& x, DeviceTensor* y) override;
+  absl::Status Backward(const DeviceTensor& x, const DeviceTensor& y,
+                        const DeviceTensor& dy, DeviceTensor* dx,
+                        bool accumulate) override;
+  std::vector<DeviceTensor*> params() override;
+  std::vector<DeviceTensor*> grads() override;
+  std::vector<std::vector<int64_t>> param_shapes() const override;
+
+  int64_t input_dim() const { return input_dim_; }
+  int64_t units() const { return units_; }
+  bool use_bias() const { return use_bias_; }
+
+ private:
+  const int64_t input_dim_;
+  const int64_t units_;
+  const bool use_bias_;
+  DeviceTensor kernel_;       // [in, units]
+  DeviceTensor bias_;         // [units], or empty without a bias.
+  DeviceTensor kernel_grad_;  // Shaped as kernel_.
+  DeviceTensor bias_grad_;    // Shaped as bias_.
+  DeviceTensor bias_scratch_;  // Column sums of one micro-batch.
+};
+
+// y = max(x, 0), elementwise. No parameters.
+class ReLU : public Layer {
+ public:
+  ReLU(Backend& backend, std::string name) : Layer(backend, std::move(name)) {}
+
+  std::string TypeName() const override { return "ReLU"; }
+  int64_t OutputDim(int64_t input_dim) const override { return input_dim; }
+  absl::Status Forward(const DeviceTensor& x, DeviceTensor* y) override;
+  absl::Status Backward(const DeviceTensor& x, const DeviceTensor& y,
+                        const DeviceTensor& dy, DeviceTensor* dx,
+                        bool accumulate) override;
+};
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_MODEL_LAYERS_H_

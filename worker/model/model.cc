@@ -1,0 +1,634 @@
+#include "worker/model/model.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/initializer.h"
+#include "common/status.h"
+#include "worker/model/losses.h"
+
+namespace towerps::worker {
+namespace {
+
+// "269322" -> "269,322".
+std::string WithThousands(int64_t v) {
+  std::string digits = absl::StrCat(v < 0 ? -v : v);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+// The first of `base`, `base_1`, `base_2`, ... not in `used`.
+std::string UniqueName(const std::string& base,
+                       const std::set<std::string>& used) {
+  if (used.count(base) == 0) return base;
+  for (int i = 1;; ++i) {
+    std::string candidate = absl::StrCat(base, "_", i);
+    if (used.count(candidate) == 0) return candidate;
+  }
+}
+
+std::string LayerLabel(int index, const std::string& name) {
+  return name.empty() ? absl::StrCat("layer ", index)
+                      : absl::StrCat("layer ", index, " ('", name, "')");
+}
+
+}  // namespace
+
+uint64_t VariableSeed(uint64_t base_seed, int64_t index) {
+  uint64_t z =
+      base_seed + static_cast<uint64_t>(index + 1) * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+Model::Model(std::string name, v1::LossType loss, int64_t input_dim,
+             uint64_t init_seed)
+    : name_(std::move(name)),
+      loss_(loss),
+      input_dim_(input_dim),
+      init_seed_(init_seed) {}
+
+Model::~Model() = default;
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
+                                                     Backend& backend) {
+  return Create(spec, [&backend](const std::string&, const std::string&)
+                          -> absl::StatusOr<LayerPlacement> {
+    return LayerPlacement{&backend, ""};
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
+                                                     const LayerPlacer& placer) {
+  const std::string model_label =
+      spec.name().empty() ? "model" : absl::StrCat("model '", spec.name(), "'");
+  if (spec.input_dim() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_label, ": input_dim must be > 0, got ", spec.input_dim()));
+  }
+  if (spec.layers_size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_label, ": layers is empty; need at least one"));
+  }
+  switch (spec.loss()) {
+    case v1::LOSS_UNSPECIFIED:
+    case v1::SOFTMAX_CROSS_ENTROPY:
+    case v1::MSE:
+    case v1::MAE:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          model_label, ": unknown loss ", static_cast<int>(spec.loss())));
+  }
+
+  // Explicit names first, so that defaults skip them.
+  std::set<std::string> used;
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    const std::string& name = spec.layers(i).name();
+    if (name.empty()) continue;
+    if (name.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(model_label, ": ", LayerLabel(i, name),
+                       ": name must not contain '/'"));
+    }
+    if (!used.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(model_label, ": ", LayerLabel(i, name),
+                       ": name is used by an earlier layer"));
+    }
+  }
+
+  const uint64_t init_seed = spec.init_seed() == 0 ? 1 : spec.init_seed();
+  auto model = std::unique_ptr<Model>(
+      new Model(spec.name().empty() ? "sequential" : spec.name(), spec.loss(),
+                spec.input_dim(), init_seed));
+  int64_t width = spec.input_dim();
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    const v1::LayerSpec& layer = spec.layers(i);
+    std::string name = layer.name();
+    const std::string label =
+        absl::StrCat(model_label, ": ", LayerLabel(i, name));
+    switch (layer.type()) {
+      case v1::LayerSpec::DENSE: {
+        if (layer.units() <= 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              label, ": DENSE units must be > 0, got ", layer.units()));
+        }
+        if (layer.activation() != v1::ACTIVATION_NONE &&
+            layer.activation() != v1::RELU) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(label, ": unknown activation ",
+                           static_cast<int>(layer.activation())));
+        }
+        if (name.empty()) {
+          name = UniqueName("dense", used);
+          used.insert(name);
+        }
+        TOWERPS_ASSIGN_OR_RETURN(LayerPlacement where, placer(name, layer.device()));
+        Backend& backend = *where.backend;
+        model->layer_devices_.push_back(where.device);
+        auto dense = std::make_unique<Dense>(backend, name, width,
+                                             layer.units(), !layer.no_bias());
+        const int64_t params =
+            width * layer.units() + (layer.no_bias() ? 0 : layer.units());
+        width = layer.units();
+        model->layers_.push_back(std::move(dense));
+        if (layer.activation() == v1::RELU) {
+          model->layers_.push_back(
+              std::make_unique<ReLU>(backend, absl::StrCat(name, "/relu")));
+        }
+        model->summary_rows_.push_back(
+            {name, "Dense", width, params});
+        model->num_parameters_ += params;
+        break;
+      }
+      case v1::LayerSpec::RELU_LAYER:
+        if (name.empty()) {
+          name = UniqueName("re_lu", used);
+          used.insert(name);
+        }
+        {
+          TOWERPS_ASSIGN_OR_RETURN(LayerPlacement where, placer(name, layer.device()));
+          model->layer_devices_.push_back(where.device);
+          model->layers_.push_back(std::make_unique<ReLU>(*where.backend, name));
+        }
+        model->summary_rows_.push_back({name, "ReLU", width, 0});
+        break;
+      case v1::LayerSpec::LAYER_UNSPECIFIED:
+        return absl::InvalidArgumentError(
+            absl::StrCat(label, ": type is unset (LAYER_UNSPECIFIED)"));
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            label, ": unknown layer type ", static_cast<int>(layer.type())));
+    }
+  }
+  model->output_dim_ = width;
+
+  // Host weights and gradients, and their homes in the layers: a view for
+  // layers on host memory, a device buffer otherwise (allocated now, so a
+  // device too small for its weights fails here).
+  for (size_t i = 0; i < model->layers_.size(); ++i) {
+    Layer& layer = *model->layers_[i];
+    const std::vector<std::vector<int64_t>> shapes = layer.param_shapes();
+    const std::vector<DeviceTensor*> params = layer.params();
+    const std::vector<DeviceTensor*> grads = layer.grads();
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      model->host_weights_.emplace_back(shapes[k]);
+      model->host_grads_.emplace_back(shapes[k]);
+      model->device_weights_.push_back(params[k]);
+      model->device_grads_.push_back(grads[k]);
+      if (!layer.backend().host_memory()) {
+        for (DeviceTensor* t : {params[k], grads[k]}) {
+          absl::Status st = t->Resize(shapes[k]);
+          if (!st.ok()) {
+            return common::Annotate(st, absl::StrCat("layer \"", layer.name(), "\""));
+          }
+        }
+      }
+    }
+  }
+  for (size_t v = 0; v < model->host_weights_.size(); ++v) {
+    DeviceTensor* w = model->device_weights_[v];
+    if (w->backend()->host_memory()) {
+      w->ViewHost(model->host_weights_[v].shape(), model->host_weights_[v].data());
+      model->device_grads_[v]->ViewHost(model->host_grads_[v].shape(),
+                                        model->host_grads_[v].data());
+    }
+  }
+  // Pipeline stages: runs of layers on one backend.
+  for (size_t i = 0; i < model->layers_.size(); ++i) {
+    if (i == 0 || &model->layers_[i]->backend() != &model->layers_[i - 1]->backend()) {
+      model->stages_.push_back({i, i + 1});
+    } else {
+      model->stages_.back().end = i + 1;
+    }
+  }
+  return model;
+}
+
+std::vector<v1::VariableDef> Model::VariableDefs() const {
+  std::vector<v1::VariableDef> defs;
+  for (const auto& layer : layers_) {
+    const auto* dense = dynamic_cast<const Dense*>(layer.get());
+    if (dense == nullptr) continue;
+    v1::VariableDef kernel;
+    kernel.set_name(absl::StrCat(dense->name(), "/kernel"));
+    kernel.add_shape(dense->input_dim());
+    kernel.add_shape(dense->units());
+    kernel.set_dtype(v1::DT_FLOAT32);
+    v1::Initializer* init = kernel.mutable_initializer();
+    init->set_type(v1::Initializer::GLOROT_UNIFORM);
+    init->set_seed(VariableSeed(init_seed_, static_cast<int64_t>(defs.size())));
+    init->set_fan_in(dense->input_dim());
+    init->set_fan_out(dense->units());
+    defs.push_back(std::move(kernel));
+    if (dense->use_bias()) {
+      v1::VariableDef bias;
+      bias.set_name(absl::StrCat(dense->name(), "/bias"));
+      bias.add_shape(dense->units());
+      bias.set_dtype(v1::DT_FLOAT32);
+      bias.mutable_initializer()->set_type(v1::Initializer::ZEROS);
+      defs.push_back(std::move(bias));
+    }
+  }
+  return defs;
+}
+
+std::vector<common::Tensor*> Model::weights() {
+  std::vector<common::Tensor*> out;
+  for (common::Tensor& t : host_weights_) out.push_back(&t);
+  return out;
+}
+
+std::vector<common::Tensor*> Model::gradients() {
+  std::vector<common::Tensor*> out;
+  for (common::Tensor& t : host_grads_) out.push_back(&t);
+  return out;
+}
+
+std::vector<DeviceTensor*> Model::device_gradients() { return device_grads_; }
+
+void Model::InitializeWeights() {
+  const std::vector<v1::VariableDef> defs = VariableDefs();
+  for (size_t i = 0; i < defs.size(); ++i) {
+    common::InitializeValues(defs[i].initializer(), host_weights_[i].span());
+  }
+}
+
+absl::Status Model::OwnWeight(size_t v) {
+  DeviceTensor* w = device_weights_[v];
+  if (w->backend()->host_memory()) {
+    if (w->data() != host_weights_[v].data()) {
+      w->ViewHost(host_weights_[v].shape(), host_weights_[v].data());
+    }
+    return absl::OkStatus();
+  }
+  if (w->is_view()) return w->Resize(host_weights_[v].shape());
+  return absl::OkStatus();
+}
+
+absl::Status Model::LoadWeights(const std::vector<common::Tensor*>& host) {
+  if (host.size() != device_weights_.size()) {
+    return absl::InternalError(absl::StrCat("model '", name_, "': ", host.size(),
+                                            " weight tensors for ",
+                                            device_weights_.size(), " variables"));
+  }
+  for (size_t v = 0; v < host.size(); ++v) {
+    DeviceTensor* w = device_weights_[v];
+    if (host[v]->num_elements() != host_weights_[v].num_elements()) {
+      return absl::InternalError(absl::StrCat("model '", name_, "': weight ", v,
+                                              " has shape ", host[v]->ShapeString(),
+                                              ", want ", host_weights_[v].ShapeString()));
+    }
+    if (w->backend()->host_memory()) {
+      if (w->data() != host[v]->data()) w->ViewHost(host[v]->shape(), host[v]->data());
+    } else {
+      TOWERPS_RETURN_IF_ERROR(OwnWeight(v));
+      w->backend()->CopyFromHost(host[v]->data(), host[v]->num_elements(), w->data());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::ShareWeights(const std::vector<Model*>& from) {
+  for (const Model* m : from) {
+    if (m->device_weights_.size() != device_weights_.size()) {
+      return absl::InternalError(absl::StrCat("model '", name_, "': cannot share the weights of '",
+                                              m->name_, "': different variables"));
+    }
+  }
+  for (size_t v = 0; v < device_weights_.size(); ++v) {
+    DeviceTensor* w = device_weights_[v];
+    DeviceTensor* src = from[0]->device_weights_[v];
+    for (const Model* m : from) {
+      if (m->device_weights_[v]->backend()->memory_space() == w->backend()->memory_space()) {
+        src = m->device_weights_[v];
+        break;
+      }
+    }
+    if (src->num_elements() != host_weights_[v].num_elements()) {
+      return absl::InternalError(absl::StrCat("model '", name_, "': weight ", v, " has shape ",
+                                              src->ShapeString(), ", want ",
+                                              host_weights_[v].ShapeString()));
+    }
+    if (w->backend()->memory_space() == src->backend()->memory_space()) {
+      if (w->data() != src->data()) w->View(src->shape(), src->data());
+    } else {
+      TOWERPS_RETURN_IF_ERROR(OwnWeight(v));
+      TOWERPS_RETURN_IF_ERROR(
+          w->backend()->CopyFrom(*src->backend(), src->data(), src->num_elements(), w->data()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::SynchronizeDevices() {
+  for (const Stage& stage : stages_) {
+    TOWERPS_RETURN_IF_ERROR(layers_[stage.first]->backend().Synchronize());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::DownloadGradients() {
+  for (size_t v = 0; v < device_grads_.size(); ++v) {
+    DeviceTensor* g = device_grads_[v];
+    if (g->backend()->host_memory()) continue;
+    TOWERPS_RETURN_IF_ERROR(
+        g->backend()->CopyToHost(g->data(), g->num_elements(), host_grads_[v].data()));
+  }
+  return absl::OkStatus();
+}
+
+bool Model::SameSpace(size_t a, size_t b) const {
+  Backend& x = layers_[a]->backend();
+  Backend& y = layers_[b]->backend();
+  return &x == &y || x.memory_space() == y.memory_space();
+}
+
+void Model::EnsureFlows(size_t n) {
+  while (flows_.size() < n) {
+    Flow f;
+    for (const auto& layer : layers_) {
+      Backend* b = &layer->backend();
+      f.in.emplace_back(b);
+      f.out.emplace_back(b);
+      f.dout.emplace_back(b);
+      f.din.emplace_back(b);
+    }
+    f.x.assign(layers_.size(), nullptr);
+    f.labels = DeviceTensor(&layers_.back()->backend());
+    f.targets = DeviceTensor(&layers_.back()->backend());
+    flows_.push_back(std::move(f));
+  }
+}
+
+absl::StatusOr<const DeviceTensor*> Model::Input(const Batch& batch, Flow& flow,
+                                                 size_t i) {
+  Backend& b = layers_[i]->backend();
+  DeviceTensor& in = flow.in[i];
+  if (i == 0) {
+    const float* rows = batch.features.data() + flow.begin * input_dim_;
+    if (b.host_memory()) {
+      in.ViewHost({flow.rows, input_dim_}, rows);
+    } else {
+      TOWERPS_RETURN_IF_ERROR(in.Resize({flow.rows, input_dim_}));
+      b.CopyFromHost(rows, flow.rows * input_dim_, in.data());
+    }
+    return &in;
+  }
+  const DeviceTensor& prev = flow.out[i - 1];
+  if (SameSpace(i - 1, i)) return &prev;
+  TOWERPS_RETURN_IF_ERROR(in.Resize(prev.shape()));
+  TOWERPS_RETURN_IF_ERROR(
+      b.CopyFrom(layers_[i - 1]->backend(), prev.data(), prev.num_elements(), in.data()));
+  return &in;
+}
+
+absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow,
+                                 int64_t grad_count) {
+  const Stage& stage = stages_[s];
+  for (size_t i = stage.first; i < stage.end; ++i) {
+    TOWERPS_ASSIGN_OR_RETURN(const DeviceTensor* x, Input(batch, flow, i));
+    flow.x[i] = x;
+    TOWERPS_RETURN_IF_ERROR(layers_[i]->Forward(*x, &flow.out[i]));
+    // Sized by its owner now, so that the next device writes into it in
+    // place during the backward pass.
+    if (grad_count > 0) TOWERPS_RETURN_IF_ERROR(flow.dout[i].Resize(flow.out[i].shape()));
+  }
+  Backend& b = layers_[stage.end - 1]->backend();
+  if (s + 1 < stages_.size()) return b.Synchronize();
+
+  // The last stage: the loss of this micro-batch.
+  const size_t last = layers_.size() - 1;
+  const int64_t n = flow.rows;
+  const int64_t d = output_dim_;
+  const float* labels = nullptr;
+  const float* targets = nullptr;
+  if (loss_ == v1::MSE || loss_ == v1::MAE) {
+    const float* rows = batch.targets.data() + flow.begin * d;
+    if (b.host_memory()) {
+      targets = rows;
+    } else {
+      TOWERPS_RETURN_IF_ERROR(flow.targets.Resize({n, d}));
+      b.CopyFromHost(rows, n * d, flow.targets.data());
+      targets = flow.targets.data();
+    }
+  } else {
+    flow.host_labels.assign(batch.labels.begin() + flow.begin,
+                            batch.labels.begin() + flow.begin + n);
+    if (b.host_memory()) {
+      labels = flow.host_labels.data();
+    } else {
+      TOWERPS_RETURN_IF_ERROR(flow.labels.Resize({n}));
+      b.CopyFromHost(flow.host_labels.data(), n, flow.labels.data());
+      labels = flow.labels.data();
+    }
+  }
+  TOWERPS_ASSIGN_OR_RETURN(
+      flow.loss, b.Loss(loss_, n, d, flow.out[last].data(), labels, targets,
+                        grad_count > 0 ? flow.dout[last].data() : nullptr,
+                        grad_count > 0 ? grad_count : n));
+  return absl::OkStatus();
+}
+
+absl::Status Model::StageBackward(const Batch& batch, size_t s, Flow& flow,
+                                  bool accumulate) {
+  const Stage& stage = stages_[s];
+  // The gradient of this stage's output, if it came from another device.
+  const size_t top = stage.end - 1;
+  if (top + 1 < layers_.size() && !SameSpace(top, top + 1)) {
+    const DeviceTensor& g = flow.din[top + 1];
+    TOWERPS_RETURN_IF_ERROR(flow.dout[top].Resize(g.shape()));
+    TOWERPS_RETURN_IF_ERROR(layers_[top]->backend().CopyFrom(
+        layers_[top + 1]->backend(), g.data(), g.num_elements(), flow.dout[top].data()));
+  }
+  for (size_t i = stage.end; i-- > stage.first;) {
+    const DeviceTensor* x = flow.x[i];  // as in the forward pass
+    DeviceTensor* dx = nullptr;
+    if (i > 0) dx = SameSpace(i - 1, i) ? &flow.dout[i - 1] : &flow.din[i];
+    TOWERPS_RETURN_IF_ERROR(
+        layers_[i]->Backward(*x, flow.out[i], flow.dout[i], dx, accumulate));
+  }
+  return layers_[stage.first]->backend().Synchronize();
+}
+
+absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train) {
+  if (batch.features.rank() != 2 || batch.features.dim(1) != input_dim_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", name_, "': features have shape ",
+                     batch.features.ShapeString(), ", want [n,", input_dim_, "]"));
+  }
+  const int64_t n = batch.features.dim(0);
+  TOWERPS_RETURN_IF_ERROR(ValidateLossInputs(loss_, n, output_dim_, batch));
+  const int m = train ? static_cast<int>(std::min<int64_t>(micro_batches_, n)) : 1;
+  EnsureFlows(m);
+  int64_t begin = 0;
+  for (int k = 0; k < m; ++k) {
+    flows_[k].begin = begin;
+    flows_[k].rows = n / m + (k < n % m ? 1 : 0);
+    begin += flows_[k].rows;
+  }
+  const int64_t grad_count = train ? n : 0;
+  const size_t num_stages = stages_.size();
+  if (m == 1 || num_stages == 1) {
+    for (int k = 0; k < m; ++k) {
+      for (size_t s = 0; s < num_stages; ++s) {
+        TOWERPS_RETURN_IF_ERROR(StageForward(batch, s, flows_[k], grad_count));
+      }
+      if (!train) continue;
+      for (size_t s = num_stages; s-- > 0;) {
+        TOWERPS_RETURN_IF_ERROR(StageBackward(batch, s, flows_[k], k > 0));
+      }
+    }
+  } else {
+    // Pipeline: a thread per stage; micro-batch k moves to the next stage
+    // when its predecessor marks it done. Every forward, then every
+    // backward, in micro-batch order on each stage, so each device adds its
+    // micro-batches' gradients in a fixed order.
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::vector<char>> fwd(num_stages, std::vector<char>(m, 0));
+    std::vector<std::vector<char>> bwd(num_stages, std::vector<char>(m, 0));
+    bool failed = false;
+    std::vector<absl::Status> status(num_stages);
+    // Waits until stage s has finished micro-batch k; false if a stage failed.
+    auto ready = [&](const std::vector<std::vector<char>>& done, size_t s, int k) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return done[s][k] != 0 || failed; });
+      return !failed;
+    };
+    auto mark = [&](std::vector<std::vector<char>>& done, size_t s, int k,
+                    const absl::Status& st) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!st.ok()) failed = true;
+        done[s][k] = 1;
+      }
+      cv.notify_all();
+    };
+    std::vector<std::thread> threads;
+    for (size_t s = 0; s < num_stages; ++s) {
+      threads.emplace_back([&, s] {
+        for (int k = 0; k < m; ++k) {
+          if (s > 0 && !ready(fwd, s - 1, k)) return;
+          absl::Status st = StageForward(batch, s, flows_[k], grad_count);
+          if (!st.ok()) status[s] = st;
+          mark(fwd, s, k, st);
+          if (!st.ok()) return;
+        }
+        for (int k = 0; k < m; ++k) {
+          if (s + 1 < num_stages && !ready(bwd, s + 1, k)) return;
+          absl::Status st = StageBackward(batch, s, flows_[k], k > 0);
+          if (!st.ok()) status[s] = st;
+          mark(bwd, s, k, st);
+          if (!st.ok()) return;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const absl::Status& st : status) TOWERPS_RETURN_IF_ERROR(st);
+  }
+  LossResult total;
+  for (int k = 0; k < m; ++k) {
+    total.loss_sum += flows_[k].loss.loss_sum;
+    total.correct += flows_[k].loss.correct;
+  }
+  return total;
+}
+
+absl::StatusOr<LossResult> Model::ComputeDeviceGradients(const Batch& batch) {
+  if (batch.size() == 0) {
+    for (DeviceTensor* g : device_grads_) g->backend()->Zero(g->num_elements(), g->data());
+    for (const auto& layer : layers_) TOWERPS_RETURN_IF_ERROR(layer->backend().Synchronize());
+    return LossResult();
+  }
+  return Run(batch, /*train=*/true);
+}
+
+absl::StatusOr<LossResult> Model::ComputeGradients(const Batch& batch) {
+  TOWERPS_RETURN_IF_ERROR(LoadWeights(weights()));
+  TOWERPS_ASSIGN_OR_RETURN(LossResult r, ComputeDeviceGradients(batch));
+  TOWERPS_RETURN_IF_ERROR(DownloadGradients());
+  return r;
+}
+
+absl::StatusOr<LossResult> Model::Evaluate(const Batch& batch) {
+  if (batch.size() == 0) return LossResult();
+  TOWERPS_RETURN_IF_ERROR(LoadWeights(weights()));
+  return Run(batch, /*train=*/false);
+}
+
+absl::Status Model::PrepareBuffers(int64_t max_batch) {
+  if (max_batch <= 0) return absl::OkStatus();
+  EnsureFlows(1);
+  Flow& f = flows_[0];
+  int64_t width = input_dim_;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const int64_t out = layers_[i]->OutputDim(width);
+    absl::Status st = f.out[i].Resize({max_batch, out});
+    if (st.ok()) st = f.dout[i].Resize({max_batch, out});
+    if (st.ok() && i == 0 && !layers_[i]->backend().host_memory()) {
+      st = f.in[i].Resize({max_batch, width});
+    }
+    if (st.ok() && i > 0 && !SameSpace(i - 1, i)) {
+      st = f.in[i].Resize({max_batch, width});
+      if (st.ok()) st = f.din[i].Resize({max_batch, width});
+    }
+    if (!st.ok()) {
+      return common::Annotate(st, absl::StrCat("layer \"", layers_[i]->name(), "\""));
+    }
+    width = out;
+  }
+  return absl::OkStatus();
+}
+
+std::string Model::Summary() const {
+  constexpr int kWidth = 65;
+  // Column starts as in Keras' print_summary for sequential models.
+  auto row = [](const std::string& a, const std::string& b,
+                const std::string& c) {
+    std::string line = " " + a;
+    line.resize(std::max<size_t>(29, line.size() + 1), ' ');
+    line += b;
+    line.resize(std::max<size_t>(55, line.size() + 1), ' ');
+    line += c;
+    return line + "\n";
+  };
+  std::string out = absl::StrCat("Model: \"", name_, "\"\n");
+  out += std::string(kWidth, '_') + "\n";
+  out += row("Layer (type)", "Output Shape", "Param #");
+  out += std::string(kWidth, '=') + "\n";
+  for (const SummaryRow& r : summary_rows_) {
+    out +=
+        row(absl::StrCat(r.name, " (", r.type, ")"),
+            absl::StrCat("(None, ", r.output_dim, ")"), absl::StrCat(r.params));
+  }
+  out += std::string(kWidth, '=') + "\n";
+  out += absl::StrCat("Total params: ", WithThousands(num_parameters_), "\n");
+  out +=
+      absl::StrCat("Trainable params: ", WithThousands(num_parameters_), "\n");
+  out += "Non-trainable params: 0\n";
+  out += std::string(kWidth, '_') + "\n";
+  return out;
+}
+
+std::vector<Model::LayerMemory> Model::ParamMemory() const {
+  std::vector<LayerMemory> out;
+  for (const SummaryRow& r : summary_rows_) {
+    out.push_back({r.name, 2 * r.params * static_cast<int64_t>(sizeof(float))});
+  }
+  return out;
+}
+
+}  // namespace towerps::worker

@@ -1,0 +1,258 @@
+// A feed-forward model built from a v1::ModelSpec: its variables, a training
+// step's gradients and an evaluation pass.
+//
+// Lifecycle: Create() -> (load weights(), e.g. from a pull, or
+// InitializeWeights()) -> ComputeGradients() / Evaluate(), repeatedly. The
+// model owns its weights, gradients and activation buffers; buffers are reused
+// from step to step.
+#ifndef TOWERPS_WORKER_MODEL_MODEL_H_
+#define TOWERPS_WORKER_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "proto/job.pb.h"
+#include "proto/tensor.pb.h"
+#include "worker/device/backend.h"
+#include "worker/device/device_tensor.h"
+#include "worker/model/batch.h"
+#include "worker/model/layers.h"
+#include "worker/model/losses.h"
+
+namespace towerps::worker {
+
+// Not thread-safe: one Model per thread (each with its own Backend).
+class Model {
+ public:
+  // Validates `spec` and builds the layers, with all weights zero.
+  //
+  // Layer names default like Keras' ("dense", "dense_1", ...; "re_lu",
+  // "re_lu_1", ... for RELU_LAYER), skipping names given explicitly. A DENSE
+  // layer with activation RELU becomes a Dense layer followed by a ReLU layer
+  // ("<name>/relu"); Summary() shows them as one row, as Keras does.
+  //
+  // Returns InvalidArgument, naming the layer (index and name) and the field,
+  // when: input_dim <= 0; there are no layers; a layer type is unset or
+  // unknown; a DENSE layer has units <= 0 or an unknown activation; two layers
+  // share a name or a name contains '/'; the loss type is unknown.
+  // `backend` must outlive the model.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(
+      const v1::ModelSpec& spec, Backend& backend);
+
+  // Where one spec layer computes: its device's backend (not owned; must
+  // outlive the model) and the device's name, for logs and Summary().
+  struct LayerPlacement {
+    Backend* backend = nullptr;
+    std::string device;
+  };
+  // Called once per spec layer with its final name and its `device` field
+  // (may be empty); an error aborts Create and is returned as is.
+  using LayerPlacer = std::function<absl::StatusOr<LayerPlacement>(
+      const std::string& layer_name, const std::string& requested_device)>;
+
+  // As above, with each layer on the device `placer` picks (model
+  // parallelism). Virtual CPU devices share host memory, so activations and
+  // their gradients cross devices without a copy; a GPU backend copies them.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(
+      const v1::ModelSpec& spec, const LayerPlacer& placer);
+
+  // Bytes of each spec layer's weights and their gradients (its activation
+  // buffers are allocated on its device as they are needed; see
+  // PrepareBuffers).
+  struct LayerMemory {
+    std::string layer;
+    int64_t bytes = 0;
+  };
+  std::vector<LayerMemory> ParamMemory() const;
+
+  // Allocates the activation buffers for a batch of `max_batch` examples
+  // now, so that a device too small fails at start with its allocator's
+  // error (prefixed with the layer) instead of in the first step.
+  absl::Status PrepareBuffers(int64_t max_batch);
+
+  // The device of each spec layer, in order ("" without a placer).
+  const std::vector<std::string>& layer_devices() const { return layer_devices_; }
+
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+  ~Model();
+
+  // The trainable variables, in a fixed order: for each Dense layer,
+  // "<layer>/kernel" [in, out] (GLOROT_UNIFORM, fan_in = in, fan_out = out)
+  // then, unless no_bias, "<layer>/bias" [out] (ZEROS); all DT_FLOAT32.
+  // Variable i's Glorot seed is VariableSeed(spec.init_seed or 1, i).
+  std::vector<v1::VariableDef> VariableDefs() const;
+
+  // The weight tensors and their gradients, in VariableDefs() order, in host
+  // memory: pulls write weights() and pushes read gradients(). The pointers
+  // stay valid for the model's lifetime. Layers on a host-memory device
+  // (CPU) compute on these very buffers; layers on a GPU keep device copies
+  // (ComputeGradients uploads weights() first and downloads the gradients).
+  std::vector<common::Tensor*> weights();
+  std::vector<common::Tensor*> gradients();
+
+  // Splits every ComputeGradients batch into `m` micro-batches (sizes differ
+  // by at most one). When the layers sit on several devices, each run of
+  // layers on one device is a pipeline stage with its own thread, so the
+  // devices work on different micro-batches at the same time (GPipe: every
+  // micro-batch forward, then every one backward, gradients accumulated on
+  // each device). The result is the whole batch's gradient (up to float
+  // summation order). REQUIRES: m >= 1. Default 1.
+  void set_micro_batches(int m) { micro_batches_ = m < 1 ? 1 : m; }
+  int micro_batches() const { return micro_batches_; }
+  // Pipeline stages: runs of consecutive layers on the same device.
+  int num_stages() const { return static_cast<int>(stages_.size()); }
+
+  // Fills every weight from its VariableDef's initializer with
+  // common::InitializeValues, the function the parameter server uses, so the
+  // values equal a fresh server's without one (for tests and local runs).
+  void InitializeWeights();
+
+  // Forward pass, loss and backward pass. Overwrites gradients() with
+  // d(mean over the batch of per-example losses)/d(weights). Returns the SUM
+  // of per-example losses and the number of correct predictions. A batch of
+  // size 0 gives zero gradients and a zero result.
+  // Returns InvalidArgument when the features are not [n, input_dim()] or the
+  // labels/targets do not fit (see ComputeLoss); gradients are then
+  // unspecified.
+  absl::StatusOr<LossResult> ComputeGradients(const Batch& batch);
+
+  // The steps ComputeGradients is made of, for towers that reduce their
+  // gradients on the devices before one download:
+  //  - LoadWeights: the next step uses the values of `host` (VariableDefs()
+  //    order and shapes; e.g. another tower's weights()). Host-memory layers
+  //    read them in place (no copy: they must stay unchanged until the step
+  //    ends); GPU layers copy them to the device.
+  //  - ComputeDeviceGradients: forward, loss and backward; the gradients are
+  //    left in device_gradients() and every device is synchronized.
+  //  - DownloadGradients: copies device gradients into gradients() (nothing
+  //    to do for host-memory layers, whose gradients are gradients()).
+  absl::Status LoadWeights(const std::vector<common::Tensor*>& host);
+  //  - ShareWeights: the next step uses the weights `from` holds on its
+  //    devices now (after its LoadWeights; `from` has the same spec and must
+  //    not change them until the step ends). A layer in the same memory
+  //    space as `from`'s reads them in place (towers on one GPU or on the
+  //    host: no copy, and the layer's own weight buffer is given back); others
+  //    copy them device to device. So towers upload the weights once per
+  //    step, not once per tower.
+  absl::Status ShareWeights(Model& from) { return ShareWeights(std::vector<Model*>{&from}); }
+  // As above, each weight read in place from the first of `from` in the
+  // same memory space, else copied from from[0].
+  absl::Status ShareWeights(const std::vector<Model*>& from);
+  absl::StatusOr<LossResult> ComputeDeviceGradients(const Batch& batch);
+  std::vector<DeviceTensor*> device_gradients();
+  absl::Status DownloadGradients();
+  // Waits for every device of the model.
+  absl::Status SynchronizeDevices();
+
+  // Forward pass and loss only; gradients() are untouched. loss_sum is the
+  // sum over the batch, so callers can average across batches. Errors as for
+  // ComputeGradients.
+  absl::StatusOr<LossResult> Evaluate(const Batch& batch);
+
+  const std::string& name() const { return name_; }
+  v1::LossType loss() const { return loss_; }
+  int64_t input_dim() const { return input_dim_; }
+  int64_t output_dim() const { return output_dim_; }
+  // Total number of weight elements.
+  int64_t num_parameters() const { return num_parameters_; }
+  const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
+
+  // A Keras-like table:
+  //   Model: "mlp"
+  //   _______________________________________________________________
+  //    Layer (type)                Output Shape              Param #
+  //   ===============================================================
+  //    dense (Dense)               (None, 256)               200960
+  //   ...
+  //   Total params: 269,322
+  //   Trainable params: 269,322
+  //   Non-trainable params: 0
+  std::string Summary() const;
+
+ private:
+  // One row of Summary(): a spec layer (a Dense and its fused ReLU are one).
+  struct SummaryRow {
+    std::string name;
+    std::string type;
+    int64_t output_dim;
+    int64_t params;
+  };
+
+  Model(std::string name, v1::LossType loss, int64_t input_dim,
+        uint64_t init_seed);
+
+  // One micro-batch's buffers, each on its layer's device.
+  struct Flow {
+    std::vector<DeviceTensor> in;    // in[i]: layer i's input when it is a copy
+    std::vector<DeviceTensor> out;   // out[i]: layer i's output
+    std::vector<DeviceTensor> dout;  // dout[i]: dL/d out[i]
+    std::vector<DeviceTensor> din;   // din[i]: dL/d input of layer i, before
+                                     // its copy to the previous device
+    std::vector<const DeviceTensor*> x;  // x[i]: layer i's input in the
+                                         // forward pass, reused backward
+    DeviceTensor labels;             // on the last layer's device
+    DeviceTensor targets;
+    std::vector<float> host_labels;
+    int64_t begin = 0, rows = 0;     // rows of the batch
+    LossResult loss;
+  };
+  struct Stage {
+    size_t first = 0, end = 0;  // layers [first, end)
+  };
+
+  void EnsureFlows(size_t n);
+  // Layer i's input for `flow`: the features (i == 0), the previous layer's
+  // output, or a copy of it on layer i's device.
+  absl::StatusOr<const DeviceTensor*> Input(const Batch& batch, Flow& flow,
+                                            size_t i);
+  // Runs stage `s` forward on `flow` (and the loss, with its gradient when
+  // `grad_count` > 0, if `s` is the last stage).
+  absl::Status StageForward(const Batch& batch, size_t s, Flow& flow,
+                            int64_t grad_count);
+  absl::Status StageBackward(const Batch& batch, size_t s, Flow& flow,
+                             bool accumulate);
+  absl::StatusOr<LossResult> Run(const Batch& batch, bool train);
+  bool SameSpace(size_t a, size_t b) const;
+  // Makes weight v its own again (a view of host_weights_[v] on host memory,
+  // an owned device buffer elsewhere), so it can be written.
+  absl::Status OwnWeight(size_t v);
+
+  // Constant after construction. The layers hold the Backend.
+  const std::string name_;
+  const v1::LossType loss_;
+  const int64_t input_dim_;
+  const uint64_t init_seed_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<SummaryRow> summary_rows_;
+  int64_t output_dim_ = 0;
+  std::vector<std::string> layer_devices_;
+  int64_t num_parameters_ = 0;
+  std::vector<Stage> stages_;
+  int micro_batches_ = 1;
+
+  // Host weights and gradients (VariableDefs order), and where each lives
+  // in the layers.
+  std::vector<common::Tensor> host_weights_;
+  std::vector<common::Tensor> host_grads_;
+  std::vector<DeviceTensor*> device_weights_;
+  std::vector<DeviceTensor*> device_grads_;
+
+  // Per-step scratch, reused: one Flow per micro-batch.
+  std::vector<Flow> flows_;
+};
+
+// The Glorot seed of variable `index`: SplitMix64's finalizer applied to
+// base_seed + (index + 1) * 0x9E3779B97F4A7C15, so that every variable draws
+// an independent-looking stream that is the same on every worker.
+uint64_t VariableSeed(uint64_t base_seed, int64_t index);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_MODEL_MODEL_H_

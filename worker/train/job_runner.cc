@@ -1,0 +1,217 @@
+#include "worker/train/job_runner.h"
+
+#include <cblas.h>
+
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "worker/device/backend.h"
+#include "worker/device/gpu_info.h"
+#include "worker/model/dataset.h"
+#include "worker/model/device_placer.h"
+#include "worker/model/model.h"
+#include "worker/train/ps_client.h"
+#include "worker/train/towers.h"
+
+namespace towerps::worker {
+namespace {
+
+constexpr int64_t kEvalBatch = 1000;  // EvaluateModel's batch
+
+void Log(const JobHooks& hooks, const std::string& line) {
+  if (hooks.log) {
+    hooks.log(line);
+  } else {
+    TLOG(INFO) << line;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::VariableDef>> JobVariables(const v1::JobSpec& job) {
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(job.model(), *backend));
+  return model->VariableDefs();
+}
+
+absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_in,
+                                   const std::string& restore_from, const JobHooks& hooks) {
+  v1::JobSpec job = job_in;
+  const common::ClusterSpec& spec = env.cluster;
+  common::DeviceManager& devices = *env.devices;
+  const int num_workers = static_cast<int>(spec.worker.size());
+  const bool chief = spec.is_chief();
+
+  if (job.tower_devices_size() > 0) {
+    if (job.towers() > 1 && job.towers() != job.tower_devices_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "towers = ", job.towers(), " but tower_devices names ", job.tower_devices_size()));
+    }
+    job.set_towers(job.tower_devices_size());
+  }
+  const int num_towers = std::max(1, job.towers());
+  job.set_towers(num_towers);
+
+  // With towers and per-layer devices, layers name devices of tower 0's
+  // group (see TowerDevice); the classic layout uses that group.
+  std::vector<std::string> device_names;
+  for (const std::string type : {"CPU", "GPU"}) {
+    const auto of_type = devices.DevicesOfType(type);
+    const size_t group = of_type.size() / num_towers;
+    for (size_t i = 0; i < (num_towers > 1 ? group : of_type.size()); ++i) {
+      device_names.push_back(of_type[i]->short_name());
+    }
+  }
+  if (env.layout == "classic") {
+    TOWERPS_RETURN_IF_ERROR(common::Annotate(
+        ApplyClassicLayout(device_names, job.mutable_model()), "layout"));
+  } else if (!env.layout.empty()) {
+    return absl::InvalidArgumentError("--layout must be \"classic\" or empty");
+  }
+  bool layers_placed = false;
+  for (const auto& l : job.model().layers()) layers_placed |= !l.device().empty();
+  if (layers_placed && job.tower_devices_size() > 0) {
+    return absl::InvalidArgumentError(
+        "tower_devices and per-layer devices together: name the layers' devices "
+        "(tower t uses group t of the devices) or the towers', not both");
+  }
+  // Tower t runs on tower_devices[t], else the t-th device of the preferred
+  // type (GPU if any).
+  auto preferred = devices.DevicesOfType("GPU");
+  if (preferred.empty()) preferred = devices.DevicesOfType("CPU");
+  std::vector<std::string> tower_device(num_towers);
+  std::vector<std::unique_ptr<DevicePlacer>> placers;
+  for (int t = 0; t < num_towers; ++t) {
+    placers.push_back(std::make_unique<DevicePlacer>(devices));
+    if (layers_placed) continue;
+    const std::string wanted = job.tower_devices_size() > 0
+                                   ? job.tower_devices(t)
+                                   : preferred[t % preferred.size()]->short_name();
+    auto d = devices.Resolve(wanted, absl::StrCat("tower ", t));
+    if (!d.ok()) return common::Annotate(d.status(), "tower_devices");
+    tower_device[t] = (*d)->name();
+    if (env.log_device_placement) Log(hooks, absl::StrCat("tower ", t, ": ", tower_device[t]));
+  }
+  auto towers_or = Towers::Create(job.model(), num_towers, [&](int t) {
+    if (layers_placed && num_towers > 1) return placers[t]->TowerPlacer(t, num_towers);
+    return placers[t]->Placer(tower_device[t]);
+  });
+  if (!towers_or.ok()) return common::Annotate(towers_or.status(), "model");
+  std::unique_ptr<Towers> towers = std::move(*towers_or);
+  if (job.micro_batches() > 1) {
+    towers->set_micro_batches(job.micro_batches());
+    Log(hooks, absl::StrCat(job.micro_batches(), " micro-batches per tower step, ",
+                            towers->primary().num_stages(), " pipeline stage(s)"));
+  }
+  if (env.log_device_placement && layers_placed) {
+    for (int t = 0; t < num_towers; ++t) {
+      const auto& where = towers->tower(t).layer_devices();
+      Log(hooks, absl::StrCat("tower ", t, " layers: ", absl::StrJoin(where, ", ")));
+    }
+  }
+
+  // Charge every tower's layers to their devices' memory limits now, so a
+  // model that does not fit fails here with the device and the numbers. The
+  // reservations are released when the job ends.
+  const int64_t worker_batch = (job.global_batch_size() + num_workers - 1) / num_workers;
+  const int64_t tower_batch = (worker_batch + num_towers - 1) / num_towers;
+  std::vector<std::unique_ptr<MemoryReservation>> reservations;
+  for (int t = 0; t < num_towers; ++t) {
+    const int64_t max_batch = (t == 0 && chief) ? std::max(tower_batch, kEvalBatch) : tower_batch;
+    auto r = MemoryReservation::Reserve(towers->tower(t), devices, max_batch);
+    if (!r.ok()) return common::Annotate(r.status(), absl::StrCat("tower ", t, " does not fit its devices"));
+    reservations.push_back(std::move(*r));
+  }
+  if (env.log_device_placement) Log(hooks, "devices:\n" + devices.Describe());
+  TLOG(INFO) << spec.TaskName() << ": " << common::DescribeGpus(common::QueryGpus());
+  Model* model = &towers->primary();
+  // Towers on CPU share the cores: never more BLAS threads in all than cores.
+  if (env.blas_threads > 0 || num_towers > 1) {
+    const int threads = env.blas_threads > 0
+                            ? env.blas_threads
+                            : BlasThreadsPerTower(
+                                  static_cast<int>(std::thread::hardware_concurrency()),
+                                  num_towers * (job.micro_batches() > 1
+                                                    ? towers->primary().num_stages()
+                                                    : 1));
+    openblas_set_num_threads(threads);
+    Log(hooks, absl::StrCat(num_towers, " tower(s), ", threads,
+                            " BLAS thread(s) each; reduction: ", towers->reducer().Name()));
+  }
+
+  // Data: every worker reads the set and trains on its slices of each batch.
+  Dataset train, test;
+  const auto& d = job.data();
+  if (d.source() == v1::DataSpec::ONES) {
+    train = MakeOnes(d.ones_examples(), model->input_dim(),
+                     d.ones_target_dim() > 0 ? d.ones_target_dim() : model->output_dim());
+    test = train;
+  } else {
+    auto tr = LoadFashionMnist(d.dir(), true, d.max_train_examples());
+    if (!tr.ok()) return common::Annotate(tr.status(), "train data");
+    auto te = LoadFashionMnist(d.dir(), false, d.max_test_examples());
+    if (!te.ok()) return common::Annotate(te.status(), "test data");
+    train = std::move(*tr);
+    test = std::move(*te);
+  }
+
+  ParameterClientOptions copts;
+  copts.ps_addresses = spec.ps;
+  copts.job_id = job.job_id();
+  copts.worker_task = spec.task_index;
+  copts.chunk_bytes = env.chunk_bytes;
+  copts.wait_timeout = env.wait_timeout;
+  copts.peer_timeout = absl::Seconds(job.peer_timeout_s() > 0 ? job.peer_timeout_s()
+                                                              : kDefaultPeerTimeoutS);
+  copts.restore_from = restore_from;
+  copts.cancelled = hooks.cancelled;
+  TOWERPS_ASSIGN_OR_RETURN(
+      std::unique_ptr<ParameterClient> client,
+      NewGrpcParameterClient(copts, model->VariableDefs(), job.placement()));
+
+  if (chief) {
+    Log(hooks, model->Summary());
+    Log(hooks, absl::StrCat("Placement (", v1::PlacementStrategy_Name(job.placement()), "):\n",
+                            client->placement().Describe(model->VariableDefs())));
+    Log(hooks, absl::StrFormat(
+                   "Job \"%s\": %s, %d workers, global batch %d, %d epochs, %d train / %d test examples%s",
+                   job.job_id(), v1::Mode_Name(job.mode()), num_workers, job.global_batch_size(),
+                   job.epochs(), train.size(), test.size(),
+                   restore_from.empty() ? "" : ", restoring " + restore_from));
+  }
+  TrainerOptions topts;
+  topts.job = job;
+  topts.worker_task = spec.task_index;
+  topts.num_workers = num_workers;
+  topts.is_chief = chief;
+  topts.log_every_steps = hooks.log_every_steps;
+  // With structured metrics (the chief in service mode), progress lines go
+  // to the process log only; the metrics become the job's events.
+  if (hooks.on_metrics) {
+    topts.progress = [](const std::string& line) { TLOG(INFO) << line; };
+  } else {
+    topts.progress = [&hooks](const std::string& line) { Log(hooks, line); };
+  }
+  topts.on_metrics = hooks.on_metrics;
+  topts.after_pull = hooks.after_pull;
+  if (hooks.on_epoch) {
+    const std::vector<v1::VariableDef> defs = model->VariableDefs();
+    topts.on_epoch = [&hooks, defs](int64_t step, const std::vector<common::Tensor*>& w) {
+      hooks.on_epoch(step, defs, w);
+    };
+  }
+  topts.restoring = !restore_from.empty();
+  topts.cancelled = hooks.cancelled;
+  topts.last_step = hooks.last_step;
+  topts.iterations = hooks.iterations;
+  Trainer trainer(topts, *towers, *client, train, test);
+  return trainer.Run();
+}
+
+}  // namespace towerps::worker

@@ -1,0 +1,68 @@
+// Runs this worker's part of one job: builds the towers on the task's
+// devices, charges their memory, loads the data, connects to the parameter
+// servers and trains. Used by the worker binary directly (one job from flags)
+// and by the WorkerService (jobs sent by the chief).
+//
+// Thread-safe: concurrent RunJob calls must use different jobs; the devices'
+// allocators are shared and enforce their limits across them.
+#ifndef TOWERPS_WORKER_TRAIN_JOB_RUNNER_H_
+#define TOWERPS_WORKER_TRAIN_JOB_RUNNER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/cluster_spec.h"
+#include "proto/job.pb.h"
+#include "proto/job_service.pb.h"
+#include "proto/tensor.pb.h"
+#include "worker/device/device_manager.h"
+#include "worker/train/trainer.h"
+
+namespace towerps::worker {
+
+// What stays the same across jobs on one worker. Dependencies not owned.
+struct WorkerEnv {
+  common::ClusterSpec cluster;                  // REQUIRED.
+  common::DeviceManager* devices = nullptr;     // REQUIRED.
+  int64_t chunk_bytes = 1 << 20;
+  absl::Duration wait_timeout = absl::Minutes(10);
+  int blas_threads = 0;          // 0: cores / towers.
+  bool log_device_placement = false;
+  std::string layout;            // "" or "classic".
+};
+
+// Callbacks and controls of one run. All optional.
+struct JobHooks {
+  // Human-readable lines (summary, placement, progress).
+  std::function<void(const std::string&)> log;
+  std::function<void(const v1::Metrics&, bool epoch_end)> on_metrics;  // Chief.
+  std::function<absl::Status(int64_t step)> after_pull;                // Chief.
+  // Chief: the variables and their values after each evaluation.
+  std::function<void(int64_t step, const std::vector<v1::VariableDef>& defs,
+                     const std::vector<common::Tensor*>& weights)> on_epoch;
+  const std::atomic<bool>* cancelled = nullptr;
+  std::atomic<int64_t>* last_step = nullptr;
+  std::atomic<int64_t>* iterations = nullptr;
+  int log_every_steps = 50;
+};
+
+// `job` must have defaults applied (JobWithDefaults) and a job_id.
+// `restore_from`: checkpoint directory the servers restore from, or "".
+// Errors: InvalidArgument for a job that cannot run here (model, devices,
+// layout), ResourceExhausted when it does not fit the devices, data errors
+// naming the file, the ps client's errors, Cancelled when `cancelled` is set.
+absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job,
+                                   const std::string& restore_from, const JobHooks& hooks);
+
+// The variables the job registers (in the model's order), without building
+// towers on devices. For the chief's export and status pages.
+absl::StatusOr<std::vector<v1::VariableDef>> JobVariables(const v1::JobSpec& job);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_TRAIN_JOB_RUNNER_H_

@@ -1,0 +1,461 @@
+#include "worker/train/ps_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/parallel.h"
+#include "common/rpc.h"
+#include "common/slice_writer.h"
+#include "common/status.h"
+#include "grpcpp/client_context.h"
+#include "proto/job.pb.h"
+#include "proto/ps.grpc.pb.h"
+#include "proto/tensor.pb.h"
+
+namespace towerps::worker {
+namespace {
+
+using common::FromGrpcStatus;
+
+// Transport failures and server-side waits that ran out: asked again.
+// (ABORTED is a server's verdict, e.g. a lost worker: not retried here; the
+// chief's job manager restarts the attempt.)
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
+class GrpcParameterClient : public ParameterClient {
+ public:
+  GrpcParameterClient(ParameterClientOptions options, std::vector<v1::VariableDef> vars,
+                      common::Placement placement)
+      : options_(std::move(options)),
+        vars_(std::move(vars)),
+        placement_(std::move(placement)) {
+    if (options_.incarnation == 0) {
+      std::random_device rd;
+      options_.incarnation = (uint64_t{rd()} << 32) ^ rd() ^
+                             static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+    }
+    const int n = static_cast<int>(options_.ps_addresses.size());
+    for (int s = 0; s < n; ++s) {
+      channels_.push_back(common::NewChannel(options_.ps_addresses[s]));
+      stubs_.push_back(v1::ParameterService::NewStub(channels_.back()));
+      on_server_.push_back(placement_.VariablesOn(s));
+    }
+    push_msgs_.resize(n);
+    health_.resize(n);
+  }
+
+  ~GrpcParameterClient() override {
+    stop_.Notify();
+    if (heartbeats_.joinable()) heartbeats_.join();
+  }
+
+  absl::Status CheckCancelled() const {
+    if (options_.cancelled != nullptr && options_.cancelled->load()) {
+      return absl::CancelledError("job cancelled");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> Register(const v1::TrainingConfig& config) override {
+    const int n = static_cast<int>(stubs_.size());
+    std::vector<int64_t> steps(n, 0);
+    // Heartbeats start now: servers that hold the job hear from this worker
+    // while it waits for the others to come up.
+    if (!heartbeats_.joinable()) heartbeats_ = std::thread([this] { HeartbeatLoop(); });
+    TOWERPS_RETURN_IF_ERROR(ForEachServer([&](int s) -> absl::Status {
+      v1::RegisterRequest req;
+      req.set_job_id(options_.job_id);
+      *req.mutable_config() = config;
+      req.set_restore_from(options_.restore_from);
+      req.set_num_ps(n);
+      req.set_worker_task(options_.worker_task);
+      for (int v : on_server_[s]) *req.add_variables() = vars_[v];
+      v1::RegisterResponse resp;
+      // Wait for the server to come up (workers may start first). Each
+      // round is a wait_for_ready call (a call in flight is what drives the
+      // channel's connection attempts; without one, gRPC polls them only every
+      // few seconds) and, if that finds no connection, one call without it,
+      // which fails at once with the transport's reason for the log line and
+      // the final error.
+      const absl::Time start = absl::Now();
+      absl::Time next_log = start + absl::Seconds(1);
+      const absl::Duration attempt = std::min(absl::Seconds(5), options_.peer_timeout);
+      while (true) {
+        absl::Status st;
+        for (const bool wait_for_ready : {true, false}) {
+          grpc::ClientContext ctx;
+          ctx.set_wait_for_ready(wait_for_ready);
+          // Connected: the server may take a while to create a large job.
+          const bool connected = channels_[s]->GetState(true) == GRPC_CHANNEL_READY;
+          ctx.set_deadline(absl::ToChronoTime(
+              absl::Now() + (connected ? attempt : std::min(attempt, absl::Seconds(1)))));
+          st = FromGrpcStatus(stubs_[s]->RegisterVariables(&ctx, req, &resp),
+                              Call("RegisterVariables", s));
+          if (st.ok() || !Retryable(st)) break;
+          if (channels_[s]->GetState(false) == GRPC_CHANNEL_READY) break;  // connected: slow
+        }
+        if (st.ok()) break;
+        if (!Retryable(st)) return st;
+        if (channels_[s]->GetState(false) != GRPC_CHANNEL_READY) NoteUnreachable(s, st);
+        TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+        TOWERPS_RETURN_IF_ERROR(LostServer());
+        const absl::Time now = absl::Now();
+        if (now >= next_log) {
+          TLOG(WARNING) << "worker " << options_.worker_task << ": waiting for "
+                        << ServerName(s) << " to come up ("
+                        << absl::StrFormat("%.1f", absl::ToDoubleSeconds(now - start))
+                        << " s so far, peer_timeout_s="
+                        << absl::ToDoubleSeconds(options_.peer_timeout) << "): " << st.message();
+          next_log = now + LogInterval();
+        }
+      }
+      NoteRegistered(s, resp.incarnation());
+      steps[s] = resp.global_step();
+      return absl::OkStatus();
+    }));
+    return *std::min_element(steps.begin(), steps.end());
+  }
+
+  absl::StatusOr<int64_t> Pull(int64_t min_step, int64_t iteration,
+                               const std::vector<common::Tensor*>& weights) override {
+    if (weights.size() != vars_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pull: got ", weights.size(), " buffers for ", vars_.size(), " variables"));
+    }
+    const int n = static_cast<int>(stubs_.size());
+    std::vector<int64_t> steps(n, 0);
+    TOWERPS_RETURN_IF_ERROR(LostServer());
+    const absl::Time give_up = absl::Now() + options_.wait_timeout;
+    TOWERPS_RETURN_IF_ERROR(ForEachServer([&](int s) -> absl::Status {
+      absl::Duration backoff = absl::Milliseconds(100);
+      absl::Time next_log = absl::Now() + LogInterval();
+      while (true) {
+        absl::Status st = PullOnce(s, min_step, iteration, weights, &steps[s]);
+        // DEADLINE_EXCEEDED here is the server's step wait (max_wait_ms): it answered.
+        if (st.ok() || absl::IsDeadlineExceeded(st)) NoteReachable(s);
+        if (st.ok()) return st;
+        if (absl::IsNotFound(st)) NoteGone(s, st);
+        if (absl::IsUnavailable(st)) NoteUnreachable(s, st);
+        TOWERPS_RETURN_IF_ERROR(LostServer());
+        if (!Retryable(st)) return st;
+        TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+        const absl::Time now = absl::Now();
+        if (now >= give_up) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "gave up after ", absl::FormatDuration(options_.wait_timeout),
+              ": ", st.message()));
+        }
+        if (now >= next_log) {
+          TLOG(WARNING) << "worker " << options_.worker_task << ": still waiting on "
+                        << ServerName(s) << " for step " << min_step << ": " << st.message();
+          next_log = now + LogInterval();
+        }
+        if (absl::IsDeadlineExceeded(st)) continue;  // the server waited already
+        absl::SleepFor(backoff);
+        backoff = std::min(backoff * 2, absl::Seconds(1));
+      }
+    }));
+    return *std::min_element(steps.begin(), steps.end());
+  }
+
+  absl::StatusOr<PushResult> Push(int64_t step, int64_t num_examples,
+                                  const std::vector<const common::Tensor*>& grads) override {
+    if (grads.size() != vars_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push: got ", grads.size(), " gradients for ", vars_.size(), " variables"));
+    }
+    const uint64_t sequence = ++sequence_;
+    const int n = static_cast<int>(stubs_.size());
+    std::vector<v1::PushResponse> responses(n);
+    TOWERPS_RETURN_IF_ERROR(LostServer());
+    TOWERPS_RETURN_IF_ERROR(ForEachServer([&](int s) -> absl::Status {
+      absl::Duration backoff = absl::Milliseconds(100);
+      int timeouts = 0;
+      for (int attempt = 1;; ++attempt) {
+        absl::Status st = PushOnce(s, sequence, step, num_examples, grads, &responses[s]);
+        if (st.ok()) NoteReachable(s);
+        if (st.ok()) return st;
+        if (absl::IsNotFound(st)) NoteGone(s, st);
+        if (absl::IsUnavailable(st)) NoteUnreachable(s, st);
+        TOWERPS_RETURN_IF_ERROR(LostServer());
+        // Unreachable: retried until the server is lost (peer_timeout);
+        // timed out while connected: max_push_attempts times.
+        if (!Retryable(st)) return st;
+        if (absl::IsDeadlineExceeded(st) && ++timeouts >= options_.max_push_attempts) return st;
+        TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+        TLOG(WARNING) << "worker " << options_.worker_task << ": push to " << ServerName(s)
+                      << " failed (attempt " << attempt << "), retrying: " << st.message();
+        absl::SleepFor(backoff);
+        backoff = std::min(backoff * 2, absl::Seconds(1));
+      }
+    }));
+    PushResult r;
+    r.global_step = INT64_MAX;
+    for (const auto& resp : responses) {
+      switch (resp.outcome()) {
+        case v1::PushResponse::STALE: ++r.stale; break;
+        case v1::PushResponse::DUPLICATE: ++r.duplicate; break;
+        default: ++r.applied;
+      }
+      r.global_step = std::min(r.global_step, resp.global_step());
+    }
+    return r;
+  }
+
+  v1::StatusResponse Status(int ps_task) override {
+    v1::StatusRequest req;
+    req.set_job_id(options_.job_id);
+    v1::StatusResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    stubs_[ps_task]->GetStatus(&ctx, req, &resp);
+    return resp;
+  }
+
+  const common::Placement& placement() const override { return placement_; }
+
+ private:
+  absl::Status PullOnce(int s, int64_t min_step, int64_t iteration,
+                        const std::vector<common::Tensor*>& weights, int64_t* step) {
+    v1::PullRequest req;
+    req.set_job_id(options_.job_id);
+    req.set_min_step(min_step);
+    req.set_worker_task(options_.worker_task);
+    req.set_worker_iteration(iteration);
+    req.set_chunk_bytes(options_.chunk_bytes);
+    // Short server-side waits, so that a lost peer elsewhere is noticed
+    // between them (see Pull).
+    req.set_max_wait_ms(absl::ToInt64Milliseconds(
+        std::clamp(options_.peer_timeout / 4, absl::Milliseconds(250), absl::Seconds(5))));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    auto reader = stubs_[s]->Pull(&ctx, req);
+    const std::vector<int>& vars = on_server_[s];
+    std::vector<int64_t> covered(vars.size(), 0);
+    v1::PullResponse msg;
+    bool first = true;
+    absl::Status bad;
+    while (reader->Read(&msg)) {
+      if (first) *step = msg.global_step();
+      first = false;
+      for (const auto& slice : msg.slices()) {
+        if (!bad.ok()) break;
+        if (slice.var_index() >= vars.size()) {
+          bad = absl::DataLossError(absl::StrCat("pull: bad var_index ", slice.var_index()));
+          break;
+        }
+        common::Tensor* t = weights[vars[slice.var_index()]];
+        const int64_t count = static_cast<int64_t>(slice.data().size() / 4);
+        if (slice.data().size() % 4 != 0 ||
+            static_cast<int64_t>(slice.offset()) + count > t->num_elements()) {
+          bad = absl::DataLossError(absl::StrCat(
+              "pull: slice of ", vars_[vars[slice.var_index()]].name(), " does not fit ",
+              t->ShapeString()));
+          break;
+        }
+        std::memcpy(t->data() + slice.offset(), slice.data().data(), slice.data().size());
+        covered[slice.var_index()] += count;
+      }
+    }
+    absl::Status st = FromGrpcStatus(reader->Finish(), Call("Pull", s));
+    if (!st.ok()) return st;
+    if (!bad.ok()) return bad;
+    for (size_t k = 0; k < vars.size(); ++k) {
+      if (covered[k] != weights[vars[k]]->num_elements()) {
+        return absl::DataLossError(absl::StrCat("pull: variable ", vars_[vars[k]].name(),
+                                                " came back incomplete"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PushOnce(int s, uint64_t sequence, int64_t step, int64_t num_examples,
+                        const std::vector<const common::Tensor*>& grads,
+                        v1::PushResponse* response) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    auto writer = stubs_[s]->Push(&ctx, response);
+    v1::PushRequest& msg = push_msgs_[s];  // reused: keeps string capacity
+    msg.Clear();
+    v1::PushHeader* h = msg.mutable_header();
+    h->set_job_id(options_.job_id);
+    h->set_worker_task(options_.worker_task);
+    h->set_incarnation(options_.incarnation);
+    h->set_sequence(sequence);
+    h->set_step(step);
+    h->set_num_examples(num_examples);
+    bool ok = writer->Write(msg);
+    msg.clear_header();
+    common::SliceWriter<v1::PushRequest> out(
+        &msg, options_.chunk_bytes,
+        [&writer](const v1::PushRequest& m) { return writer->Write(m); });
+    const std::vector<int>& vars = on_server_[s];
+    for (size_t k = 0; ok && k < vars.size(); ++k) {
+      const common::Tensor& g = *grads[vars[k]];
+      ok = out.Add(static_cast<uint32_t>(k), g.data(), g.num_elements());
+    }
+    if (ok) out.Finish();
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish(), Call("Push", s));
+  }
+
+  // --- Liveness of the servers (see the header). ---
+
+  std::string ServerName(int s) const {
+    return absl::StrCat("ps ", s, " at ", options_.ps_addresses[s]);
+  }
+  std::string Call(const char* method, int s) const {
+    return absl::StrCat(method, " on ", ServerName(s));
+  }
+  absl::Duration LogInterval() const {
+    return std::clamp(options_.peer_timeout / 2, absl::Seconds(1), absl::Seconds(5));
+  }
+
+  // Runs fn(s) for every server in parallel. A lost server is the cause
+  // whatever the calls returned (a wait elsewhere ends because of it);
+  // otherwise the first error, naming its server.
+  template <typename Fn>
+  absl::Status ForEachServer(Fn fn) {
+    const int n = static_cast<int>(stubs_.size());
+    const std::vector<absl::Status> results = common::RunInParallel(n, fn);
+    TOWERPS_RETURN_IF_ERROR(LostServer());
+    for (int s = 0; s < n; ++s) {
+      if (!results[s].ok()) return common::Annotate(results[s], ServerName(s));
+    }
+    return absl::OkStatus();
+  }
+
+  void NoteReachable(int s) {
+    absl::MutexLock lock(&health_mu_);
+    health_[s].unreachable_since = absl::InfiniteFuture();
+  }
+  void NoteUnreachable(int s, const absl::Status& st) {
+    absl::MutexLock lock(&health_mu_);
+    Health& h = health_[s];
+    if (h.unreachable_since == absl::InfiniteFuture()) h.unreachable_since = absl::Now();
+    h.last_error = std::string(st.message());
+  }
+  void NoteRegistered(int s, int64_t incarnation) {
+    absl::MutexLock lock(&health_mu_);
+    health_[s].registered = true;
+    health_[s].incarnation = incarnation;
+    health_[s].unreachable_since = absl::InfiniteFuture();
+  }
+  // NOT_FOUND (or a new incarnation) from a server that held the job.
+  void NoteGone(int s, const absl::Status& st) {
+    absl::MutexLock lock(&health_mu_);
+    Health& h = health_[s];
+    if (h.registered && h.gone.empty()) h.gone = std::string(st.message());
+  }
+
+  // UNAVAILABLE / NOT_FOUND naming the first server lost, else OK.
+  absl::Status LostServer() {
+    absl::MutexLock lock(&health_mu_);
+    const absl::Time now = absl::Now();
+    for (int s = 0; s < static_cast<int>(health_.size()); ++s) {
+      const Health& h = health_[s];
+      if (!h.gone.empty()) {
+        return absl::NotFoundError(absl::StrCat(ServerName(s),
+                                                " restarted and no longer holds job \"",
+                                                options_.job_id, "\" (", h.gone, ")"));
+      }
+      if (now - h.unreachable_since > options_.peer_timeout) {
+        return absl::UnavailableError(absl::StrFormat(
+            "%s unreachable for %.1f s (peer_timeout_s=%g); last error: %s", ServerName(s),
+            absl::ToDoubleSeconds(now - h.unreachable_since),
+            absl::ToDoubleSeconds(options_.peer_timeout), h.last_error));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Every peer_timeout / 6: one Heartbeat to each server that holds the job.
+  void HeartbeatLoop() {
+    const absl::Duration interval =
+        std::clamp(options_.peer_timeout / 6, absl::Milliseconds(50), absl::Seconds(10));
+    const absl::Duration timeout =
+        std::clamp(options_.peer_timeout / 3, absl::Milliseconds(200), absl::Seconds(10));
+    v1::HeartbeatRequest req;
+    req.set_job_id(options_.job_id);
+    req.set_worker_task(options_.worker_task);
+    while (!stop_.WaitForNotificationWithTimeout(interval)) {
+      for (int s = 0; s < static_cast<int>(stubs_.size()) && !stop_.HasBeenNotified(); ++s) {
+        int64_t incarnation = 0;
+        {
+          absl::MutexLock lock(&health_mu_);
+          if (!health_[s].registered) continue;
+          incarnation = health_[s].incarnation;
+        }
+        grpc::ClientContext ctx;
+        ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+        v1::HeartbeatResponse resp;
+        const absl::Status st =
+            FromGrpcStatus(stubs_[s]->Heartbeat(&ctx, req, &resp), Call("Heartbeat", s));
+        if (st.ok() && resp.incarnation() != incarnation) {
+          NoteGone(s, absl::NotFoundError(absl::StrCat(
+                          "its incarnation changed from ", incarnation, " to ",
+                          resp.incarnation())));
+        } else if (st.ok() || absl::IsUnimplemented(st)) {  // (a server without heartbeats)
+          NoteReachable(s);
+        } else if (absl::IsNotFound(st)) {
+          NoteGone(s, st);
+        } else if (Retryable(st)) {
+          NoteUnreachable(s, st);
+        }
+      }
+    }
+  }
+
+  ParameterClientOptions options_;
+  const std::vector<v1::VariableDef> vars_;
+  const common::Placement placement_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<v1::ParameterService::Stub>> stubs_;
+  std::vector<std::vector<int>> on_server_;  // variable indices per server
+  std::vector<v1::PushRequest> push_msgs_;
+  uint64_t sequence_ = 0;
+
+  struct Health {
+    bool registered = false;   // The job is registered there.
+    int64_t incarnation = 0;   // The server's, when it registered the job.
+    absl::Time unreachable_since = absl::InfiniteFuture();  // Future: reachable.
+    std::string last_error;    // The last transport error.
+    std::string gone;          // Set: it restarted and lost the job (why).
+  };
+  absl::Mutex health_mu_;
+  std::vector<Health> health_ ABSL_GUARDED_BY(health_mu_);
+  absl::Notification stop_;
+  std::thread heartbeats_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ParameterClient>> NewGrpcParameterClient(
+    ParameterClientOptions options, std::vector<v1::VariableDef> vars,
+    v1::PlacementStrategy strategy) {
+  if (options.ps_addresses.empty()) {
+    return absl::InvalidArgumentError("parameter client: no ps addresses");
+  }
+  if (options.job_id.empty()) return absl::InvalidArgumentError("parameter client: no job id");
+  if (options.chunk_bytes < 4096) {
+    return absl::InvalidArgumentError("parameter client: chunk_bytes must be >= 4096");
+  }
+  TOWERPS_ASSIGN_OR_RETURN(
+      common::Placement placement,
+      common::PlanPlacement(vars, static_cast<int>(options.ps_addresses.size()), strategy));
+  return std::unique_ptr<ParameterClient>(
+      new GrpcParameterClient(std::move(options), std::move(vars), std::move(placement)));
+}
+
+}  // namespace towerps::worker

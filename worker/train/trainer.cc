@@ -1,0 +1,226 @@
+#include "worker/train/trainer.h"
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/lr_schedule.h"
+#include "common/optimizer_spec.h"
+#include "common/status.h"
+
+namespace towerps::worker {
+
+absl::StatusOr<std::pair<double, double>> EvaluateModel(Model& model, const Dataset& data) {
+  constexpr int64_t kEvalBatch = 1000;
+  Batch batch;
+  std::vector<int64_t> idx;
+  double loss = 0;
+  int64_t correct = 0;
+  for (int64_t start = 0; start < data.size(); start += kEvalBatch) {
+    const int64_t end = std::min(data.size(), start + kEvalBatch);
+    idx.resize(end - start);
+    std::iota(idx.begin(), idx.end(), start);
+    GatherBatch(data, idx, &batch);
+    TOWERPS_ASSIGN_OR_RETURN(LossResult r, model.Evaluate(batch));
+    loss += r.loss_sum;
+    correct += r.correct;
+  }
+  const double n = std::max<int64_t>(1, data.size());
+  const double acc = data.num_classes > 0 ? correct / n
+                                          : std::numeric_limits<double>::quiet_NaN();
+  return std::make_pair(loss / n, acc);
+}
+
+v1::OptimizerSpec TrainingOptimizer(const v1::JobSpec& job, int64_t total_steps) {
+  v1::OptimizerSpec opt = common::OptimizerWithDefaults(job.optimizer());
+  auto* sched = opt.mutable_schedule();
+  if (sched->type() == v1::LearningRateSchedule::COSINE && sched->decay_steps() == 0) {
+    sched->set_decay_steps(std::max<int64_t>(1, total_steps - sched->warmup_steps()));
+  }
+  if (opt.schedule().type() == v1::LearningRateSchedule::SCHEDULE_UNSPECIFIED &&
+      opt.schedule().warmup_steps() == 0) {
+    opt.clear_schedule();  // the servers see the same config as before schedules existed
+  }
+  return opt;
+}
+
+Trainer::Trainer(TrainerOptions options, Towers& towers, ParameterClient& client,
+                 const Dataset& train, const Dataset& test)
+    : options_(std::move(options)), towers_(towers), client_(client), train_(train),
+      test_(test) {}
+
+void Trainer::Progress(const std::string& line) {
+  if (options_.progress) {
+    options_.progress(line);
+  } else {
+    TLOG(INFO) << line;
+  }
+}
+
+absl::Status Trainer::CheckCancelled() const {
+  if (options_.cancelled != nullptr && options_.cancelled->load()) {
+    return absl::CancelledError("job cancelled");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::EvalAndReport(int64_t epoch, int64_t step, TrainResult* result) {
+  TOWERPS_ASSIGN_OR_RETURN(auto eval, EvaluateModel(towers_.primary(), test_));
+  result->test_loss = eval.first;
+  result->test_accuracy = eval.second;
+  result->evaluated = true;
+  const std::string acc = std::isnan(eval.second)
+                              ? std::string("n/a")
+                              : absl::StrFormat("%.4f", eval.second);
+  const double lr = common::LearningRateAt(optimizer_, std::max<int64_t>(0, step - 1));
+  Progress(absl::StrFormat("epoch %d/%d: test_loss=%.4f test_accuracy=%s lr=%g", epoch,
+                           options_.job.epochs(), eval.first, acc, lr));
+  if (options_.on_metrics) {
+    v1::Metrics m;
+    m.set_step(step);
+    m.set_epoch(static_cast<int32_t>(epoch));
+    m.set_epochs(options_.job.epochs());
+    m.set_test_loss(eval.first);
+    m.set_has_test(true);
+    m.set_has_accuracy(!std::isnan(eval.second));
+    if (m.has_accuracy()) m.set_test_accuracy(eval.second);
+    m.set_learning_rate(lr);
+    options_.on_metrics(m, /*epoch_end=*/true);
+  }
+  if (options_.on_epoch) options_.on_epoch(step, towers_.weights());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> Trainer::Run() {
+  const v1::JobSpec& job = options_.job;
+  const int W = options_.num_workers;
+  const int w = options_.worker_task;
+  const bool sync = job.mode() != v1::ASYNC;
+  const int64_t G = job.global_batch_size();
+  const int64_t spe = StepsPerEpoch(train_.size(), G);
+  if (spe == 0) return absl::InvalidArgumentError("the train set is empty");
+  const int64_t total = job.max_steps() > 0 ? job.max_steps() : job.epochs() * spe;
+  const absl::Time start = absl::Now();
+
+  v1::TrainingConfig config;
+  config.set_mode(job.mode());
+  config.set_num_workers(W);
+  config.set_replicas_to_aggregate(job.replicas_to_aggregate());
+  config.set_max_staleness(job.max_staleness());
+  config.set_peer_timeout_s(job.peer_timeout_s());
+  *config.mutable_optimizer() = TrainingOptimizer(job, total);
+  optimizer_ = config.optimizer();
+  TOWERPS_ASSIGN_OR_RETURN(int64_t step, client_.Register(config));
+  const int64_t start_step = step;
+
+  std::vector<common::Tensor*> weights = towers_.weights();
+  std::vector<const common::Tensor*> grads;
+  for (common::Tensor* g : towers_.gradients()) grads.push_back(g);
+
+  TrainResult result;
+  if (options_.restoring) {
+    Progress(absl::StrFormat("worker %d: servers at step %d (restored); continuing", w, start_step));
+  }
+  Batch batch;
+  std::vector<int64_t> perm;
+  int64_t perm_epoch = -1;
+  double window_loss = 0;
+  int64_t window_examples = 0, window_correct = 0;
+  absl::Time window_start = absl::Now();
+  // Evaluation happens when the first batch of a new epoch is reached; after
+  // a restore, the epochs already evaluated are not repeated.
+  int64_t last_eval_epoch = start_step / spe;
+  const int64_t iterations = sync ? std::numeric_limits<int64_t>::max() : total;
+  // ASYNC after a restore: each worker did about its share of the steps.
+  const int64_t first_it =
+      sync || !options_.restoring ? 0 : std::min(total, start_step / W);
+
+  for (int64_t it = first_it; it < iterations; ++it) {
+    TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+    TOWERPS_ASSIGN_OR_RETURN(
+        int64_t pulled, client_.Pull(sync ? step : 0, it, weights));
+    if (options_.last_step != nullptr) options_.last_step->store(pulled);
+    if (sync && pulled >= total) {
+      step = pulled;
+      break;
+    }
+    if (options_.is_chief && options_.after_pull) {
+      TOWERPS_RETURN_IF_ERROR(options_.after_pull(pulled));
+    }
+    // The batch: by global step (SYNC) or by own iteration (ASYNC).
+    const int64_t position = sync ? pulled : it;
+    const int64_t epoch = position / spe, b = position % spe;
+    if (options_.is_chief && b == 0 && epoch > last_eval_epoch && !job.skip_eval()) {
+      TOWERPS_RETURN_IF_ERROR(EvalAndReport(epoch, pulled, &result));
+      last_eval_epoch = epoch;
+    }
+    if (epoch != perm_epoch) {
+      perm = EpochPermutation(train_.size(), job.data().shuffle_seed(), epoch,
+                              !job.data().no_shuffle());
+      perm_epoch = epoch;
+    }
+    GatherBatch(train_, WorkerSlice(perm, G, b, W, w), &batch);
+    TOWERPS_ASSIGN_OR_RETURN(LossResult r, towers_.ComputeGradients(batch));
+    TOWERPS_ASSIGN_OR_RETURN(PushResult pr, client_.Push(pulled, batch.size(), grads));
+    ++result.iterations;
+    if (options_.iterations != nullptr) options_.iterations->store(result.iterations);
+    if (pr.stale > 0) ++result.stale_pushes;
+    step = pulled + 1;
+    window_loss += r.loss_sum;
+    window_examples += batch.size();
+    window_correct += r.correct;
+    const int64_t done = position + 1;
+    if ((options_.log_every_steps > 0 && done % options_.log_every_steps == 0) ||
+        done % spe == 0) {
+      const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
+      const double n = std::max<int64_t>(1, window_examples);
+      std::string acc = train_.num_classes > 0
+                            ? absl::StrFormat(" acc=%.4f", window_correct / n)
+                            : "";
+      const double lr = common::LearningRateAt(config.optimizer(), position);
+      const double rate = window_examples / std::max(secs, 1e-9);
+      const int64_t shown_epoch = std::min<int64_t>(epoch + 1, job.epochs());
+      Progress(absl::StrFormat(
+          "worker %d epoch %d/%d step %d/%d loss=%.4f%s examples/s=%.0f lr=%g", w,
+          shown_epoch, job.epochs(), done, total, window_loss / n, acc, rate, lr));
+      if (options_.on_metrics && options_.is_chief) {
+        v1::Metrics m;
+        m.set_step(done);
+        m.set_total_steps(total);
+        m.set_epoch(static_cast<int32_t>(shown_epoch));
+        m.set_epochs(job.epochs());
+        m.set_loss(window_loss / n);
+        m.set_has_accuracy(train_.num_classes > 0);
+        if (m.has_accuracy()) m.set_accuracy(window_correct / n);
+        m.set_examples_per_s(rate);
+        m.set_learning_rate(lr);
+        m.set_wall_s(absl::ToDoubleSeconds(absl::Now() - start));
+        options_.on_metrics(m, /*epoch_end=*/false);
+      }
+      window_loss = 0;
+      window_examples = window_correct = 0;
+      window_start = absl::Now();
+    }
+  }
+  if (!sync) {
+    // Final weights: once every worker's pushes are in (the chief waits).
+    if (options_.is_chief) {
+      TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+      TOWERPS_ASSIGN_OR_RETURN(step, client_.Pull(W * total, total, weights));
+    } else {
+      step = total;  // own iterations done; the global step is the chief's to report
+    }
+  }
+  result.global_steps = step;
+  if (options_.last_step != nullptr) options_.last_step->store(step);
+  if (options_.is_chief && !job.skip_eval()) {
+    TOWERPS_RETURN_IF_ERROR(EvalAndReport(job.epochs(), step, &result));
+  }
+  result.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
+  return result;
+}
+
+}  // namespace towerps::worker

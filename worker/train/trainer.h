@@ -1,0 +1,99 @@
+// The worker's training loop: pull, forward, backward, push; evaluation on the
+// test set at the end of each epoch (chief only).
+//
+// Data order: epoch e visits the train set in EpochPermutation(seed, e);
+// global batch b of it is split over the workers by WorkerSlice. In SYNC mode
+// the batch is chosen by the global step the worker pulled, so every worker
+// agrees on the number of steps whatever its slice sizes, and a backup worker
+// whose push was dropped rejoins at the current step. In ASYNC mode each worker
+// runs epochs * StepsPerEpoch iterations over its slices.
+//
+// Thread-compatible: Run() once per Trainer.
+#ifndef TOWERPS_WORKER_TRAIN_TRAINER_H_
+#define TOWERPS_WORKER_TRAIN_TRAINER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+#include "proto/job_service.pb.h"
+#include "worker/model/dataset.h"
+#include "worker/model/model.h"
+#include "worker/train/ps_client.h"
+#include "worker/train/towers.h"
+
+namespace towerps::worker {
+
+struct TrainerOptions {
+  v1::JobSpec job;   // With defaults applied (JobWithDefaults).
+  int worker_task = 0;
+  int num_workers = 1;
+  bool is_chief = true;
+  int log_every_steps = 50;  // Progress line period; 0 = only per epoch.
+  // Where progress lines go. Default: stderr via TLOG.
+  std::function<void(const std::string&)> progress;
+  // Structured progress (chief): every log_every_steps and at each epoch end
+  // (`epoch_end`, with the evaluation filled in).
+  std::function<void(const v1::Metrics&, bool epoch_end)> on_metrics;
+  // Chief: called after each pull with the step pulled, before the gradient
+  // is computed (so in SYNC every server is at exactly that step): the place
+  // for checkpoints. An error stops training.
+  std::function<absl::Status(int64_t step)> after_pull;
+  // Chief: the current weights after each epoch's evaluation (histograms).
+  std::function<void(int64_t step, const std::vector<common::Tensor*>& weights)> on_epoch;
+  // The servers restore the job from a checkpoint: training resumes at the
+  // step they report (ASYNC: each worker skips its share of the steps done).
+  bool restoring = false;
+  // Set by another thread to stop at the next step: Run() returns Cancelled.
+  const std::atomic<bool>* cancelled = nullptr;  // Not owned.
+  // Updated as training goes, for status reports.
+  std::atomic<int64_t>* last_step = nullptr;     // Not owned.
+  std::atomic<int64_t>* iterations = nullptr;    // Not owned.
+};
+
+struct TrainResult {
+  double test_accuracy = 0;  // NaN for regression models.
+  double test_loss = 0;
+  int64_t global_steps = 0;  // The servers' step at the end.
+  int64_t iterations = 0;    // Gradients this worker pushed.
+  int64_t stale_pushes = 0;
+  double wall_s = 0;
+  bool evaluated = false;    // Chief only.
+};
+
+// Mean loss and accuracy of `model` (current weights) over `data`.
+absl::StatusOr<std::pair<double, double>> EvaluateModel(Model& model, const Dataset& data);
+
+// The optimizer the servers run: the job's, with a COSINE schedule's default
+// decay_steps (0) resolved to total_steps - warmup_steps.
+v1::OptimizerSpec TrainingOptimizer(const v1::JobSpec& job, int64_t total_steps);
+
+class Trainer {
+ public:
+  // Not owned; all must outlive the trainer. `test` may equal `train`.
+  Trainer(TrainerOptions options, Towers& towers, ParameterClient& client,
+          const Dataset& train, const Dataset& test);
+
+  // Registers the job, trains, and (chief) evaluates the final weights.
+  absl::StatusOr<TrainResult> Run();
+
+ private:
+  void Progress(const std::string& line);
+  absl::Status EvalAndReport(int64_t epoch, int64_t step, TrainResult* result);
+  absl::Status CheckCancelled() const;
+
+  const TrainerOptions options_;
+  v1::OptimizerSpec optimizer_;  // As the servers run it (set by Run).
+  Towers& towers_;
+  ParameterClient& client_;
+  const Dataset& train_;
+  const Dataset& test_;
+};
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_TRAIN_TRAINER_H_
