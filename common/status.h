@@ -1,7 +1,7 @@
-// Error-handling helpers shared by every layer.
+// Error-handling helpers shared by every layer (no gRPC here: the conversion
+// to and from grpc::Status is common/grpc_status.h).
 //
-// absl::Status codes are gRPC's codes, so conversion is a cast. Debian's Abseil
-// (20220623) has no status macros; these are ours.
+// Debian's Abseil (20220623) has no status macros; these are ours.
 #ifndef TOWERPS_COMMON_STATUS_H_
 #define TOWERPS_COMMON_STATUS_H_
 
@@ -9,17 +9,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "grpcpp/support/status.h"
 
 namespace towerps::common {
 
-// Converts between absl::Status and grpc::Status, keeping code and message.
-// A non-OK result never has an empty message: a peer that answers with a bare
-// code (an unknown method gives UNIMPLEMENTED with no text) gets the code's
-// name, and `call` (what was called, on which address, e.g.
-// "RegisterVariables on 127.0.0.1:2222"; may be empty) when given.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& call = "");
+// `message`, or "<CODE> (no message)" when it is empty: no error is shown
+// without words.
+std::string MessageOrCodeName(absl::StatusCode code, const std::string& message);
 
 // Returns `status` with `context + ": "` put before its message (or before
 // the code's name when the message is empty).

@@ -4,6 +4,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/grpc_status.h"
 #include "common/slice_writer.h"
 #include "common/status.h"
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "common/status.h"
 #include "grpcpp/client_context.h"
 

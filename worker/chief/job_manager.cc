@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/optimizer_spec.h"

@@ -1,5 +1,6 @@
 #include "worker/chief/job_service.h"
 
+#include "common/grpc_status.h"
 #include "common/rpc.h"
 #include "common/status.h"
 

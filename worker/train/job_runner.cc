@@ -170,7 +170,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   copts.peer_timeout = absl::Seconds(job.peer_timeout_s() > 0 ? job.peer_timeout_s()
                                                               : kDefaultPeerTimeoutS);
   copts.restore_from = restore_from;
-  copts.cancelled = hooks.cancelled;
+  copts.cancel = hooks.cancel;
   TOWERPS_ASSIGN_OR_RETURN(
       std::unique_ptr<ParameterClient> client,
       NewGrpcParameterClient(copts, model->VariableDefs(), job.placement()));
@@ -207,7 +207,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
     };
   }
   topts.restoring = !restore_from.empty();
-  topts.cancelled = hooks.cancelled;
+  topts.cancel = hooks.cancel;
   topts.last_step = hooks.last_step;
   topts.iterations = hooks.iterations;
   Trainer trainer(topts, *towers, *client, train, test);

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/cancellation.h"
 #include "common/cluster_spec.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
@@ -45,7 +46,7 @@ struct JobHooks {
   // Chief: the variables and their values after each evaluation.
   std::function<void(int64_t step, const std::vector<v1::VariableDef>& defs,
                      const std::vector<common::Tensor*>& weights)> on_epoch;
-  const std::atomic<bool>* cancelled = nullptr;
+  const common::CancellationToken* cancel = nullptr;  // Not owned; may be null.
   std::atomic<int64_t>* last_step = nullptr;
   std::atomic<int64_t>* iterations = nullptr;
   int log_every_steps = 50;
@@ -55,7 +56,7 @@ struct JobHooks {
 // `restore_from`: checkpoint directory the servers restore from, or "".
 // Errors: InvalidArgument for a job that cannot run here (model, devices,
 // layout), ResourceExhausted when it does not fit the devices, data errors
-// naming the file, the ps client's errors, Cancelled when `cancelled` is set.
+// naming the file, the ps client's errors, Cancelled when `cancel` is.
 absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job,
                                    const std::string& restore_from, const JobHooks& hooks);
 

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/parallel.h"
 #include "common/rpc.h"
@@ -61,8 +62,8 @@ class GrpcParameterClient : public ParameterClient {
   }
 
   absl::Status CheckCancelled() const {
-    if (options_.cancelled != nullptr && options_.cancelled->load()) {
-      return absl::CancelledError("job cancelled");
+    if (options_.cancel != nullptr && options_.cancel->cancelled()) {
+      return options_.cancel->Check();
     }
     return absl::OkStatus();
   }

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/cancellation.h"
 #include "common/tensor.h"
 #include "proto/job.pb.h"
 #include "proto/ps.pb.h"
@@ -53,7 +54,7 @@ struct ParameterClientOptions {
   std::string restore_from;
   // Set by another thread to abandon waits and retries: calls then return
   // Cancelled. Not owned; may be null.
-  const std::atomic<bool>* cancelled = nullptr;
+  const common::CancellationToken* cancel = nullptr;  // Not owned; may be null.
 };
 
 struct PushResult {

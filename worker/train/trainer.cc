@@ -61,8 +61,8 @@ void Trainer::Progress(const std::string& line) {
 }
 
 absl::Status Trainer::CheckCancelled() const {
-  if (options_.cancelled != nullptr && options_.cancelled->load()) {
-    return absl::CancelledError("job cancelled");
+  if (options_.cancel != nullptr && options_.cancel->cancelled()) {
+    return options_.cancel->Check();
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/cancellation.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
 #include "worker/model/dataset.h"
@@ -49,7 +50,7 @@ struct TrainerOptions {
   // step they report (ASYNC: each worker skips its share of the steps done).
   bool restoring = false;
   // Set by another thread to stop at the next step: Run() returns Cancelled.
-  const std::atomic<bool>* cancelled = nullptr;  // Not owned.
+  const common::CancellationToken* cancel = nullptr;  // Not owned; may be null.
   // Updated as training goes, for status reports.
   std::atomic<int64_t>* last_step = nullptr;     // Not owned.
   std::atomic<int64_t>* iterations = nullptr;    // Not owned.

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -37,10 +38,10 @@ absl::Status WorkerRuntime::Start(const v1::StartJobRequest& request, JobHooks h
   // it is exiting, and joining it here cannot deadlock. After the join, no
   // thread uses the counters and they can be reset.
   if (thread_.joinable()) thread_.join();
-  cancelled_ = false;
+  cancel_ = std::make_shared<common::CancellationToken>();
   last_step_ = 0;
   iterations_ = 0;
-  hooks.cancelled = &cancelled_;
+  hooks.cancel = cancel_.get();
   hooks.last_step = &last_step_;
   hooks.iterations = &iterations_;
   status_.set_job_id(request.job().job_id());
@@ -67,7 +68,7 @@ void WorkerRuntime::Run(v1::StartJobRequest request, JobHooks hooks) {
     TLOG(INFO) << "worker " << env_.cluster.task_index << ": job \"" << request.job().job_id()
                << "\" done: " << result->iterations << " iterations, step "
                << result->global_steps;
-  } else if (hooks.cancelled->load()) {
+  } else if (hooks.cancel->cancelled()) {
     status_.set_state(v1::WORK_STOPPED);
     TLOG(INFO) << "worker " << env_.cluster.task_index << ": job \"" << request.job().job_id()
                << "\" stopped";
@@ -81,12 +82,14 @@ void WorkerRuntime::Run(v1::StartJobRequest request, JobHooks hooks) {
 }
 
 bool WorkerRuntime::Stop(const std::string& job_id, absl::Duration wait) {
+  std::shared_ptr<common::CancellationToken> cancel;
   {
     absl::MutexLock lock(&mu_);
     if (status_.state() != v1::WORK_RUNNING) return false;
     if (!job_id.empty() && status_.job_id() != job_id) return false;
-    cancelled_ = true;
+    cancel = cancel_;
   }
+  cancel->Cancel("job cancelled");  // outside mu_: it runs callbacks
   const absl::Time deadline = absl::Now() + wait;
   absl::MutexLock lock(&mu_);
   auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

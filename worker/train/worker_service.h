@@ -5,7 +5,7 @@
 //
 //   IDLE/DONE/FAILED/STOPPED --Start--> RUNNING --(trainer returns)--> DONE | FAILED
 //                                          |
-//                                          +--Stop--> (cancel flag; the trainer
+//                                          +--Stop--> (cancel token; the trainer
 //                                                      returns at its next step
 //                                                      or wait) --> STOPPED
 //
@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cancellation.h"
 #include "proto/worker.grpc.pb.h"
 #include "worker/train/job_runner.h"
 
@@ -58,9 +59,11 @@ class WorkerRuntime {
   mutable absl::Mutex mu_;
   std::thread thread_ ABSL_GUARDED_BY(mu_);
   v1::WorkerStatus status_ ABSL_GUARDED_BY(mu_);
+  // The running job's; a new one at each Start, after the previous job's
+  // thread has been joined.
+  std::shared_ptr<common::CancellationToken> cancel_ ABSL_GUARDED_BY(mu_);
   // Shared with the running trainer; reset at each Start, after the previous
   // job's thread has been joined.
-  std::atomic<bool> cancelled_{false};
   std::atomic<int64_t> last_step_{0};
   std::atomic<int64_t> iterations_{0};
 };
