@@ -8,7 +8,6 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "proto/job.pb.h"
 
 namespace towerps::worker {
 namespace {
@@ -108,7 +107,7 @@ class FakeBackend : public Backend {
     Check("Zero x", x, n);
     cpu_->Zero(n, x);
   }
-  absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n, int64_t d, const float* pred,
+  absl::StatusOr<LossResult> Loss(LossKind type, int64_t n, int64_t d, const float* pred,
                                   const float* labels, const float* targets, float* dpred,
                                   int64_t grad_count) override {
     Check("Loss pred", pred, n * d);

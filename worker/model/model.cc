@@ -52,10 +52,11 @@ uint64_t VariableSeed(uint64_t base_seed, int64_t index) {
   return z ^ (z >> 31);
 }
 
-Model::Model(std::string name, v1::LossType loss, int64_t input_dim,
-             uint64_t init_seed)
+Model::Model(std::string name, v1::LossType loss, LossKind loss_kind,
+             int64_t input_dim, uint64_t init_seed)
     : name_(std::move(name)),
       loss_(loss),
+      loss_kind_(loss_kind),
       input_dim_(input_dim),
       init_seed_(init_seed) {}
 
@@ -81,15 +82,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
     return absl::InvalidArgumentError(
         absl::StrCat(model_label, ": layers is empty; need at least one"));
   }
-  switch (spec.loss()) {
-    case v1::LOSS_UNSPECIFIED:
-    case v1::SOFTMAX_CROSS_ENTROPY:
-    case v1::MSE:
-    case v1::MAE:
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          model_label, ": unknown loss ", static_cast<int>(spec.loss())));
+  const absl::StatusOr<LossKind> loss_kind = ToLossKind(spec.loss());
+  if (!loss_kind.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_label, ": unknown loss ", static_cast<int>(spec.loss())));
   }
 
   // Explicit names first, so that defaults skip them.
@@ -112,7 +108,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
   const uint64_t init_seed = spec.init_seed() == 0 ? 1 : spec.init_seed();
   auto model = std::unique_ptr<Model>(
       new Model(spec.name().empty() ? "sequential" : spec.name(), spec.loss(),
-                spec.input_dim(), init_seed));
+                *loss_kind, spec.input_dim(), init_seed));
   int64_t width = spec.input_dim();
   for (int i = 0; i < spec.layers_size(); ++i) {
     const v1::LayerSpec& layer = spec.layers(i);
@@ -415,7 +411,7 @@ absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow,
   const int64_t d = output_dim_;
   const float* labels = nullptr;
   const float* targets = nullptr;
-  if (loss_ == v1::MSE || loss_ == v1::MAE) {
+  if (loss_kind_ != LossKind::kSoftmaxCrossEntropy) {
     const float* rows = batch.targets.data() + flow.begin * d;
     if (b.host_memory()) {
       targets = rows;
@@ -436,7 +432,7 @@ absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow,
     }
   }
   TOWERPS_ASSIGN_OR_RETURN(
-      flow.loss, b.Loss(loss_, n, d, flow.out[last].data(), labels, targets,
+      flow.loss, b.Loss(loss_kind_, n, d, flow.out[last].data(), labels, targets,
                         grad_count > 0 ? flow.dout[last].data() : nullptr,
                         grad_count > 0 ? grad_count : n));
   return absl::OkStatus();

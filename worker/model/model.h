@@ -185,8 +185,8 @@ class Model {
     int64_t params;
   };
 
-  Model(std::string name, v1::LossType loss, int64_t input_dim,
-        uint64_t init_seed);
+  Model(std::string name, v1::LossType loss, LossKind loss_kind,
+        int64_t input_dim, uint64_t init_seed);
 
   // One micro-batch's buffers, each on its layer's device.
   struct Flow {
@@ -227,6 +227,7 @@ class Model {
   // Constant after construction. The layers hold the Backend.
   const std::string name_;
   const v1::LossType loss_;
+  const LossKind loss_kind_;  // loss_ in the backends' words
   const int64_t input_dim_;
   const uint64_t init_seed_;
   std::vector<std::unique_ptr<Layer>> layers_;
