@@ -136,8 +136,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
         model->layer_devices_.push_back(where.device);
         auto dense = std::make_unique<Dense>(backend, name, width,
                                              layer.units(), !layer.no_bias());
-        const int64_t params =
-            width * layer.units() + (layer.no_bias() ? 0 : layer.units());
+        const int64_t params = dense->num_params();
         width = layer.units();
         model->layers_.push_back(std::move(dense));
         if (layer.activation() == v1::RELU) {
@@ -216,26 +215,24 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
 std::vector<v1::VariableDef> Model::VariableDefs() const {
   std::vector<v1::VariableDef> defs;
   for (const auto& layer : layers_) {
-    const auto* dense = dynamic_cast<const Dense*>(layer.get());
-    if (dense == nullptr) continue;
-    v1::VariableDef kernel;
-    kernel.set_name(absl::StrCat(dense->name(), "/kernel"));
-    kernel.add_shape(dense->input_dim());
-    kernel.add_shape(dense->units());
-    kernel.set_dtype(v1::DT_FLOAT32);
-    v1::Initializer* init = kernel.mutable_initializer();
-    init->set_type(v1::Initializer::GLOROT_UNIFORM);
-    init->set_seed(VariableSeed(init_seed_, static_cast<int64_t>(defs.size())));
-    init->set_fan_in(dense->input_dim());
-    init->set_fan_out(dense->units());
-    defs.push_back(std::move(kernel));
-    if (dense->use_bias()) {
-      v1::VariableDef bias;
-      bias.set_name(absl::StrCat(dense->name(), "/bias"));
-      bias.add_shape(dense->units());
-      bias.set_dtype(v1::DT_FLOAT32);
-      bias.mutable_initializer()->set_type(v1::Initializer::ZEROS);
-      defs.push_back(std::move(bias));
+    for (const Layer::ParamSpec& p : layer->param_specs()) {
+      v1::VariableDef def;
+      def.set_name(absl::StrCat(layer->name(), "/", p.name));
+      for (int64_t d : p.shape) def.add_shape(d);
+      def.set_dtype(v1::DT_FLOAT32);
+      v1::Initializer* init = def.mutable_initializer();
+      switch (p.init) {
+        case Layer::ParamSpec::Init::kGlorotUniform:
+          init->set_type(v1::Initializer::GLOROT_UNIFORM);
+          init->set_seed(VariableSeed(init_seed_, static_cast<int64_t>(defs.size())));
+          init->set_fan_in(p.fan_in);
+          init->set_fan_out(p.fan_out);
+          break;
+        case Layer::ParamSpec::Init::kZeros:
+          init->set_type(v1::Initializer::ZEROS);
+          break;
+      }
+      defs.push_back(std::move(def));
     }
   }
   return defs;
