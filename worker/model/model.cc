@@ -1,10 +1,7 @@
 #include "worker/model/model.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <set>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +9,7 @@
 #include "common/initializer.h"
 #include "common/status.h"
 #include "worker/model/losses.h"
+#include "worker/model/pipeline_scheduler.h"
 
 namespace towerps::worker {
 namespace {
@@ -473,65 +471,17 @@ absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train) {
     begin += flows_[k].rows;
   }
   const int64_t grad_count = train ? n : 0;
-  const size_t num_stages = stages_.size();
-  if (m == 1 || num_stages == 1) {
-    for (int k = 0; k < m; ++k) {
-      for (size_t s = 0; s < num_stages; ++s) {
-        TOWERPS_RETURN_IF_ERROR(StageForward(batch, s, flows_[k], grad_count));
-      }
-      if (!train) continue;
-      for (size_t s = num_stages; s-- > 0;) {
-        TOWERPS_RETURN_IF_ERROR(StageBackward(batch, s, flows_[k], k > 0));
-      }
-    }
-  } else {
-    // Pipeline: a thread per stage; micro-batch k moves to the next stage
-    // when its predecessor marks it done. Every forward, then every
-    // backward, in micro-batch order on each stage, so each device adds its
-    // micro-batches' gradients in a fixed order.
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<std::vector<char>> fwd(num_stages, std::vector<char>(m, 0));
-    std::vector<std::vector<char>> bwd(num_stages, std::vector<char>(m, 0));
-    bool failed = false;
-    std::vector<absl::Status> status(num_stages);
-    // Waits until stage s has finished micro-batch k; false if a stage failed.
-    auto ready = [&](const std::vector<std::vector<char>>& done, size_t s, int k) {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return done[s][k] != 0 || failed; });
-      return !failed;
-    };
-    auto mark = [&](std::vector<std::vector<char>>& done, size_t s, int k,
-                    const absl::Status& st) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!st.ok()) failed = true;
-        done[s][k] = 1;
-      }
-      cv.notify_all();
-    };
-    std::vector<std::thread> threads;
-    for (size_t s = 0; s < num_stages; ++s) {
-      threads.emplace_back([&, s] {
-        for (int k = 0; k < m; ++k) {
-          if (s > 0 && !ready(fwd, s - 1, k)) return;
-          absl::Status st = StageForward(batch, s, flows_[k], grad_count);
-          if (!st.ok()) status[s] = st;
-          mark(fwd, s, k, st);
-          if (!st.ok()) return;
-        }
-        for (int k = 0; k < m; ++k) {
-          if (s + 1 < num_stages && !ready(bwd, s + 1, k)) return;
-          absl::Status st = StageBackward(batch, s, flows_[k], k > 0);
-          if (!st.ok()) status[s] = st;
-          mark(bwd, s, k, st);
-          if (!st.ok()) return;
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const absl::Status& st : status) TOWERPS_RETURN_IF_ERROR(st);
-  }
+  // The scheduler decides when each stage runs which micro-batch (and on
+  // which thread); the stages' steps are ours.
+  PipelineScheduler pipeline(static_cast<int>(stages_.size()), m);
+  const PipelineScheduler::Step forward = [&](int s, int k) {
+    return StageForward(batch, s, flows_[k], grad_count);
+  };
+  const PipelineScheduler::Step backward = [&](int s, int k) {
+    // Micro-batches after the first add to the gradients.
+    return StageBackward(batch, s, flows_[k], /*accumulate=*/k > 0);
+  };
+  TOWERPS_RETURN_IF_ERROR(pipeline.Run(forward, train ? backward : nullptr));
   LossResult total;
   for (int k = 0; k < m; ++k) {
     total.loss_sum += flows_[k].loss.loss_sum;

@@ -99,10 +99,11 @@ class Model {
 
   // Splits every ComputeGradients batch into `m` micro-batches (sizes differ
   // by at most one). When the layers sit on several devices, each run of
-  // layers on one device is a pipeline stage with its own thread, so the
-  // devices work on different micro-batches at the same time (GPipe: every
-  // micro-batch forward, then every one backward, gradients accumulated on
-  // each device). The result is the whole batch's gradient (up to float
+  // layers on one device is a pipeline stage, and a PipelineScheduler
+  // (worker/model/pipeline_scheduler.h) drives the stages' steps, a thread
+  // per stage, so the devices work on different micro-batches at the same
+  // time (GPipe: every micro-batch forward, then every one backward,
+  // gradients accumulated on each device). The result is the whole batch's gradient (up to float
   // summation order). REQUIRES: m >= 1. Default 1.
   void set_micro_batches(int m) { micro_batches_ = m < 1 ? 1 : m; }
   int micro_batches() const { return micro_batches_; }
@@ -212,6 +213,9 @@ class Model {
   // output, or a copy of it on layer i's device.
   absl::StatusOr<const DeviceTensor*> Input(const Batch& batch, Flow& flow,
                                             size_t i);
+  // The per-stage steps Run hands to the PipelineScheduler; steps of
+  // different stages may run at the same time on different threads (they
+  // touch only their stage's layers and the flow's buffers of those layers).
   // Runs stage `s` forward on `flow` (and the loss, with its gradient when
   // `grad_count` > 0, if `s` is the last stage).
   absl::Status StageForward(const Batch& batch, size_t s, Flow& flow,
