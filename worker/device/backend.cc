@@ -76,13 +76,13 @@ class CpuBackend : public Backend {
     if (n > 0) std::memset(x, 0, n * sizeof(float));
   }
 
-  absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n, int64_t d,
+  absl::StatusOr<LossResult> Loss(LossKind kind, int64_t n, int64_t d,
                                   const float* pred, const float* labels,
                                   const float* targets, float* dpred,
                                   int64_t grad_count) override {
     LossResult r;
     absl::Status s =
-        HostLoss(type, n, d, pred, labels, targets, dpred, grad_count, &r);
+        HostLoss(kind, n, d, pred, labels, targets, dpred, grad_count, &r);
     if (!s.ok()) return s;
     return r;
   }

@@ -16,21 +16,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "proto/job.pb.h"
+#include "worker/device/loss_kind.h"
 
 namespace towerps::common {
 class Allocator;
 }
 
 namespace towerps::worker {
-
-struct LossResult {
-  // Sum over the batch of per-example losses.
-  double loss_sum = 0.0;
-  // Examples whose argmax prediction equals the label (classification only;
-  // always 0 for MSE and MAE). Ties go to the lowest index.
-  int64_t correct = 0;
-};
 
 // Not thread-safe: one thread drives a backend at a time (each tower and each
 // pipeline stage has its own). The exceptions are what CopyFrom calls on its
@@ -134,17 +126,17 @@ class Backend {
   // means n):
   // n for the mean over this batch, the whole batch's size when this is a
   // micro-batch of it, so micro-batches add up to the whole batch's gradient.
-  //  - SOFTMAX_CROSS_ENTROPY: `labels` (device, n floats holding class
+  //  - kSoftmaxCrossEntropy: `labels` (device, n floats holding class
   //    indices; each must be in [0, d): the caller validates).
-  //  - MSE, MAE: `targets` (device, [n, d]).
+  //  - kMse, kMae: `targets` (device, [n, d]).
   // Waits for the device; returns the sums in double (per-row values are
   // summed on the host in row order, so every backend reports the same sum
   // for the same per-row values) or the device's error. InvalidArgument for
-  // an unknown loss type and for softmax cross-entropy over no classes
+  // an unknown loss kind and for softmax cross-entropy over no classes
   // (d == 0 with n > 0; an empty batch is fine at any d); the CUDA backend
   // also for a label out of range.
-  virtual absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n,
-                                          int64_t d, const float* pred,
+  virtual absl::StatusOr<LossResult> Loss(LossKind kind, int64_t n, int64_t d,
+                                          const float* pred,
                                           const float* labels,
                                           const float* targets, float* dpred,
                                           int64_t grad_count) = 0;

@@ -20,7 +20,6 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
-#include "proto/job.pb.h"
 #include "worker/device/backend.h"
 #include "worker/device/cuda_kernels.h"
 #include "worker/device/cuda_util.h"
@@ -111,7 +110,7 @@ class CudaBackend final : public Backend {
   void Scale(int64_t n, float alpha, float* x) override;
   void Zero(int64_t n, float* x) override;
 
-  absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n, int64_t d,
+  absl::StatusOr<LossResult> Loss(LossKind kind, int64_t n, int64_t d,
                                   const float* pred, const float* labels,
                                   const float* targets, float* dpred,
                                   int64_t grad_count) override;
@@ -458,16 +457,15 @@ absl::Status CudaBackend::ReserveLossScratch(int64_t rows) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<LossResult> CudaBackend::Loss(v1::LossType type, int64_t n,
+absl::StatusOr<LossResult> CudaBackend::Loss(LossKind kind, int64_t n,
                                              int64_t d, const float* pred,
                                              const float* labels,
                                              const float* targets, float* dpred,
                                              int64_t grad_count) {
-  const bool classification =
-      type == v1::LOSS_UNSPECIFIED || type == v1::SOFTMAX_CROSS_ENTROPY;
-  if (!classification && type != v1::MSE && type != v1::MAE) {
+  const bool classification = kind == LossKind::kSoftmaxCrossEntropy;
+  if (!classification && kind != LossKind::kMse && kind != LossKind::kMae) {
     return absl::InvalidArgumentError(
-        absl::StrCat("loss: unknown loss type ", static_cast<int>(type)));
+        absl::StrCat("loss: unknown loss kind ", static_cast<int>(kind)));
   }
   if (n < 0 || d < 0) {
     return absl::InvalidArgumentError(
@@ -514,9 +512,9 @@ absl::StatusOr<LossResult> CudaBackend::Loss(v1::LossType type, int64_t n,
         d > 0 ? 1.0 / (static_cast<double>(grad_count) * static_cast<double>(d))
               : 0.0;
     RecordLaunch(
-        internal::LaunchRegression(stream_.get(), type == v1::MAE, n, d, pred,
+        internal::LaunchRegression(stream_.get(), kind == LossKind::kMae, n, d, pred,
                                    targets, inv_d, inv_nd, dpred, row_loss),
-        type == v1::MAE ? "Loss (MAE)" : "Loss (MSE)");
+        kind == LossKind::kMae ? "Loss (MAE)" : "Loss (MSE)");
   }
   Record(cudaMemcpyAsync(host_row_loss_.data(), row_loss, n * sizeof(double),
                          cudaMemcpyDeviceToHost, stream_.get()),

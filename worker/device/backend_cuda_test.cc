@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "proto/job.pb.h"
 #include "worker/device/backend.h"
 #include "worker/device/cuda_memory.h"
 #include "worker/device/device_manager.h"
@@ -386,21 +385,21 @@ TEST_F(CudaBackendTest, ScaleAndZeroMatchCpu) {
 }
 
 struct LossCase {
-  v1::LossType type;
+  LossKind type;
   int64_t n, d;
   int64_t grad_count;
 };
 
 std::string LossName(const LossCase& c) {
-  return v1::LossType_Name(c.type) + " n=" + std::to_string(c.n) +
+  return std::string(LossKindName(c.type)) + " n=" + std::to_string(c.n) +
          " d=" + std::to_string(c.d) +
          " grad_count=" + std::to_string(c.grad_count);
 }
 
 TEST_F(CudaBackendTest, LossesMatchCpu) {
   std::vector<LossCase> cases;
-  for (v1::LossType type :
-       {v1::LOSS_UNSPECIFIED, v1::SOFTMAX_CROSS_ENTROPY, v1::MSE, v1::MAE}) {
+  for (LossKind type :
+       {LossKind::kSoftmaxCrossEntropy, LossKind::kMse, LossKind::kMae}) {
     cases.push_back({type, 256, 10, 256});
     cases.push_back({type, 256, 10, 1024});  // A micro-batch of 1024.
     cases.push_back({type, 7, 13, 7});
@@ -414,8 +413,7 @@ TEST_F(CudaBackendTest, LossesMatchCpu) {
   }
   uint64_t seed = 100;
   for (const LossCase& c : cases) {
-    const bool classification =
-        c.type == v1::LOSS_UNSPECIFIED || c.type == v1::SOFTMAX_CROSS_ENTROPY;
+    const bool classification = c.type == LossKind::kSoftmaxCrossEntropy;
     auto pred = RandomVector(c.n * c.d, seed++, -5.0f, 5.0f);
     const auto labels = RandomLabels(c.n, c.d, seed++);
     const auto targets = RandomVector(c.n * c.d, seed++, -5.0f, 5.0f);
@@ -462,7 +460,7 @@ TEST_F(CudaBackendTest, LossesMatchCpu) {
 }
 
 TEST_F(CudaBackendTest, LossOfAnEmptyBatchIsZero) {
-  for (v1::LossType type : {v1::SOFTMAX_CROSS_ENTROPY, v1::MSE, v1::MAE}) {
+  for (LossKind type : {LossKind::kSoftmaxCrossEntropy, LossKind::kMse, LossKind::kMae}) {
     const auto got =
         gpu_->Loss(type, 0, 10, nullptr, nullptr, nullptr, nullptr, 0);
     ASSERT_TRUE(got.ok()) << got.status();
@@ -477,15 +475,14 @@ TEST_F(CudaBackendTest, SoftmaxCrossEntropyOverNoClassesIsInvalidArgument) {
   const int64_t n = 3;
   float* labels = ToDevice({-0.5f, 0.0f, -0.25f});
   float* pred = DeviceBuffer(1);  // Holds no logits: [3, 0].
-  for (v1::LossType type : {v1::LOSS_UNSPECIFIED, v1::SOFTMAX_CROSS_ENTROPY}) {
-    for (float* dpred : {static_cast<float*>(nullptr), DeviceBuffer(1)}) {
-      const auto got = gpu_->Loss(type, n, 0, pred, labels, nullptr, dpred, n);
-      EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument)
-          << got.status();
-    }
+  for (float* dpred : {static_cast<float*>(nullptr), DeviceBuffer(1)}) {
+    const auto got = gpu_->Loss(LossKind::kSoftmaxCrossEntropy, n, 0, pred,
+                                labels, nullptr, dpred, n);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument)
+        << got.status();
   }
   // An empty batch is still fine at d == 0, as on the CPU.
-  const auto empty = gpu_->Loss(v1::SOFTMAX_CROSS_ENTROPY, 0, 0, nullptr,
+  const auto empty = gpu_->Loss(LossKind::kSoftmaxCrossEntropy, 0, 0, nullptr,
                                 nullptr, nullptr, nullptr, 0);
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_EQ(empty->loss_sum, 0.0);
@@ -493,18 +490,18 @@ TEST_F(CudaBackendTest, SoftmaxCrossEntropyOverNoClassesIsInvalidArgument) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
-TEST_F(CudaBackendTest, UnknownLossTypeIsInvalidArgument) {
-  const auto got = gpu_->Loss(static_cast<v1::LossType>(42), 1, 1, nullptr,
+TEST_F(CudaBackendTest, UnknownLossKindIsInvalidArgument) {
+  const auto got = gpu_->Loss(static_cast<LossKind>(42), 1, 1, nullptr,
                               nullptr, nullptr, nullptr, 1);
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(got.status().message(), "loss: unknown loss type 42");
+  EXPECT_EQ(got.status().message(), "loss: unknown loss kind 42");
 }
 
 TEST_F(CudaBackendTest, LabelOutOfRangeIsInvalidArgumentAndHarmless) {
   const int64_t n = 3, d = 4;
   const auto pred = RandomVector(n * d, 81);
   for (float bad : {4.0f, -1.0f, kNan}) {
-    const auto got = gpu_->Loss(v1::SOFTMAX_CROSS_ENTROPY, n, d, ToDevice(pred),
+    const auto got = gpu_->Loss(LossKind::kSoftmaxCrossEntropy, n, d, ToDevice(pred),
                                 ToDevice({0.0f, bad, 2.0f}), nullptr,
                                 DeviceBuffer(n * d), n);
     EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument)

@@ -8,7 +8,6 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "proto/job.pb.h"
 
 namespace towerps::worker {
 namespace {
@@ -108,14 +107,14 @@ class FakeBackend : public Backend {
     Check("Zero x", x, n);
     cpu_->Zero(n, x);
   }
-  absl::StatusOr<LossResult> Loss(v1::LossType type, int64_t n, int64_t d, const float* pred,
+  absl::StatusOr<LossResult> Loss(LossKind kind, int64_t n, int64_t d, const float* pred,
                                   const float* labels, const float* targets, float* dpred,
                                   int64_t grad_count) override {
     Check("Loss pred", pred, n * d);
     if (labels != nullptr) Check("Loss labels", labels, n);
     if (targets != nullptr) Check("Loss targets", targets, n * d);
     if (dpred != nullptr) Check("Loss dpred", dpred, n * d);
-    return cpu_->Loss(type, n, d, pred, labels, targets, dpred, grad_count);
+    return cpu_->Loss(kind, n, d, pred, labels, targets, dpred, grad_count);
   }
 
  private:

@@ -38,15 +38,14 @@ void Regression(bool absolute, int64_t n, int64_t d, const float* p,
 
 }  // namespace
 
-absl::Status HostLoss(v1::LossType type, int64_t n, int64_t d,
+absl::Status HostLoss(LossKind kind, int64_t n, int64_t d,
                       const float* pred, const float* labels,
                       const float* targets, float* dpred, int64_t grad_count,
                       LossResult* out) {
   *out = LossResult();
   if (grad_count <= 0) grad_count = std::max<int64_t>(n, 1);
-  switch (type) {
-    case v1::LOSS_UNSPECIFIED:
-    case v1::SOFTMAX_CROSS_ENTROPY:
+  switch (kind) {
+    case LossKind::kSoftmaxCrossEntropy:
       // No class a label could name: the row function would read logits of
       // an empty row. (An empty batch is fine at any width.)
       if (n > 0 && d == 0) {
@@ -55,16 +54,15 @@ absl::Status HostLoss(v1::LossType type, int64_t n, int64_t d,
       }
       SoftmaxCrossEntropy(n, d, pred, labels, dpred, grad_count, out);
       return absl::OkStatus();
-    case v1::MSE:
+    case LossKind::kMse:
       Regression(/*absolute=*/false, n, d, pred, targets, dpred, grad_count, out);
       return absl::OkStatus();
-    case v1::MAE:
+    case LossKind::kMae:
       Regression(/*absolute=*/true, n, d, pred, targets, dpred, grad_count, out);
       return absl::OkStatus();
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("loss: unknown loss type ", static_cast<int>(type)));
   }
+  return absl::InvalidArgumentError(
+      absl::StrCat("loss: unknown loss kind ", static_cast<int>(kind)));
 }
 
 }  // namespace towerps::worker

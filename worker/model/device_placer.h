@@ -52,7 +52,7 @@ class MemoryReservation {
   std::vector<std::pair<common::Allocator*, void*>> held_;
 };
 
-// The backend of a virtual device: the CPU backend for CPU devices, the CUDA
+// The backend of a virtual device: the CPU backend for CPU devices, the GPU
 // backend on the device's physical GPU for GPU devices; both allocate through
 // the device's allocator, so its limit holds. Unavailable for a GPU device in
 // a CPU-only build.

@@ -45,9 +45,28 @@ std::vector<DeviceTensor*> Dense::grads() {
   return {&kernel_grad_, &bias_grad_};
 }
 
-std::vector<std::vector<int64_t>> Dense::param_shapes() const {
-  if (!use_bias_) return {{input_dim_, units_}};
-  return {{input_dim_, units_}, {units_}};
+std::vector<std::vector<int64_t>> Layer::param_shapes() const {
+  std::vector<std::vector<int64_t>> shapes;
+  for (ParamSpec& p : param_specs()) shapes.push_back(std::move(p.shape));
+  return shapes;
+}
+
+int64_t Layer::num_params() const {
+  int64_t total = 0;
+  for (const ParamSpec& p : param_specs()) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    total += n;
+  }
+  return total;
+}
+
+std::vector<Layer::ParamSpec> Dense::param_specs() const {
+  std::vector<ParamSpec> specs;
+  specs.push_back({"kernel", {input_dim_, units_}, ParamSpec::Init::kGlorotUniform,
+                   input_dim_, units_});
+  if (use_bias_) specs.push_back({"bias", {units_}, ParamSpec::Init::kZeros});
+  return specs;
 }
 
 absl::Status Dense::Forward(const DeviceTensor& x, DeviceTensor* y) {

@@ -56,8 +56,26 @@ class Layer {
   // parameters.
   virtual std::vector<DeviceTensor*> params() { return {}; }
   virtual std::vector<DeviceTensor*> grads() { return {}; }
-  // Shapes of params(), in order.
-  virtual std::vector<std::vector<int64_t>> param_shapes() const { return {}; }
+  // What each of params() is, in order: its name within the layer (the
+  // variable is "<layer>/<name>"), shape and initializer. Model names,
+  // initializes and counts the variables from this alone (no RTTI). Empty for
+  // layers without parameters.
+  struct ParamSpec {
+    enum class Init {
+      kGlorotUniform,  // fan_in and fan_out are set
+      kZeros,
+    };
+    std::string name;  // e.g. "kernel", "bias"
+    std::vector<int64_t> shape;
+    Init init = Init::kZeros;
+    int64_t fan_in = 0;
+    int64_t fan_out = 0;
+  };
+  virtual std::vector<ParamSpec> param_specs() const { return {}; }
+  // Shapes of params(), in order (from param_specs()).
+  std::vector<std::vector<int64_t>> param_shapes() const;
+  // Elements of all params() together (from param_specs()).
+  int64_t num_params() const;
 
   Backend& backend() const { return backend_; }
 
@@ -88,7 +106,9 @@ class Dense : public Layer {
                         bool accumulate) override;
   std::vector<DeviceTensor*> params() override;
   std::vector<DeviceTensor*> grads() override;
-  std::vector<std::vector<int64_t>> param_shapes() const override;
+  // "kernel" [in, units] (Glorot uniform, fan_in = in, fan_out = units),
+  // then, with a bias, "bias" [units] (zeros).
+  std::vector<ParamSpec> param_specs() const override;
 
   int64_t input_dim() const { return input_dim_; }
   int64_t units() const { return units_; }

@@ -8,6 +8,21 @@
 
 namespace towerps::worker {
 
+absl::StatusOr<LossKind> ToLossKind(v1::LossType type) {
+  switch (type) {
+    case v1::LOSS_UNSPECIFIED:
+    case v1::SOFTMAX_CROSS_ENTROPY:
+      return LossKind::kSoftmaxCrossEntropy;
+    case v1::MSE:
+      return LossKind::kMse;
+    case v1::MAE:
+      return LossKind::kMae;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("loss: unknown loss type ", static_cast<int>(type)));
+  }
+}
+
 absl::Status ValidateLossInputs(v1::LossType type, int64_t n, int64_t d,
                                 const Batch& batch) {
   switch (type) {
@@ -61,9 +76,10 @@ absl::Status ComputeLoss(v1::LossType type,
   const int64_t n = logits_or_pred.dim(0);
   const int64_t d = logits_or_pred.dim(1);
   TOWERPS_RETURN_IF_ERROR(ValidateLossInputs(type, n, d, batch));
+  TOWERPS_ASSIGN_OR_RETURN(const LossKind kind, ToLossKind(type));
   if (dlogits != nullptr) dlogits->Resize(logits_or_pred.shape());
   std::vector<float> labels(batch.labels.begin(), batch.labels.end());
-  return HostLoss(type, n, d, logits_or_pred.data(), labels.data(),
+  return HostLoss(kind, n, d, logits_or_pred.data(), labels.data(),
                   batch.targets.data(),
                   dlogits != nullptr ? dlogits->data() : nullptr, n, out);
 }

@@ -6,22 +6,28 @@
 // gradient of that mean; the returned loss is the SUM of per-example losses,
 // so that callers can average correctly across batches of different sizes.
 //
-// LossResult is declared in worker/device/backend.h (every backend computes losses);
-// this is the host entry point, on host tensors, and the validation every
-// backend relies on.
+// LossKind and LossResult are declared in worker/device/loss_kind.h (every
+// backend computes losses); this is the host entry point, on host tensors, the
+// validation every backend relies on, and the conversion from the job spec's
+// v1::LossType.
 #ifndef TOWERPS_WORKER_MODEL_LOSSES_H_
 #define TOWERPS_WORKER_MODEL_LOSSES_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/tensor.h"
 #include "proto/job.pb.h"
-#include "worker/device/backend.h"
+#include "worker/device/loss_kind.h"
 #include "worker/model/batch.h"
 
 namespace towerps::worker {
 
+// The backends' loss for `type`: SOFTMAX_CROSS_ENTROPY and LOSS_UNSPECIFIED
+// (its default) are kSoftmaxCrossEntropy, MSE kMse, MAE kMae.
+// InvalidArgument for any other value.
+absl::StatusOr<LossKind> ToLossKind(v1::LossType type);
 
 // Computes `type`'s loss of `logits_or_pred` ([n, d]) against `batch`.
 //

@@ -1,10 +1,7 @@
 #include "worker/model/model.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <set>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +9,7 @@
 #include "common/initializer.h"
 #include "common/status.h"
 #include "worker/model/losses.h"
+#include "worker/model/pipeline_scheduler.h"
 
 namespace towerps::worker {
 namespace {
@@ -52,10 +50,11 @@ uint64_t VariableSeed(uint64_t base_seed, int64_t index) {
   return z ^ (z >> 31);
 }
 
-Model::Model(std::string name, v1::LossType loss, int64_t input_dim,
-             uint64_t init_seed)
+Model::Model(std::string name, v1::LossType loss, LossKind loss_kind,
+             int64_t input_dim, uint64_t init_seed)
     : name_(std::move(name)),
       loss_(loss),
+      loss_kind_(loss_kind),
       input_dim_(input_dim),
       init_seed_(init_seed) {}
 
@@ -81,15 +80,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
     return absl::InvalidArgumentError(
         absl::StrCat(model_label, ": layers is empty; need at least one"));
   }
-  switch (spec.loss()) {
-    case v1::LOSS_UNSPECIFIED:
-    case v1::SOFTMAX_CROSS_ENTROPY:
-    case v1::MSE:
-    case v1::MAE:
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          model_label, ": unknown loss ", static_cast<int>(spec.loss())));
+  const absl::StatusOr<LossKind> loss_kind = ToLossKind(spec.loss());
+  if (!loss_kind.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        model_label, ": unknown loss ", static_cast<int>(spec.loss())));
   }
 
   // Explicit names first, so that defaults skip them.
@@ -112,7 +106,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
   const uint64_t init_seed = spec.init_seed() == 0 ? 1 : spec.init_seed();
   auto model = std::unique_ptr<Model>(
       new Model(spec.name().empty() ? "sequential" : spec.name(), spec.loss(),
-                spec.input_dim(), init_seed));
+                *loss_kind, spec.input_dim(), init_seed));
   int64_t width = spec.input_dim();
   for (int i = 0; i < spec.layers_size(); ++i) {
     const v1::LayerSpec& layer = spec.layers(i);
@@ -140,8 +134,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
         model->layer_devices_.push_back(where.device);
         auto dense = std::make_unique<Dense>(backend, name, width,
                                              layer.units(), !layer.no_bias());
-        const int64_t params =
-            width * layer.units() + (layer.no_bias() ? 0 : layer.units());
+        const int64_t params = dense->num_params();
         width = layer.units();
         model->layers_.push_back(std::move(dense));
         if (layer.activation() == v1::RELU) {
@@ -220,26 +213,24 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
 std::vector<v1::VariableDef> Model::VariableDefs() const {
   std::vector<v1::VariableDef> defs;
   for (const auto& layer : layers_) {
-    const auto* dense = dynamic_cast<const Dense*>(layer.get());
-    if (dense == nullptr) continue;
-    v1::VariableDef kernel;
-    kernel.set_name(absl::StrCat(dense->name(), "/kernel"));
-    kernel.add_shape(dense->input_dim());
-    kernel.add_shape(dense->units());
-    kernel.set_dtype(v1::DT_FLOAT32);
-    v1::Initializer* init = kernel.mutable_initializer();
-    init->set_type(v1::Initializer::GLOROT_UNIFORM);
-    init->set_seed(VariableSeed(init_seed_, static_cast<int64_t>(defs.size())));
-    init->set_fan_in(dense->input_dim());
-    init->set_fan_out(dense->units());
-    defs.push_back(std::move(kernel));
-    if (dense->use_bias()) {
-      v1::VariableDef bias;
-      bias.set_name(absl::StrCat(dense->name(), "/bias"));
-      bias.add_shape(dense->units());
-      bias.set_dtype(v1::DT_FLOAT32);
-      bias.mutable_initializer()->set_type(v1::Initializer::ZEROS);
-      defs.push_back(std::move(bias));
+    for (const Layer::ParamSpec& p : layer->param_specs()) {
+      v1::VariableDef def;
+      def.set_name(absl::StrCat(layer->name(), "/", p.name));
+      for (int64_t d : p.shape) def.add_shape(d);
+      def.set_dtype(v1::DT_FLOAT32);
+      v1::Initializer* init = def.mutable_initializer();
+      switch (p.init) {
+        case Layer::ParamSpec::Init::kGlorotUniform:
+          init->set_type(v1::Initializer::GLOROT_UNIFORM);
+          init->set_seed(VariableSeed(init_seed_, static_cast<int64_t>(defs.size())));
+          init->set_fan_in(p.fan_in);
+          init->set_fan_out(p.fan_out);
+          break;
+        case Layer::ParamSpec::Init::kZeros:
+          init->set_type(v1::Initializer::ZEROS);
+          break;
+      }
+      defs.push_back(std::move(def));
     }
   }
   return defs;
@@ -415,7 +406,7 @@ absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow,
   const int64_t d = output_dim_;
   const float* labels = nullptr;
   const float* targets = nullptr;
-  if (loss_ == v1::MSE || loss_ == v1::MAE) {
+  if (loss_kind_ != LossKind::kSoftmaxCrossEntropy) {
     const float* rows = batch.targets.data() + flow.begin * d;
     if (b.host_memory()) {
       targets = rows;
@@ -436,7 +427,7 @@ absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow,
     }
   }
   TOWERPS_ASSIGN_OR_RETURN(
-      flow.loss, b.Loss(loss_, n, d, flow.out[last].data(), labels, targets,
+      flow.loss, b.Loss(loss_kind_, n, d, flow.out[last].data(), labels, targets,
                         grad_count > 0 ? flow.dout[last].data() : nullptr,
                         grad_count > 0 ? grad_count : n));
   return absl::OkStatus();
@@ -480,65 +471,17 @@ absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train) {
     begin += flows_[k].rows;
   }
   const int64_t grad_count = train ? n : 0;
-  const size_t num_stages = stages_.size();
-  if (m == 1 || num_stages == 1) {
-    for (int k = 0; k < m; ++k) {
-      for (size_t s = 0; s < num_stages; ++s) {
-        TOWERPS_RETURN_IF_ERROR(StageForward(batch, s, flows_[k], grad_count));
-      }
-      if (!train) continue;
-      for (size_t s = num_stages; s-- > 0;) {
-        TOWERPS_RETURN_IF_ERROR(StageBackward(batch, s, flows_[k], k > 0));
-      }
-    }
-  } else {
-    // Pipeline: a thread per stage; micro-batch k moves to the next stage
-    // when its predecessor marks it done. Every forward, then every
-    // backward, in micro-batch order on each stage, so each device adds its
-    // micro-batches' gradients in a fixed order.
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<std::vector<char>> fwd(num_stages, std::vector<char>(m, 0));
-    std::vector<std::vector<char>> bwd(num_stages, std::vector<char>(m, 0));
-    bool failed = false;
-    std::vector<absl::Status> status(num_stages);
-    // Waits until stage s has finished micro-batch k; false if a stage failed.
-    auto ready = [&](const std::vector<std::vector<char>>& done, size_t s, int k) {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return done[s][k] != 0 || failed; });
-      return !failed;
-    };
-    auto mark = [&](std::vector<std::vector<char>>& done, size_t s, int k,
-                    const absl::Status& st) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!st.ok()) failed = true;
-        done[s][k] = 1;
-      }
-      cv.notify_all();
-    };
-    std::vector<std::thread> threads;
-    for (size_t s = 0; s < num_stages; ++s) {
-      threads.emplace_back([&, s] {
-        for (int k = 0; k < m; ++k) {
-          if (s > 0 && !ready(fwd, s - 1, k)) return;
-          absl::Status st = StageForward(batch, s, flows_[k], grad_count);
-          if (!st.ok()) status[s] = st;
-          mark(fwd, s, k, st);
-          if (!st.ok()) return;
-        }
-        for (int k = 0; k < m; ++k) {
-          if (s + 1 < num_stages && !ready(bwd, s + 1, k)) return;
-          absl::Status st = StageBackward(batch, s, flows_[k], k > 0);
-          if (!st.ok()) status[s] = st;
-          mark(bwd, s, k, st);
-          if (!st.ok()) return;
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const absl::Status& st : status) TOWERPS_RETURN_IF_ERROR(st);
-  }
+  // The scheduler decides when each stage runs which micro-batch (and on
+  // which thread); the stages' steps are ours.
+  PipelineScheduler pipeline(static_cast<int>(stages_.size()), m);
+  const PipelineScheduler::Step forward = [&](int s, int k) {
+    return StageForward(batch, s, flows_[k], grad_count);
+  };
+  const PipelineScheduler::Step backward = [&](int s, int k) {
+    // Micro-batches after the first add to the gradients.
+    return StageBackward(batch, s, flows_[k], /*accumulate=*/k > 0);
+  };
+  TOWERPS_RETURN_IF_ERROR(pipeline.Run(forward, train ? backward : nullptr));
   LossResult total;
   for (int k = 0; k < m; ++k) {
     total.loss_sum += flows_[k].loss.loss_sum;

@@ -99,10 +99,11 @@ class Model {
 
   // Splits every ComputeGradients batch into `m` micro-batches (sizes differ
   // by at most one). When the layers sit on several devices, each run of
-  // layers on one device is a pipeline stage with its own thread, so the
-  // devices work on different micro-batches at the same time (GPipe: every
-  // micro-batch forward, then every one backward, gradients accumulated on
-  // each device). The result is the whole batch's gradient (up to float
+  // layers on one device is a pipeline stage, and a PipelineScheduler
+  // (worker/model/pipeline_scheduler.h) drives the stages' steps, a thread
+  // per stage, so the devices work on different micro-batches at the same
+  // time (GPipe: every micro-batch forward, then every one backward,
+  // gradients accumulated on each device). The result is the whole batch's gradient (up to float
   // summation order). REQUIRES: m >= 1. Default 1.
   void set_micro_batches(int m) { micro_batches_ = m < 1 ? 1 : m; }
   int micro_batches() const { return micro_batches_; }
@@ -185,8 +186,8 @@ class Model {
     int64_t params;
   };
 
-  Model(std::string name, v1::LossType loss, int64_t input_dim,
-        uint64_t init_seed);
+  Model(std::string name, v1::LossType loss, LossKind loss_kind,
+        int64_t input_dim, uint64_t init_seed);
 
   // One micro-batch's buffers, each on its layer's device.
   struct Flow {
@@ -212,6 +213,9 @@ class Model {
   // output, or a copy of it on layer i's device.
   absl::StatusOr<const DeviceTensor*> Input(const Batch& batch, Flow& flow,
                                             size_t i);
+  // The per-stage steps Run hands to the PipelineScheduler; steps of
+  // different stages may run at the same time on different threads (they
+  // touch only their stage's layers and the flow's buffers of those layers).
   // Runs stage `s` forward on `flow` (and the loss, with its gradient when
   // `grad_count` > 0, if `s` is the last stage).
   absl::Status StageForward(const Batch& batch, size_t s, Flow& flow,
@@ -227,6 +231,7 @@ class Model {
   // Constant after construction. The layers hold the Backend.
   const std::string name_;
   const v1::LossType loss_;
+  const LossKind loss_kind_;  // loss_ in the backends' words
   const int64_t input_dim_;
   const uint64_t init_seed_;
   std::vector<std::unique_ptr<Layer>> layers_;

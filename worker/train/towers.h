@@ -6,9 +6,10 @@
 //
 // Reduction goes through GradientReducer, on the devices: towers whose
 // gradients share a memory space (the host; one physical GPU) are summed
-// there by that device's backend, and the per-space sums meet with NCCL
-// all-reduce across physical GPUs (one rank per GPU), or by copies to tower
-// 0's device where NCCL does not apply (CPU, or CPU and GPU mixed). Only
+// there by that device's backend, and the per-space sums meet through the
+// device collectives (worker/device/nccl_reduce: an all-reduce across physical
+// GPUs, one rank per GPU), or by copies to tower 0's device where those do
+// not apply (CPU, or CPU and GPU mixed). Only
 // tower 0's result is downloaded to the host. Thread-compatible: one
 // training loop drives it.
 #ifndef TOWERPS_WORKER_TRAIN_TOWERS_H_
@@ -39,17 +40,18 @@ class GradientReducer {
   // On return grads[0][v] holds the mean over all examples (zeros if there
   // were none) and every backend involved is synchronized. Other towers'
   // buffers may be overwritten. InternalError for mismatched shapes; the
-  // device's or NCCL's error.
+  // device's or the device collectives' error.
   virtual absl::Status Reduce(const std::vector<std::vector<DeviceTensor*>>& grads,
                               const std::vector<int64_t>& examples) = 0;
-  // What it does, for the log: e.g. "on-device sums (2 towers on cuda:0,
-  // 2 on cuda:1) + NCCL all-reduce over 2 GPUs".
+  // What it does, for the log: the towers summed in each memory space
+  // (named by Backend::memory_space()) and how the sums meet, e.g. an
+  // all-reduce over 2 GPUs.
   virtual std::string Name() const = 0;
 };
 
 // The reducer for towers whose gradients live where `grads` (as in Reduce)
-// live. `use_nccl`: NCCL between physical GPUs when this build has it
-// (false: copies to tower 0's device; tests compare both).
+// live. `use_nccl`: the device collectives between physical GPUs when this
+// build has them (false: copies to tower 0's device; tests compare both).
 std::unique_ptr<GradientReducer> NewReducer(
     const std::vector<std::vector<DeviceTensor*>>& grads, bool use_nccl = true);
 
