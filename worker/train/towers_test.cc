@@ -6,6 +6,8 @@
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "worker/device/fake_device_backend.h"
+#include "worker/device/device_manager.h"
+#include "worker/model/device_placer.h"
 #include "worker/model/reference_model.h"
 
 namespace towerps::worker {
@@ -169,6 +171,57 @@ TEST(TowersTest, BadArgumentsAreRejected) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(BlasThreadsPerTower(2, 4), 1);
   EXPECT_EQ(BlasThreadsPerTower(16, 4), 4);
+}
+
+// Towers of models split over devices: with CPU=6 and 2 towers, each tower
+// gets 3 devices (layers name tower 0's) and runs 2 micro-batches; the result
+// equals one device's within the rounding bound.
+TEST(TowersTest, TowersOfSplitModelsMatchOneDevice) {
+  v1::ModelSpec spec;
+  spec.set_name("split");
+  spec.set_input_dim(12);
+  for (int units : {24, 24, 16, 6}) {
+    auto* l = spec.add_layers();
+    l->set_type(v1::LayerSpec::DENSE);
+    l->set_units(units);
+    if (units != 6) l->set_activation(v1::RELU);
+  }
+  spec.set_loss(v1::SOFTMAX_CROSS_ENTROPY);
+  const v1::ModelSpec whole_spec = spec;
+  ASSERT_TRUE(ApplyClassicLayout({"CPU:0", "CPU:1", "CPU:2"}, &spec).ok());
+  common::DeviceManagerOptions o;
+  o.task_name = "/job:worker/replica:0/task:0";
+  o.virtual_devices = "CPU=6";
+  o.physical = {{"CPU", 0, int64_t{1} << 34, "host"}};
+  auto devices = common::DeviceManager::Create(o);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+
+  std::vector<std::unique_ptr<DevicePlacer>> placers;
+  for (int t = 0; t < 2; ++t) placers.push_back(std::make_unique<DevicePlacer>(**devices));
+  auto towers = Towers::Create(spec, 2, [&](int t) { return placers[t]->TowerPlacer(t, 2); });
+  ASSERT_TRUE(towers.ok()) << towers.status();
+  EXPECT_EQ((*towers)->tower(1).layer_devices()[0], "/job:worker/replica:0/task:0/device:CPU:3");
+  EXPECT_EQ((*towers)->tower(1).layer_devices()[3], "/job:worker/replica:0/task:0/device:CPU:5");
+  (*towers)->set_micro_batches(2);
+  (*towers)->primary().InitializeWeights();
+  auto backend = NewCpuBackend();
+  auto whole = Model::Create(whole_spec, *backend);
+  ASSERT_TRUE(whole.ok());
+  (*whole)->InitializeWeights();
+  const Batch batch = RandomBatch(9, /*regression=*/false);
+  auto rt = (*towers)->ComputeGradients(batch);
+  auto rw = (*whole)->ComputeGradients(batch);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  ASSERT_TRUE(rw.ok());
+  // Two towers of two micro-batches each: the micro-batch sums (2), each
+  // tower's weighting and the sum over towers (2 x 2) and the final scale
+  // (1), with one to spare: 8 roundings on top of one device's.
+  auto ref = ComputeReferenceGradients(whole_spec, (*whole)->weights(), batch);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ExpectLossWithinFloatBound(rt->loss_sum, *ref, 8, "towers");
+  ExpectLossWithinFloatBound(rw->loss_sum, *ref, 0, "whole");
+  ExpectWithinFloatBound((*towers)->gradients(), *ref, 8, "towers");
+  ExpectWithinFloatBound((*whole)->gradients(), *ref, 0, "whole");
 }
 
 }  // namespace
