@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -17,7 +18,9 @@
 #include "client/job_event_printer.h"
 #include "client/safetensors_writer.h"
 #include "client/text_table.h"
+#include "common/grpc_status.h"
 #include "common/job_spec.h"
+#include "common/retry.h"
 #include "common/rpc.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -229,8 +232,15 @@ int WatchEvents(Call& call, const std::string& job_id, bool follow) {
   bool received_any = false;
   v1::JobState final_state = v1::JOB_STATE_UNSPECIFIED;
   std::string final_message;
-  absl::Time failing_since = absl::InfinitePast();
-  absl::Duration backoff = absl::Milliseconds(200);
+  // Reconnects wait 200 ms doubling to 2 s; a chief unreachable for about
+  // --timeout_s ends the command. Engaged at the first break after the last
+  // event and dropped at the next event, so that the deadline counts from the
+  // break.
+  const common::RetryPolicy reconnect =
+      common::RetryPolicy::Transport()
+          .WithBackoff(absl::Milliseconds(200), absl::Seconds(2))
+          .WithDeadline(absl::Seconds(call.opts.timeout_s));
+  std::optional<common::Backoff> backoff;
   while (true) {
     grpc::ClientContext ctx;
     if (!follow) call.SetDeadline(&ctx);
@@ -243,8 +253,7 @@ int WatchEvents(Call& call, const std::string& job_id, bool follow) {
     v1::JobEvent event;
     while (reader->Read(&event)) {
       received_any = true;
-      failing_since = absl::InfinitePast();
-      backoff = absl::Milliseconds(200);
+      backoff.reset();
       if (event.seq() != 0) {
         if (event.seq() <= after_seq) continue;  // Already shown before a reconnect.
         after_seq = event.seq();
@@ -262,6 +271,7 @@ int WatchEvents(Call& call, const std::string& job_id, bool follow) {
       return status.ok() ? kExitOk : RpcError(call, status, "logs", job_id);
     }
     if (status.ok() && final_state != v1::JOB_STATE_UNSPECIFIED) break;
+    if (!backoff.has_value()) backoff.emplace(reconnect);
     if (status.ok()) {
       // The chief ended the stream before the job ended: ask for the state.
       grpc::ClientContext get_ctx;
@@ -279,20 +289,14 @@ int WatchEvents(Call& call, const std::string& job_id, bool follow) {
         final_message = resp.job().error();
         break;
       }
-    } else if (!(received_any && IsUnreachable(status.error_code()))) {
+      backoff->Pause().IgnoreError();  // Without a token it always waits and returns OK.
+    } else if (!received_any || !backoff->Wait(common::FromGrpcStatus(status)).ok()) {
+      // Never connected (a wrong address or job, shown at once), not a
+      // transport error, or unreachable for too long: the RPC's error.
       printer.Finish();
       return RpcError(call, status, "logs", job_id);
-    } else {
-      // The stream broke after it worked: the chief may be restarting.
-      const absl::Time now = absl::Now();
-      if (failing_since == absl::InfinitePast()) failing_since = now;
-      if (now - failing_since > absl::Seconds(call.opts.timeout_s)) {
-        printer.Finish();
-        return RpcError(call, status, "logs", job_id);
-      }
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(2));
+    // Otherwise the stream broke after it worked: the chief may be restarting.
   }
   printer.Finish();
   if (final_state == v1::SUCCEEDED) {

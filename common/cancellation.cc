@@ -35,7 +35,7 @@ bool CancellationToken::WaitFor(absl::Duration timeout) const {
   return notification_.WaitForNotificationWithTimeout(timeout);
 }
 
-int64_t CancellationToken::AddCallback(std::function<void()> callback) {
+int64_t CancellationToken::AddCallback(std::function<void()> callback) const {
   {
     absl::MutexLock lock(&mu_);
     if (!cancelling_) {
@@ -48,7 +48,7 @@ int64_t CancellationToken::AddCallback(std::function<void()> callback) {
   return -1;
 }
 
-void CancellationToken::RemoveCallback(int64_t id) {
+void CancellationToken::RemoveCallback(int64_t id) const {
   absl::MutexLock lock(&mu_);
   if (callbacks_.erase(id) > 0 || !cancelling_) return;
   if (cancel_thread_ == std::this_thread::get_id()) return;  // from a callback
@@ -56,7 +56,7 @@ void CancellationToken::RemoveCallback(int64_t id) {
   mu_.Await(absl::Condition(&callbacks_done_));
 }
 
-ScopedCancellationCallback::ScopedCancellationCallback(CancellationToken* token,
+ScopedCancellationCallback::ScopedCancellationCallback(const CancellationToken* token,
                                                        std::function<void()> callback)
     : token_(token) {
   if (token_ != nullptr) id_ = token_->AddCallback(std::move(callback));

@@ -49,13 +49,14 @@ class CancellationToken {
   bool WaitFor(absl::Duration timeout) const;
 
   // Registers `callback`; runs it at once (and returns -1) if already
-  // cancelled. The id removes it again.
-  int64_t AddCallback(std::function<void()> callback);
+  // cancelled. The id removes it again. Const: being told is observing, so a
+  // holder of a const token (one that may not cancel it) may register too.
+  int64_t AddCallback(std::function<void()> callback) const;
 
   // Unregisters a callback. If Cancel() is running it on another thread, waits
   // until it has returned, so what it touches may be destroyed after this.
   // (Called from a callback itself, it returns at once.)
-  void RemoveCallback(int64_t id);
+  void RemoveCallback(int64_t id) const;
 
  private:
   absl::Notification notification_;
@@ -64,21 +65,21 @@ class CancellationToken {
   bool cancelling_ ABSL_GUARDED_BY(mu_) = false;
   bool callbacks_done_ ABSL_GUARDED_BY(mu_) = false;
   std::thread::id cancel_thread_ ABSL_GUARDED_BY(mu_);  // Runs the callbacks.
-  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int64_t, std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
+  mutable int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::map<int64_t, std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
 // Registers a callback for the lifetime of this object. `token` may be null
 // (nothing is registered).
 class ScopedCancellationCallback {
  public:
-  ScopedCancellationCallback(CancellationToken* token, std::function<void()> callback);
+  ScopedCancellationCallback(const CancellationToken* token, std::function<void()> callback);
   ~ScopedCancellationCallback();
   ScopedCancellationCallback(const ScopedCancellationCallback&) = delete;
   ScopedCancellationCallback& operator=(const ScopedCancellationCallback&) = delete;
 
  private:
-  CancellationToken* token_;  // Not owned.
+  const CancellationToken* token_;  // Not owned; may be null.
   int64_t id_ = -1;
 };
 

@@ -90,5 +90,17 @@ TEST(ScopedCancellationCallbackTest, UnregistersOnScopeExitAndAcceptsNull) {
   EXPECT_EQ(n, 0);
 }
 
+TEST(ScopedCancellationCallbackTest, RegistersThroughAConstToken) {
+  // A callee holds the token as const (it may not cancel) and still hears.
+  CancellationToken token;
+  const CancellationToken* view = &token;
+  int n = 0;
+  {
+    ScopedCancellationCallback scoped(view, [&] { ++n; });
+    token.Cancel();
+  }
+  EXPECT_EQ(n, 1);
+}
+
 }  // namespace
 }  // namespace towerps::common

@@ -64,26 +64,41 @@ absl::Status Backoff::Pause() {
   return absl::OkStatus();
 }
 
-absl::Status Backoff::Wait(const absl::Status& last) {
+absl::Status Backoff::Decide(const absl::Status& last) {
   ++attempts_;
   if (cancel_ != nullptr && cancel_->cancelled()) return cancel_->Check();
   if (!policy_.IsRetryable(last)) return last;
   if (policy_.max_attempts > 0 && attempts_ >= policy_.max_attempts) return last;
+  return absl::OkStatus();
+}
+
+absl::Status Backoff::PastDeadline(const absl::Status& last, absl::Duration wait) const {
+  if (absl::Now() - start_ + wait <= policy_.deadline) return absl::OkStatus();
+  return absl::DeadlineExceededError(
+      absl::StrCat("gave up after ", absl::FormatDuration(policy_.deadline), " (", attempts_,
+                   attempts_ == 1 ? " attempt" : " attempts", "): ",
+                   last.message().empty() ? absl::StatusCodeToString(last.code())
+                                          : std::string(last.message())));
+}
+
+absl::Status Backoff::Wait(const absl::Status& last) {
+  absl::Status st = Decide(last);
+  if (!st.ok()) return st;
   const absl::Duration d = NextDelay();
-  const absl::Duration spent = absl::Now() - start_;
-  if (spent + d > policy_.deadline) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("gave up after ", absl::FormatDuration(policy_.deadline), " (",
-                     attempts_, attempts_ == 1 ? " attempt" : " attempts", "): ",
-                     last.message().empty() ? absl::StatusCodeToString(last.code())
-                                            : std::string(last.message())));
-  }
+  st = PastDeadline(last, d);
+  if (!st.ok()) return st;
   if (cancel_ != nullptr) {
     if (cancel_->WaitFor(d)) return cancel_->Check();
   } else {
     absl::SleepFor(d);
   }
   return absl::OkStatus();
+}
+
+absl::Status Backoff::AgainAtOnce(const absl::Status& last) {
+  const absl::Status st = Decide(last);
+  if (!st.ok()) return st;
+  return PastDeadline(last, absl::ZeroDuration());
 }
 
 absl::Status Retry(const RetryPolicy& policy, const CancellationToken* cancel,

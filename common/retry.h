@@ -76,6 +76,11 @@ class Backoff {
   //     when the deadline has passed or would pass during the wait.
   absl::Status Wait(const absl::Status& last);
 
+  // Wait()'s decision without its wait, for an attempt that did its own
+  // waiting (a long poll that ran out on the server): OK to try again at once,
+  // else the same reasons to stop as Wait(). The delay does not grow.
+  absl::Status AgainAtOnce(const absl::Status& last);
+
   // Like Wait() without the decision: waits the next delay (or until
   // cancelled: CANCELLED) whatever the last status. For poll loops.
   absl::Status Pause();
@@ -90,6 +95,11 @@ class Backoff {
 
  private:
   absl::Duration NextDelay();
+  // Counts the failed attempt `last`; returns why not to try again
+  // (cancelled, not retryable, attempts used up), or OK.
+  absl::Status Decide(const absl::Status& last);
+  // DEADLINE_EXCEEDED if the deadline has passed or would pass during `wait`.
+  absl::Status PastDeadline(const absl::Status& last, absl::Duration wait) const;
 
   const RetryPolicy policy_;
   const CancellationToken* cancel_;  // Not owned; may be null.

@@ -117,5 +117,24 @@ TEST(BackoffTest, JitteredWaitStaysInItsBand) {
   EXPECT_EQ(b.attempts(), 1);
 }
 
+TEST(BackoffTest, AgainAtOnceDecidesWithoutWaitingOrGrowing) {
+  RetryPolicy p;
+  p.initial_backoff = p.max_backoff = absl::Hours(1);
+  p.deadline = absl::Milliseconds(20);
+  Backoff b(p);
+  EXPECT_TRUE(b.AgainAtOnce(absl::DeadlineExceededError("step wait ran out")).ok());
+  EXPECT_EQ(b.next_delay(), absl::Hours(1));
+  EXPECT_EQ(b.AgainAtOnce(absl::AbortedError("lost worker")).code(),
+            absl::StatusCode::kAborted);
+  absl::SleepFor(absl::Milliseconds(30));
+  const absl::Status st = b.AgainAtOnce(absl::DeadlineExceededError("step wait ran out"));
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(st.message().find("gave up after 20ms (3 attempts)"), absl::string_view::npos) << st;
+  CancellationToken cancelled;
+  cancelled.Cancel("job cancelled");
+  Backoff c(p, &cancelled);
+  EXPECT_EQ(c.AgainAtOnce(absl::UnavailableError("down")), absl::CancelledError("job cancelled"));
+}
+
 }  // namespace
 }  // namespace towerps::common

@@ -684,20 +684,7 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   };
   const absl::Time start = absl::Now();
   absl::Time next_log = start + options_.wait_log_interval;
-  // Counted while it waits (Status reports it, so tests and operators can
-  // see a pull blocked without timing it).
-  struct WaitCount {
-    Job& job;
-    bool counted = false;
-    ~WaitCount() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
-      if (counted) --job.pulls_waiting;
-    }
-  } wait_count{job};
   while (!ready()) {
-    if (!wait_count.counted) {
-      wait_count.counted = true;
-      ++job.pulls_waiting;
-    }
     if (job.deleted) {
       return absl::AbortedError(absl::StrCat("pull: job \"", job.id, "\" was deleted on ps ",
                                              options_.task_index, " while waiting"));
@@ -722,7 +709,12 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
                     << ")";
       next_log = now + options_.wait_log_interval;
     }
+    // Counted while it waits (Status reports it, so tests and operators can
+    // see a pull blocked without timing it). Only the wait releases job.mu, so
+    // counting around it alone is what any reader can see.
+    ++job.pulls_waiting;
     job.changed.WaitWithDeadline(&job.mu, wake + absl::Milliseconds(1));
+    --job.pulls_waiting;
   }
   if (job.deleted) {
     return absl::AbortedError(absl::StrCat("pull: job \"", job.id, "\" was deleted on ps ",

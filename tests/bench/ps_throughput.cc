@@ -249,7 +249,9 @@ absl::StatusOr<Row> RunPs(const BenchOptions& opt, int64_t chunk,
   return MakeRow("ps", chunk, sec, model_bytes, wrong);
 }
 
-std::string Num(double x, const char* fmt) {
+// A FormatSpec, not a char*: the format is checked at compile time (clang
+// refuses a runtime format string).
+std::string Num(double x, const absl::FormatSpec<double>& fmt) {
   return std::isnan(x) ? "-" : absl::StrFormat(fmt, x);
 }
 

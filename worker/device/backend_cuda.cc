@@ -176,11 +176,7 @@ class CudaBackend final : public Backend {
   // Bound to stream_; destroyed before it (declared after it).
   const CublasHandle cublas_;
 
-  // The first failure. Guarded: Synchronize() and CopyToHost() may come
-  // from another thread (a CopyFrom on another backend waits for and reads
-  // from this one), while the thread driving this backend records.
-  mutable absl::Mutex error_mu_;
-  absl::Status first_error_ ABSL_GUARDED_BY(error_mu_);
+  // Used only by the thread driving this backend.
   // Loss's per-row results: cudaMalloc'd directly, not charged to the
   // allocator (12 bytes per row of the largest batch seen; a virtual
   // device's limit is about tensors, and this is far below its rounding).
@@ -189,6 +185,12 @@ class CudaBackend final : public Backend {
   std::set<int> peers_tried_;  // GPUs EnablePeerAccess was tried for
   std::vector<double> host_row_loss_;
   std::vector<int32_t> host_row_correct_;
+
+  // The first failure. Guarded: Synchronize() and CopyToHost() may come
+  // from another thread (a CopyFrom on another backend waits for and reads
+  // from this one), while the thread driving this backend records.
+  mutable absl::Mutex error_mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(error_mu_);
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(

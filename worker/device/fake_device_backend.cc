@@ -5,9 +5,10 @@
 #include <cstring>
 #include <limits>
 #include <map>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace towerps::worker {
 namespace {
@@ -15,8 +16,9 @@ namespace {
 // Allocations of every fake backend, by space, so that backends of one space
 // accept each other's buffers (as virtual devices of one GPU do).
 struct Registry {
-  std::mutex mu;
-  std::map<const float*, std::pair<int64_t, int>> blocks;  // start -> (n, space)
+  absl::Mutex mu;
+  // start -> (n, space)
+  std::map<const float*, std::pair<int64_t, int>> blocks ABSL_GUARDED_BY(mu);
 };
 std::atomic<int64_t> host_to_device{0};
 std::atomic<int64_t> device_to_device{0};
@@ -36,15 +38,17 @@ class FakeBackend : public Backend {
   absl::StatusOr<float*> Allocate(int64_t n) override {
     float* p = new float[std::max<int64_t>(n, 1)];
     std::fill(p, p + std::max<int64_t>(n, 1), std::numeric_limits<float>::quiet_NaN());
-    std::lock_guard<std::mutex> lock(Blocks().mu);
-    Blocks().blocks[p] = {std::max<int64_t>(n, 1), space_};
+    Registry& r = Blocks();
+    absl::MutexLock lock(&r.mu);
+    r.blocks[p] = {std::max<int64_t>(n, 1), space_};
     return p;
   }
   void Free(float* p) override {
     if (p == nullptr) return;
     {
-      std::lock_guard<std::mutex> lock(Blocks().mu);
-      Blocks().blocks.erase(p);
+      Registry& r = Blocks();
+      absl::MutexLock lock(&r.mu);
+      r.blocks.erase(p);
     }
     delete[] p;
   }
@@ -122,8 +126,9 @@ class FakeBackend : public Backend {
   // backend's space.
   void Check(const char* what, const float* p, int64_t n) {
     if (n <= 0) return;
-    std::lock_guard<std::mutex> lock(Blocks().mu);
-    auto& blocks = Blocks().blocks;
+    Registry& r = Blocks();
+    absl::MutexLock lock(&r.mu);  // also guards *violations_
+    auto& blocks = r.blocks;
     auto it = blocks.upper_bound(p);
     if (it != blocks.begin()) {
       --it;

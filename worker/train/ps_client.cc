@@ -14,6 +14,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/parallel.h"
+#include "common/retry.h"
 #include "common/rpc.h"
 #include "common/slice_writer.h"
 #include "common/status.h"
@@ -26,13 +27,6 @@ namespace towerps::worker {
 namespace {
 
 using common::FromGrpcStatus;
-
-// Transport failures and server-side waits that ran out: asked again.
-// (ABORTED is a server's verdict, e.g. a lost worker: not retried here; the
-// chief's job manager restarts the attempt.)
-bool Retryable(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
-}
 
 class GrpcParameterClient : public ParameterClient {
  public:
@@ -61,13 +55,6 @@ class GrpcParameterClient : public ParameterClient {
     if (heartbeats_.joinable()) heartbeats_.join();
   }
 
-  absl::Status CheckCancelled() const {
-    if (options_.cancel != nullptr && options_.cancel->cancelled()) {
-      return options_.cancel->Check();
-    }
-    return absl::OkStatus();
-  }
-
   absl::StatusOr<int64_t> Register(const v1::TrainingConfig& config) override {
     const int n = static_cast<int>(stubs_.size());
     std::vector<int64_t> steps(n, 0);
@@ -88,10 +75,14 @@ class GrpcParameterClient : public ParameterClient {
       // channel's connection attempts; without one, gRPC polls them only every
       // few seconds) and, if that finds no connection, one call without it,
       // which fails at once with the transport's reason for the log line and
-      // the final error.
+      // the final error. Those calls pace the loop, so the backoff has no
+      // delay: it decides, and stops at once when the job is cancelled. The
+      // time limit is peer_timeout (LostServer).
       const absl::Time start = absl::Now();
       absl::Time next_log = start + absl::Seconds(1);
       const absl::Duration attempt = std::min(absl::Seconds(5), options_.peer_timeout);
+      common::Backoff backoff(
+          retry_.WithBackoff(absl::ZeroDuration(), absl::ZeroDuration()), options_.cancel);
       while (true) {
         absl::Status st;
         for (const bool wait_for_ready : {true, false}) {
@@ -101,15 +92,18 @@ class GrpcParameterClient : public ParameterClient {
           const bool connected = channels_[s]->GetState(true) == GRPC_CHANNEL_READY;
           ctx.set_deadline(absl::ToChronoTime(
               absl::Now() + (connected ? attempt : std::min(attempt, absl::Seconds(1)))));
+          const common::ScopedCancellationCallback cancel_call(options_.cancel,
+                                                               [&ctx] { ctx.TryCancel(); });
           st = FromGrpcStatus(stubs_[s]->RegisterVariables(&ctx, req, &resp),
                               Call("RegisterVariables", s));
-          if (st.ok() || !Retryable(st)) break;
+          if (st.ok() || !retry_.IsRetryable(st)) break;
           if (channels_[s]->GetState(false) == GRPC_CHANNEL_READY) break;  // connected: slow
         }
         if (st.ok()) break;
-        if (!Retryable(st)) return st;
-        if (channels_[s]->GetState(false) != GRPC_CHANNEL_READY) NoteUnreachable(s, st);
-        TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+        if (retry_.IsRetryable(st) && channels_[s]->GetState(false) != GRPC_CHANNEL_READY) {
+          NoteUnreachable(s, st);
+        }
+        TOWERPS_RETURN_IF_ERROR(backoff.Wait(st));
         TOWERPS_RETURN_IF_ERROR(LostServer());
         const absl::Time now = absl::Now();
         if (now >= next_log) {
@@ -137,9 +131,9 @@ class GrpcParameterClient : public ParameterClient {
     const int n = static_cast<int>(stubs_.size());
     std::vector<int64_t> steps(n, 0);
     TOWERPS_RETURN_IF_ERROR(LostServer());
-    const absl::Time give_up = absl::Now() + options_.wait_timeout;
+    const common::RetryPolicy policy = retry_.WithDeadline(options_.wait_timeout);
     TOWERPS_RETURN_IF_ERROR(ForEachServer([&](int s) -> absl::Status {
-      absl::Duration backoff = absl::Milliseconds(100);
+      common::Backoff backoff(policy, options_.cancel);
       absl::Time next_log = absl::Now() + LogInterval();
       while (true) {
         absl::Status st = PullOnce(s, min_step, iteration, weights, &steps[s]);
@@ -149,22 +143,15 @@ class GrpcParameterClient : public ParameterClient {
         if (absl::IsNotFound(st)) NoteGone(s, st);
         if (absl::IsUnavailable(st)) NoteUnreachable(s, st);
         TOWERPS_RETURN_IF_ERROR(LostServer());
-        if (!Retryable(st)) return st;
-        TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+        // The server waited already: ask again at once.
+        TOWERPS_RETURN_IF_ERROR(absl::IsDeadlineExceeded(st) ? backoff.AgainAtOnce(st)
+                                                             : backoff.Wait(st));
         const absl::Time now = absl::Now();
-        if (now >= give_up) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              "gave up after ", absl::FormatDuration(options_.wait_timeout),
-              ": ", st.message()));
-        }
         if (now >= next_log) {
           TLOG(WARNING) << "worker " << options_.worker_task << ": still waiting on "
                         << ServerName(s) << " for step " << min_step << ": " << st.message();
           next_log = now + LogInterval();
         }
-        if (absl::IsDeadlineExceeded(st)) continue;  // the server waited already
-        absl::SleepFor(backoff);
-        backoff = std::min(backoff * 2, absl::Seconds(1));
       }
     }));
     return *std::min_element(steps.begin(), steps.end());
@@ -181,9 +168,9 @@ class GrpcParameterClient : public ParameterClient {
     std::vector<v1::PushResponse> responses(n);
     TOWERPS_RETURN_IF_ERROR(LostServer());
     TOWERPS_RETURN_IF_ERROR(ForEachServer([&](int s) -> absl::Status {
-      absl::Duration backoff = absl::Milliseconds(100);
+      common::Backoff backoff(retry_, options_.cancel);
       int timeouts = 0;
-      for (int attempt = 1;; ++attempt) {
+      while (true) {
         absl::Status st = PushOnce(s, sequence, step, num_examples, grads, &responses[s]);
         if (st.ok()) NoteReachable(s);
         if (st.ok()) return st;
@@ -192,13 +179,11 @@ class GrpcParameterClient : public ParameterClient {
         TOWERPS_RETURN_IF_ERROR(LostServer());
         // Unreachable: retried until the server is lost (peer_timeout);
         // timed out while connected: max_push_attempts times.
-        if (!Retryable(st)) return st;
         if (absl::IsDeadlineExceeded(st) && ++timeouts >= options_.max_push_attempts) return st;
-        TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+        TOWERPS_RETURN_IF_ERROR(backoff.Wait(st));
         TLOG(WARNING) << "worker " << options_.worker_task << ": push to " << ServerName(s)
-                      << " failed (attempt " << attempt << "), retrying: " << st.message();
-        absl::SleepFor(backoff);
-        backoff = std::min(backoff * 2, absl::Seconds(1));
+                      << " failed (attempt " << backoff.attempts() << "), retrying: "
+                      << st.message();
       }
     }));
     PushResult r;
@@ -241,6 +226,9 @@ class GrpcParameterClient : public ParameterClient {
         std::clamp(options_.peer_timeout / 4, absl::Milliseconds(250), absl::Seconds(5))));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    // A cancelled job ends the call at once, not after the server's wait.
+    const common::ScopedCancellationCallback cancel_call(options_.cancel,
+                                                         [&ctx] { ctx.TryCancel(); });
     auto reader = stubs_[s]->Pull(&ctx, req);
     const std::vector<int>& vars = on_server_[s];
     std::vector<int64_t> covered(vars.size(), 0);
@@ -286,6 +274,8 @@ class GrpcParameterClient : public ParameterClient {
                         v1::PushResponse* response) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    const common::ScopedCancellationCallback cancel_call(options_.cancel,
+                                                         [&ctx] { ctx.TryCancel(); });
     auto writer = stubs_[s]->Push(&ctx, response);
     v1::PushRequest& msg = push_msgs_[s];  // reused: keeps string capacity
     msg.Clear();
@@ -411,19 +401,28 @@ class GrpcParameterClient : public ParameterClient {
           NoteReachable(s);
         } else if (absl::IsNotFound(st)) {
           NoteGone(s, st);
-        } else if (Retryable(st)) {
+        } else if (retry_.IsRetryable(st)) {
           NoteUnreachable(s, st);
         }
       }
     }
   }
 
-  ParameterClientOptions options_;
+  // Constant after construction.
+  ParameterClientOptions options_;  // (incarnation chosen in the constructor)
   const std::vector<v1::VariableDef> vars_;
   const common::Placement placement_;
+  // Every loop here asks again on the transport's codes: UNAVAILABLE and
+  // DEADLINE_EXCEEDED (a server-side wait that ran out, or a slow server).
+  // ABORTED is a server's verdict, e.g. a lost worker: not retried here; the
+  // chief's job manager restarts the attempt. The domain limits (a lost
+  // server, max_push_attempts, wait_timeout) come on top.
+  const common::RetryPolicy retry_ = common::RetryPolicy::Transport();
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::ParameterService::Stub>> stubs_;
   std::vector<std::vector<int>> on_server_;  // variable indices per server
+
+  // Used by the one thread that calls Pull/Push (thread-compatible).
   std::vector<v1::PushRequest> push_msgs_;
   uint64_t sequence_ = 0;
 

@@ -52,9 +52,10 @@ struct ParameterClientOptions {
   // When a server creates the job, it restores its shard from this
   // checkpoint directory instead of initializing. Default: empty (initialize).
   std::string restore_from;
-  // Set by another thread to abandon waits and retries: calls then return
-  // Cancelled. Not owned; may be null.
-  const common::CancellationToken* cancel = nullptr;  // Not owned; may be null.
+  // Cancelled by another thread to abandon waits, retries and calls in
+  // flight: Register, Pull and Push then return CANCELLED at once. Not owned;
+  // may be null.
+  const common::CancellationToken* cancel = nullptr;
 };
 
 struct PushResult {
