@@ -103,12 +103,15 @@ TEST_F(JobRunnerTest, SmallJobFinishesWithTheExpectedStepCount) {
   EXPECT_EQ(names.size(), 4u);  // two kernels, two biases
   // The chief's summary names the job and the placement over both servers.
   const std::string log = absl::StrJoin(log_, "\n");
-  EXPECT_THAT(log, HasSubstr("Job \"small\": SYNC, 1 workers, global batch 5, 2 epochs, "
-                             "20 train / 20 test examples"));
+  EXPECT_THAT(
+      log,
+      HasSubstr("Job \"small\": SYNC, 1 workers, global batch 5, 2 epochs, "
+                "20 train / 20 test examples"));
   EXPECT_THAT(log, HasSubstr("ps 0:"));
   EXPECT_THAT(log, HasSubstr("ps 1:"));
   // Device memory charged for the job is released at its end.
-  for (const auto* d : devices_->devices()) EXPECT_EQ(d->bytes_in_use(), 0) << d->name();
+  for (const auto* d : devices_->devices())
+    EXPECT_EQ(d->bytes_in_use(), 0) << d->name();
 }
 
 TEST_F(JobRunnerTest, TwoTowersOnTwoCpuDevicesTakeTheSameSteps) {
@@ -120,17 +123,22 @@ TEST_F(JobRunnerTest, TwoTowersOnTwoCpuDevicesTakeTheSameSteps) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->global_steps, kSmallJobSteps);
   const std::string log = absl::StrJoin(log_, "\n");
-  EXPECT_THAT(log, HasSubstr("tower 0: /job:worker/replica:0/task:0/device:CPU:0"));
-  EXPECT_THAT(log, HasSubstr("tower 1: /job:worker/replica:0/task:0/device:CPU:1"));
+  EXPECT_THAT(log,
+              HasSubstr("tower 0: /job:worker/replica:0/task:0/device:CPU:0"));
+  EXPECT_THAT(log,
+              HasSubstr("tower 1: /job:worker/replica:0/task:0/device:CPU:1"));
 }
 
 TEST_F(JobRunnerTest, AMissingDeviceIsInvalidArgumentNamingIt) {
   v1::JobSpec job = SmallJob();
   job.add_tower_devices("GPU:7");
   auto result = RunJob(env_, job, "", hooks_);
-  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
-  EXPECT_THAT(std::string(result.status().message()),
-              HasSubstr("tower_devices: no device GPU:7 for tower 0; devices: CPU:0, CPU:1"));
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
+  EXPECT_THAT(
+      std::string(result.status().message()),
+      HasSubstr(
+          "tower_devices: no device GPU:7 for tower 0; devices: CPU:0, CPU:1"));
   // Nothing was registered on the servers.
   EXPECT_FALSE(cluster_.server(0).Variables("small").ok());
 }
@@ -139,25 +147,31 @@ TEST_F(JobRunnerTest, TargetsWiderThanTheModelOutputAreInvalidArgument) {
   v1::JobSpec job = SmallJob();
   job.mutable_data()->set_ones_target_dim(5);  // the model outputs 3
   auto result = RunJob(env_, job, "", hooks_);
-  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
   // (Found at the first step, after the job was registered on the servers.)
-  EXPECT_THAT(std::string(result.status().message()),
-              HasSubstr("targets shape [5,5] does not match predictions shape [5,3]"));
+  EXPECT_THAT(
+      std::string(result.status().message()),
+      HasSubstr("targets shape [5,5] does not match predictions shape [5,3]"));
 }
 
 TEST_F(JobRunnerTest, ABadModelIsInvalidArgumentNamingTheModel) {
   v1::JobSpec job = SmallJob();
   job.mutable_model()->mutable_layers(1)->set_units(0);
   auto result = RunJob(env_, job, "", hooks_);
-  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
-  EXPECT_THAT(std::string(result.status().message()),
-              HasSubstr("model: model 'small': layer 1: DENSE units must be > 0, got 0"));
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
+  EXPECT_THAT(
+      std::string(result.status().message()),
+      HasSubstr(
+          "model: model 'small': layer 1: DENSE units must be > 0, got 0"));
 }
 
 TEST_F(JobRunnerTest, AnUnknownLayoutIsInvalidArgument) {
   env_.layout = "diagonal";
   auto result = RunJob(env_, SmallJob(), "", hooks_);
-  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("--layout"));
 }
 
@@ -166,9 +180,11 @@ TEST_F(JobRunnerTest, MissingDataIsNotFoundNamingTheSet) {
   job.mutable_data()->set_source(v1::DataSpec::FASHION_MNIST);
   job.mutable_data()->set_dir("/nonexistent/fashion");
   auto result = RunJob(env_, job, "", hooks_);
-  ASSERT_EQ(result.status().code(), absl::StatusCode::kNotFound) << result.status();
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kNotFound)
+      << result.status();
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("train data"));
-  EXPECT_THAT(std::string(result.status().message()), HasSubstr("/nonexistent/fashion"));
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("/nonexistent/fashion"));
 }
 
 TEST_F(JobRunnerTest, CancellationReturnsCancelled) {
@@ -181,8 +197,10 @@ TEST_F(JobRunnerTest, CancellationReturnsCancelled) {
     if (!epoch_end && m.step() == 2) cancel.Cancel("job cancelled by test");
   };
   auto result = RunJob(env_, SmallJob(), "", hooks_);
-  ASSERT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
-  EXPECT_THAT(std::string(result.status().message()), HasSubstr("job cancelled by test"));
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kCancelled)
+      << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("job cancelled by test"));
   EXPECT_EQ(iterations.load(), 2);
 }
 

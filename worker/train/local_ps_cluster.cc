@@ -42,8 +42,8 @@ absl::Status LocalPsCluster::Start(int i) {
   auto server = common::StartServer(addresses_[i], {s.service.get()}, &port);
   if (!server.ok()) return server.status();
   if (port != ports_[i]) {
-    return absl::UnavailableError(absl::StrCat("ps ", i, " bound port ", port, " instead of ",
-                                               ports_[i]));
+    return absl::UnavailableError(absl::StrCat("ps ", i, " bound port ", port,
+                                               " instead of ", ports_[i]));
   }
   s.grpc = std::move(*server);
   return absl::OkStatus();
@@ -53,7 +53,8 @@ void LocalPsCluster::Stop(int i) {
   Server& s = servers_[i];
   if (s.grpc == nullptr) return;
   // Waiting pulls end at their max_wait; the deadline cancels them sooner.
-  s.grpc->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  s.grpc->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(100));
   s.grpc->Wait();
   s.grpc.reset();
   s.service.reset();

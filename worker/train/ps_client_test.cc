@@ -4,10 +4,10 @@
 // server, cancellation of a blocked pull, bad input.
 #include "worker/train/ps_client.h"
 
+#include <chrono>
 #include <future>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -70,29 +70,34 @@ v1::TrainingConfig Config(v1::Mode mode, int num_workers) {
   return c;
 }
 
-ParameterClientOptions Options(const LocalPsCluster& cluster, const std::string& job) {
+ParameterClientOptions Options(const LocalPsCluster& cluster,
+                               const std::string& job) {
   ParameterClientOptions o;
   o.ps_addresses = cluster.addresses();
   o.job_id = job;
-  o.chunk_bytes = 4096;  // "big" (2 KiB) and the rest fit; still exercises SliceWriter
+  o.chunk_bytes =
+      4096;  // "big" (2 KiB) and the rest fit; still exercises SliceWriter
   // Short server-side waits (peer_timeout / 4 = 1 s) so that waits in these
   // tests re-check cancellation and liveness often.
   o.peer_timeout = absl::Seconds(4);
   return o;
 }
 
-std::unique_ptr<ParameterClient> NewClient(ParameterClientOptions o,
-                                           std::vector<v1::VariableDef> vars = Vars()) {
-  auto c = NewGrpcParameterClient(std::move(o), std::move(vars), v1::GREEDY_BYTES);
+std::unique_ptr<ParameterClient> NewClient(
+    ParameterClientOptions o, std::vector<v1::VariableDef> vars = Vars()) {
+  auto c =
+      NewGrpcParameterClient(std::move(o), std::move(vars), v1::GREEDY_BYTES);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? std::move(*c) : nullptr;
 }
 
 // Tensors shaped like `vars`, and pointers to them as Pull/Push take them.
 struct Buffers {
-  explicit Buffers(const std::vector<v1::VariableDef>& vars, float fill = -7.0f) {
+  explicit Buffers(const std::vector<v1::VariableDef>& vars,
+                   float fill = -7.0f) {
     for (const auto& v : vars) {
-      tensors.emplace_back(std::vector<int64_t>(v.shape().begin(), v.shape().end()));
+      tensors.emplace_back(
+          std::vector<int64_t>(v.shape().begin(), v.shape().end()));
       tensors.back().Fill(fill);
     }
     for (auto& t : tensors) {
@@ -111,7 +116,8 @@ float Grad(int v, int64_t i) { return static_cast<float>((i % 5) + 1 + 2 * v); }
 Buffers Grads() {
   Buffers g(Vars());
   for (size_t v = 0; v < g.tensors.size(); ++v) {
-    for (int64_t i = 0; i < g.tensors[v].num_elements(); ++i) g.tensors[v][i] = Grad(v, i);
+    for (int64_t i = 0; i < g.tensors[v].num_elements(); ++i)
+      g.tensors[v][i] = Grad(v, i);
   }
   return g;
 }
@@ -124,7 +130,8 @@ TEST(PsClientTest, RegisterSplitsVariablesByPlacementAndReturnsTheStep) {
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(*step, 0);  // a new job
 
-  // Each server holds exactly the variables the placement put on it, in its order.
+  // Each server holds exactly the variables the placement put on it, in its
+  // order.
   const common::Placement& placement = client->placement();
   const std::vector<v1::VariableDef> vars = Vars();
   int held = 0;
@@ -164,7 +171,8 @@ TEST(PsClientTest, PushThenPullRoundTripsExactly) {
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(*step, 0);
   for (const auto& t : w.tensors) {
-    for (int64_t i = 0; i < t.num_elements(); ++i) ASSERT_EQ(t[i], 1.0f);  // CONSTANT 1
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      ASSERT_EQ(t[i], 1.0f);  // CONSTANT 1
   }
 
   Buffers g = Grads();
@@ -181,7 +189,8 @@ TEST(PsClientTest, PushThenPullRoundTripsExactly) {
   for (size_t v = 0; v < w.tensors.size(); ++v) {
     for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
       // Exact: lr and the gradients are chosen so (see kLr).
-      ASSERT_EQ(w.tensors[v][i], 1.0f - kLr * Grad(v, i)) << "variable " << v << " element " << i;
+      ASSERT_EQ(w.tensors[v][i], 1.0f - kLr * Grad(v, i))
+          << "variable " << v << " element " << i;
     }
   }
 }
@@ -245,11 +254,13 @@ TEST(PsClientTest, RegisterWaitsForAServerThatIsNotUpYet) {
   LocalPsCluster cluster(2, /*start=*/false);
   ASSERT_TRUE(cluster.Start(0).ok());
   auto client = NewClient(Options(cluster, "j"));  // peer_timeout 4 s
-  auto registered = std::async(std::launch::async,
-                               [&] { return client->Register(Config(v1::ASYNC, 1)); });
+  auto registered = std::async(std::launch::async, [&] {
+    return client->Register(Config(v1::ASYNC, 1));
+  });
   // Registration is under way: ps 0 holds the job while ps 1 is still down.
   ASSERT_TRUE(WaitFor([&] { return cluster.server(0).Variables("j").ok(); }));
-  ASSERT_EQ(registered.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+  ASSERT_EQ(registered.wait_for(std::chrono::seconds(0)),
+            std::future_status::timeout)
       << "Register returned with ps 1 down";
   ASSERT_TRUE(cluster.Start(1).ok());
   auto step = registered.get();
@@ -265,10 +276,12 @@ TEST(PsClientTest, RegisterGivesUpOnAServerThatNeverComesUp) {
   o.peer_timeout = absl::Seconds(1);
   auto client = NewClient(o);
   auto step = client->Register(Config(v1::ASYNC, 1));
-  ASSERT_EQ(step.status().code(), absl::StatusCode::kUnavailable) << step.status();
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kUnavailable)
+      << step.status();
   EXPECT_THAT(std::string(step.status().message()),
               HasSubstr(absl::StrCat("ps 1 at ", cluster.addresses()[1])));
-  EXPECT_THAT(std::string(step.status().message()), HasSubstr("peer_timeout_s=1"));
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("peer_timeout_s=1"));
 }
 
 TEST(PsClientTest, PullFromARestartedServerFailsWithNotFound) {
@@ -281,9 +294,10 @@ TEST(PsClientTest, PullFromARestartedServerFailsWithNotFound) {
   ASSERT_TRUE(cluster.Restart(1).ok());  // a new incarnation, without the job
   auto step = client->Pull(0, 0, w.ptrs);
   ASSERT_EQ(step.status().code(), absl::StatusCode::kNotFound) << step.status();
-  EXPECT_THAT(std::string(step.status().message()),
-              HasSubstr(absl::StrCat("ps 1 at ", cluster.addresses()[1],
-                                     " restarted and no longer holds job \"j\"")));
+  EXPECT_THAT(
+      std::string(step.status().message()),
+      HasSubstr(absl::StrCat("ps 1 at ", cluster.addresses()[1],
+                             " restarted and no longer holds job \"j\"")));
   // And it stays lost: a push fails the same way.
   Buffers g = Grads();
   auto r = client->Push(0, 1, g.const_ptrs);
@@ -305,7 +319,8 @@ TEST(PsClientTest, CancellingABlockedPullReturnsCancelledPromptly) {
   EXPECT_EQ(r->global_step, 0);
 
   Buffers w(Vars());
-  auto pulled = std::async(std::launch::async, [&] { return client->Pull(1, 1, w.ptrs); });
+  auto pulled = std::async(std::launch::async,
+                           [&] { return client->Pull(1, 1, w.ptrs); });
   // Blocked: both servers hold a pull waiting for the step.
   auto waiting = [&](int s) {
     v1::StatusRequest req;
@@ -314,14 +329,17 @@ TEST(PsClientTest, CancellingABlockedPullReturnsCancelledPromptly) {
     return resp.jobs_size() == 1 && resp.jobs(0).pulls_waiting() > 0;
   };
   ASSERT_TRUE(WaitFor([&] { return waiting(0) && waiting(1); }));
-  ASSERT_EQ(pulled.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  ASSERT_EQ(pulled.wait_for(std::chrono::seconds(0)),
+            std::future_status::timeout);
 
   const absl::Time cancelled_at = absl::Now();
   cancel.Cancel("test stops the job");
   auto step = pulled.get();
   const absl::Duration latency = absl::Now() - cancelled_at;
-  ASSERT_EQ(step.status().code(), absl::StatusCode::kCancelled) << step.status();
-  EXPECT_THAT(std::string(step.status().message()), HasSubstr("test stops the job"));
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kCancelled)
+      << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("test stops the job"));
   // The pull notices at the end of one server-side wait (peer_timeout / 4)
   // at the latest: well within the peer timeout, and the server would only
   // have given up on worker 1 after the job's 60 s.
@@ -335,14 +353,18 @@ TEST(PsClientTest, WrongNumberOfBuffersIsInvalidArgument) {
   Buffers w(Vars());
   std::vector<common::Tensor*> two(w.ptrs.begin(), w.ptrs.begin() + 2);
   auto step = client->Pull(0, 0, two);
-  ASSERT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument) << step.status();
-  EXPECT_THAT(std::string(step.status().message()), HasSubstr("got 2 buffers for 3 variables"));
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument)
+      << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("got 2 buffers for 3 variables"));
 
   std::vector<const common::Tensor*> four = w.const_ptrs;
   four.push_back(w.const_ptrs[0]);
   auto r = client->Push(0, 1, four);
-  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
-  EXPECT_THAT(std::string(r.status().message()), HasSubstr("got 4 gradients for 3 variables"));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+      << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("got 4 gradients for 3 variables"));
   // Nothing was applied.
   auto status = cluster.server(0).Status(v1::StatusRequest());
   ASSERT_EQ(status.jobs_size(), 1);

@@ -2,6 +2,7 @@
 // step count, metrics, falling loss, cancellation and errors from hooks.
 #include "worker/train/trainer.h"
 
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -57,7 +58,8 @@ struct Worker {
     o.job_id = job.job_id();
     o.peer_timeout = absl::Seconds(4);
     o.cancel = &cancel;
-    auto c = NewGrpcParameterClient(o, towers->primary().VariableDefs(), job.placement());
+    auto c = NewGrpcParameterClient(o, towers->primary().VariableDefs(),
+                                    job.placement());
     EXPECT_TRUE(c.ok()) << c.status();
     client = std::move(*c);
     options.job = job;
@@ -110,7 +112,8 @@ TEST(TrainerTest, RunsEpochsTimesStepsPerEpochWithSaneMetricsAndFallingLoss) {
   EXPECT_TRUE(std::isnan(result->test_accuracy));  // regression
   EXPECT_EQ(w.last_step.load(), total);
   EXPECT_EQ(w.iterations.load(), total);
-  for (int s = 0; s < 2; ++s) EXPECT_EQ(ServerStep(cluster, s, "t"), total) << "ps " << s;
+  for (int s = 0; s < 2; ++s)
+    EXPECT_EQ(ServerStep(cluster, s, "t"), total) << "ps " << s;
 
   // One progress report per step (log_every_steps = 1), in order.
   ASSERT_EQ(static_cast<int64_t>(w.progress.size()), total);
@@ -123,7 +126,8 @@ TEST(TrainerTest, RunsEpochsTimesStepsPerEpochWithSaneMetricsAndFallingLoss) {
     EXPECT_FALSE(m.has_accuracy());
     EXPECT_TRUE(std::isfinite(m.loss()) && m.loss() >= 0) << m.loss();
     EXPECT_GT(m.examples_per_s(), 0);
-    EXPECT_EQ(m.learning_rate(), static_cast<double>(kLr));  // constant schedule
+    EXPECT_EQ(m.learning_rate(),
+              static_cast<double>(kLr));  // constant schedule
     EXPECT_GE(m.wall_s(), 0);
   }
   // The loss falls. Every window is one batch of identical examples (all
@@ -131,7 +135,8 @@ TEST(TrainerTest, RunsEpochsTimesStepsPerEpochWithSaneMetricsAndFallingLoss) {
   // is a convex quadratic whose curvature is at most 2 * (4 inputs + bias) =
   // 10, and gradient descent with lr 0.05 < 2 / 10 never raises it.
   for (int64_t i = 1; i < total; ++i) {
-    EXPECT_LE(w.progress[i].loss(), w.progress[i - 1].loss()) << "step " << i + 1;
+    EXPECT_LE(w.progress[i].loss(), w.progress[i - 1].loss())
+        << "step " << i + 1;
   }
   EXPECT_LT(w.progress.back().loss(), 0.5 * w.progress.front().loss());
 
@@ -181,7 +186,8 @@ TEST(TrainerTest, LearnsASliceOfFashionMnist) {
   // Full-batch-ish gradient descent on the 200 examples it is evaluated on:
   // the loss falls from epoch to epoch and ends well below chance (ln 10).
   for (size_t e = 1; e < w.epochs.size(); ++e) {
-    EXPECT_LT(w.epochs[e].test_loss(), w.epochs[e - 1].test_loss()) << "epoch " << e + 1;
+    EXPECT_LT(w.epochs[e].test_loss(), w.epochs[e - 1].test_loss())
+        << "epoch " << e + 1;
   }
   EXPECT_LT(result->test_loss, std::log(10.0));
   EXPECT_GT(result->test_accuracy, 0.1);  // better than chance
@@ -197,8 +203,10 @@ TEST(TrainerTest, CancelledTokenStopsAtTheNextStep) {
     if (!epoch_end && m.step() == 3) w.cancel.Cancel("user stopped it");
   };
   auto result = w.Run(data, data);
-  ASSERT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
-  EXPECT_THAT(std::string(result.status().message()), HasSubstr("user stopped it"));
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kCancelled)
+      << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("user stopped it"));
   EXPECT_EQ(w.iterations.load(), 3);
   EXPECT_EQ(ServerStep(cluster, 0, "t"), 3);
 }
@@ -208,11 +216,14 @@ TEST(TrainerTest, AnAfterPullErrorStopsTraining) {
   const Dataset data = MakeOnes(18, 4, 3);
   Worker w(cluster, OnesJob());
   w.options.after_pull = [](int64_t step) {
-    return step == 2 ? absl::DataLossError("checkpoint at step 2 failed") : absl::OkStatus();
+    return step == 2 ? absl::DataLossError("checkpoint at step 2 failed")
+                     : absl::OkStatus();
   };
   auto result = w.Run(data, data);
-  ASSERT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
-  EXPECT_THAT(std::string(result.status().message()), HasSubstr("checkpoint at step 2"));
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kDataLoss)
+      << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("checkpoint at step 2"));
   EXPECT_EQ(w.iterations.load(), 2);  // steps 0 and 1 pushed, not step 2
 }
 
@@ -221,8 +232,10 @@ TEST(TrainerTest, AnEmptyTrainSetIsInvalidArgument) {
   Worker w(cluster, OnesJob());
   const Dataset empty = MakeOnes(0, 4, 3);
   auto result = w.Run(empty, empty);
-  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
-  EXPECT_THAT(std::string(result.status().message()), HasSubstr("train set is empty"));
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("train set is empty"));
 }
 
 }  // namespace

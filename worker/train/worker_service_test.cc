@@ -3,6 +3,7 @@
 // and through WorkerServiceImpl over a real gRPC channel on loopback.
 #include "worker/train/worker_service.h"
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -88,12 +89,15 @@ class WorkerServiceTest : public ::testing::Test {
     return s;
   }
   v1::WorkerStatus WaitUntilNotRunning() {
-    return WaitUntil([](const v1::WorkerStatus& s) { return s.state() != v1::WORK_RUNNING; });
+    return WaitUntil([](const v1::WorkerStatus& s) {
+      return s.state() != v1::WORK_RUNNING;
+    });
   }
 
   LocalPsCluster cluster_{2};
   std::unique_ptr<common::DeviceManager> devices_;
-  std::unique_ptr<WorkerRuntime> runtime_;  // Destroyed first: its job uses the rest.
+  std::unique_ptr<WorkerRuntime>
+      runtime_;  // Destroyed first: its job uses the rest.
 };
 
 TEST_F(WorkerServiceTest, IdleThenRunningThenDone) {
@@ -157,10 +161,12 @@ TEST_F(WorkerServiceTest, StopMakesARunningJobStopped) {
 TEST_F(WorkerServiceTest, AJobThatCannotRunEndsFailedWithItsError) {
   v1::StartJobRequest r = SmallJob("bad");
   r.mutable_job()->add_tower_devices("GPU:7");
-  ASSERT_TRUE(runtime_->Start(r).ok());  // the job's errors come from its thread
+  ASSERT_TRUE(
+      runtime_->Start(r).ok());  // the job's errors come from its thread
   const v1::WorkerStatus s = WaitUntilNotRunning();
   EXPECT_EQ(s.state(), v1::WORK_FAILED);
-  EXPECT_EQ(s.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(s.error_code(),
+            static_cast<int>(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(s.error(), HasSubstr("no device GPU:7"));
 }
 
@@ -178,8 +184,11 @@ TEST_F(WorkerServiceTest, TheSameLifecycleOverGrpc) {
   int port = 0;
   auto server = common::StartServer("127.0.0.1:0", {&service}, &port);
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = v1::WorkerService::NewStub(common::NewChannel(absl::StrCat("127.0.0.1:", port)));
-  auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(30); };
+  auto stub = v1::WorkerService::NewStub(
+      common::NewChannel(absl::StrCat("127.0.0.1:", port)));
+  auto deadline = [] {
+    return std::chrono::system_clock::now() + std::chrono::seconds(30);
+  };
 
   v1::WorkerStatus status;
   {
