@@ -305,6 +305,51 @@ TEST(PsClientTest, PullFromARestartedServerFailsWithNotFound) {
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("restarted"));
 }
 
+TEST(PsClientTest, AServerDownLongerThanPeerTimeoutFailsPullWithUnavailable) {
+  LocalPsCluster cluster(2);
+  ParameterClientOptions o = Options(cluster, "j");
+  o.peer_timeout = absl::Seconds(1);
+  auto client = NewClient(o);
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers w(Vars());
+  ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());
+
+  cluster.Stop(1);  // and never back
+  const absl::Time start = absl::Now();
+  auto step = client->Pull(0, 0, w.ptrs);
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kUnavailable)
+      << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr(absl::StrCat("ps 1 at ", cluster.addresses()[1],
+                                     " unreachable for")));
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("peer_timeout_s=1"));
+  // Not before the peer timeout (the pull retried until then).
+  EXPECT_GE(absl::Now() - start, o.peer_timeout);
+}
+
+TEST(PsClientTest, PullWaitingOnALostWorkerIsAbortedNamingIt) {
+  LocalPsCluster cluster(1);
+  v1::TrainingConfig config = Config(v1::SYNC, 2);
+  config.set_peer_timeout_s(1);  // the server's patience with worker 1
+  ParameterClientOptions o0 = Options(cluster, "j");
+  ParameterClientOptions o1 = o0;
+  o1.worker_task = 1;
+  auto worker0 = NewClient(o0);
+  {
+    auto worker1 = NewClient(o1);
+    ASSERT_TRUE(worker1->Register(config).ok());
+  }  // worker 1 goes away: no more heartbeats from it
+  ASSERT_TRUE(worker0->Register(config).ok());
+  Buffers g = Grads();
+  ASSERT_TRUE(worker0->Push(0, 1, g.const_ptrs).ok());
+  Buffers w(Vars());
+  auto step = worker0->Pull(1, 1, w.ptrs);
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kAborted) << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("job \"j\" on ps 0: step 1 waits for worker 1"));
+}
+
 TEST(PsClientTest, CancellingABlockedPullReturnsCancelledPromptly) {
   LocalPsCluster cluster(2);
   common::CancellationToken cancel;
