@@ -53,7 +53,7 @@ v1::VariableDef Var(const std::string& name, std::vector<int64_t> shape) {
 // Three variables of different sizes: GREEDY_BYTES over two servers puts the
 // largest alone on ps 0 and the two others on ps 1.
 std::vector<v1::VariableDef> Vars() {
-  return {Var("big", {64, 8}), Var("mid", {40}), Var("small", {3})};
+  return {Var("big", {64, 40}), Var("mid", {40}), Var("small", {3})};
 }
 
 // lr and gradients are powers of two and small integers: w0 - lr * g is exact
@@ -75,8 +75,9 @@ ParameterClientOptions Options(const LocalPsCluster& cluster,
   ParameterClientOptions o;
   o.ps_addresses = cluster.addresses();
   o.job_id = job;
-  o.chunk_bytes =
-      4096;  // "big" (2 KiB) and the rest fit; still exercises SliceWriter
+  // The smallest allowed: "big" (10 KiB) travels in several messages each
+  // way.
+  o.chunk_bytes = 4096;
   // Short server-side waits (peer_timeout / 4 = 1 s) so that waits in these
   // tests re-check cancellation and liveness often.
   o.peer_timeout = absl::Seconds(4);
