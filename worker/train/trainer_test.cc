@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,13 +50,15 @@ v1::JobSpec OnesJob() {
 
 // One worker's pieces: a model, a client to the cluster, a trainer.
 struct Worker {
-  Worker(const LocalPsCluster& cluster, const v1::JobSpec& job) {
+  Worker(const LocalPsCluster& cluster, const v1::JobSpec& job,
+         int worker_task = 0, int num_workers = 1) {
     auto t = Towers::Create(job.model(), 1, [] { return NewCpuBackend(); });
     EXPECT_TRUE(t.ok()) << t.status();
     towers = std::move(*t);
     ParameterClientOptions o;
     o.ps_addresses = cluster.addresses();
     o.job_id = job.job_id();
+    o.worker_task = worker_task;
     o.peer_timeout = absl::Seconds(4);
     o.cancel = &cancel;
     auto c = NewGrpcParameterClient(o, towers->primary().VariableDefs(),
@@ -63,6 +66,9 @@ struct Worker {
     EXPECT_TRUE(c.ok()) << c.status();
     client = std::move(*c);
     options.job = job;
+    options.worker_task = worker_task;
+    options.num_workers = num_workers;
+    options.is_chief = worker_task == 0;
     options.log_every_steps = 1;
     options.progress = [](const std::string&) {};
     options.on_metrics = [this](const v1::Metrics& m, bool epoch_end) {
@@ -191,6 +197,31 @@ TEST(TrainerTest, LearnsASliceOfFashionMnist) {
   }
   EXPECT_LT(result->test_loss, std::log(10.0));
   EXPECT_GT(result->test_accuracy, 0.1);  // better than chance
+}
+
+TEST(TrainerTest, AsyncWorkersEachRunEveryIterationAndTheChiefSeesAll) {
+  LocalPsCluster cluster(2);
+  v1::JobSpec job = OnesJob();
+  job.set_mode(v1::ASYNC);
+  const Dataset data = MakeOnes(18, 4, 3);
+  const int64_t total = job.epochs() * 4;  // iterations per worker
+  Worker chief(cluster, job, 0, 2);
+  Worker other(cluster, job, 1, 2);
+  auto other_result =
+      std::async(std::launch::async, [&] { return other.Run(data, data); });
+  auto chief_result = chief.Run(data, data);
+  ASSERT_TRUE(chief_result.ok()) << chief_result.status();
+  const auto other_done = other_result.get();
+  ASSERT_TRUE(other_done.ok()) << other_done.status();
+  EXPECT_EQ(other_done->iterations, total);
+  EXPECT_EQ(chief.iterations.load(), total);
+  EXPECT_EQ(other.iterations.load(), total);
+  // Every push of both is applied; the chief's final pull waits for all.
+  EXPECT_EQ(chief_result->global_steps, 2 * total);
+  EXPECT_TRUE(chief_result->evaluated);
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(ServerStep(cluster, s, "t"), 2 * total);
+  EXPECT_TRUE(other.epochs.empty());  // only the chief reports
+  EXPECT_TRUE(other.progress.empty());
 }
 
 TEST(TrainerTest, CancelledTokenStopsAtTheNextStep) {
