@@ -1,0 +1,208 @@
+// RunJob end to end in one process: CPU devices from a DeviceManager, real
+// parameter servers on loopback, a small ONES job; jobs that cannot run here
+// fail with InvalidArgument naming the problem; cancellation.
+#include "worker/train/job_runner.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "common/cancellation.h"
+#include "common/job_spec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/job.pb.h"
+#include "proto/job_service.pb.h"
+#include "worker/device/device_manager.h"
+#include "worker/train/local_ps_cluster.h"
+
+namespace towerps::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// ONES regression, 4 -> 8 (relu) -> 3, 20 examples in batches of 5: 4 steps
+// per epoch.
+v1::JobSpec SmallJob() {
+  v1::JobSpec job;
+  job.set_job_id("small");
+  auto* m = job.mutable_model();
+  m->set_input_dim(4);
+  for (int units : {8, 3}) {
+    auto* l = m->add_layers();
+    l->set_type(v1::LayerSpec::DENSE);
+    l->set_units(units);
+    if (units == 8) l->set_activation(v1::RELU);
+  }
+  m->set_loss(v1::MSE);
+  job.mutable_optimizer()->set_learning_rate(0.05f);
+  job.mutable_data()->set_source(v1::DataSpec::ONES);
+  job.mutable_data()->set_ones_examples(20);
+  job.set_global_batch_size(5);
+  job.set_epochs(2);
+  return JobWithDefaults(job);
+}
+constexpr int64_t kSmallJobSteps = 2 * 4;
+
+class JobRunnerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    common::DeviceManagerOptions d;
+    d.task_name = "/job:worker/replica:0/task:0";
+    d.physical = {{"CPU", 0, 0, "host"}};
+    d.virtual_devices = "CPU=2";  // CPU:0 and CPU:1
+    d.log_sink = [](const std::string&) {};
+    auto devices = common::DeviceManager::Create(d);
+    ASSERT_TRUE(devices.ok()) << devices.status();
+    devices_ = std::move(*devices);
+    env_.cluster.ps = cluster_.addresses();
+    env_.cluster.worker = {"127.0.0.1:1"};  // never dialled: the chief alone
+    env_.cluster.job_name = "worker";
+    env_.cluster.task_index = 0;
+    env_.devices = devices_.get();
+    hooks_.log = [this](const std::string& line) { log_.push_back(line); };
+  }
+
+  LocalPsCluster cluster_{2};
+  std::unique_ptr<common::DeviceManager> devices_;
+  WorkerEnv env_;
+  JobHooks hooks_;
+  std::vector<std::string> log_;
+};
+
+TEST_F(JobRunnerTest, SmallJobFinishesWithTheExpectedStepCount) {
+  std::atomic<int64_t> last_step{-1}, iterations{-1};
+  hooks_.last_step = &last_step;
+  hooks_.iterations = &iterations;
+  std::vector<int64_t> epoch_steps;
+  std::vector<std::string> epoch_vars;
+  hooks_.on_epoch = [&](int64_t step, const std::vector<v1::VariableDef>& defs,
+                        const std::vector<common::Tensor*>& weights) {
+    epoch_steps.push_back(step);
+    EXPECT_EQ(defs.size(), weights.size());
+    epoch_vars.clear();
+    for (const auto& d : defs) epoch_vars.push_back(d.name());
+  };
+  const v1::JobSpec job = SmallJob();
+  auto result = RunJob(env_, job, /*restore_from=*/"", hooks_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->global_steps, kSmallJobSteps);
+  EXPECT_EQ(result->iterations, kSmallJobSteps);
+  EXPECT_TRUE(result->evaluated);
+  EXPECT_EQ(last_step.load(), kSmallJobSteps);
+  EXPECT_EQ(iterations.load(), kSmallJobSteps);
+  EXPECT_EQ(epoch_steps, (std::vector<int64_t>{4, 8}));
+  // The variables the job registered are JobVariables', in its order.
+  auto vars = JobVariables(job);
+  ASSERT_TRUE(vars.ok()) << vars.status();
+  std::vector<std::string> names;
+  for (const auto& v : *vars) names.push_back(v.name());
+  EXPECT_EQ(epoch_vars, names);
+  EXPECT_EQ(names.size(), 4u);  // two kernels, two biases
+  // The chief's summary names the job and the placement over both servers.
+  const std::string log = absl::StrJoin(log_, "\n");
+  EXPECT_THAT(
+      log,
+      HasSubstr("Job \"small\": SYNC, 1 workers, global batch 5, 2 epochs, "
+                "20 train / 20 test examples"));
+  EXPECT_THAT(log, HasSubstr("ps 0:"));
+  EXPECT_THAT(log, HasSubstr("ps 1:"));
+  // Device memory charged for the job is released at its end.
+  for (const auto* d : devices_->devices())
+    EXPECT_EQ(d->bytes_in_use(), 0) << d->name();
+}
+
+TEST_F(JobRunnerTest, TwoTowersOnTwoCpuDevicesTakeTheSameSteps) {
+  v1::JobSpec job = SmallJob();
+  job.add_tower_devices("CPU:0");
+  job.add_tower_devices("CPU:1");
+  env_.log_device_placement = true;
+  auto result = RunJob(env_, job, "", hooks_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->global_steps, kSmallJobSteps);
+  const std::string log = absl::StrJoin(log_, "\n");
+  EXPECT_THAT(log,
+              HasSubstr("tower 0: /job:worker/replica:0/task:0/device:CPU:0"));
+  EXPECT_THAT(log,
+              HasSubstr("tower 1: /job:worker/replica:0/task:0/device:CPU:1"));
+}
+
+TEST_F(JobRunnerTest, AMissingDeviceIsInvalidArgumentNamingIt) {
+  v1::JobSpec job = SmallJob();
+  job.add_tower_devices("GPU:7");
+  auto result = RunJob(env_, job, "", hooks_);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
+  EXPECT_THAT(
+      std::string(result.status().message()),
+      HasSubstr(
+          "tower_devices: no device GPU:7 for tower 0; devices: CPU:0, CPU:1"));
+  // Nothing was registered on the servers.
+  EXPECT_FALSE(cluster_.server(0).Variables("small").ok());
+}
+
+TEST_F(JobRunnerTest, TargetsWiderThanTheModelOutputAreInvalidArgument) {
+  v1::JobSpec job = SmallJob();
+  job.mutable_data()->set_ones_target_dim(5);  // the model outputs 3
+  auto result = RunJob(env_, job, "", hooks_);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
+  // (Found at the first step, after the job was registered on the servers.)
+  EXPECT_THAT(
+      std::string(result.status().message()),
+      HasSubstr("targets shape [5,5] does not match predictions shape [5,3]"));
+}
+
+TEST_F(JobRunnerTest, ABadModelIsInvalidArgumentNamingTheModel) {
+  v1::JobSpec job = SmallJob();
+  job.mutable_model()->mutable_layers(1)->set_units(0);
+  auto result = RunJob(env_, job, "", hooks_);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
+  EXPECT_THAT(
+      std::string(result.status().message()),
+      HasSubstr(
+          "model: model 'small': layer 1: DENSE units must be > 0, got 0"));
+}
+
+TEST_F(JobRunnerTest, AnUnknownLayoutIsInvalidArgument) {
+  env_.layout = "diagonal";
+  auto result = RunJob(env_, SmallJob(), "", hooks_);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+      << result.status();
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("--layout"));
+}
+
+TEST_F(JobRunnerTest, MissingDataIsNotFoundNamingTheSet) {
+  v1::JobSpec job = SmallJob();
+  job.mutable_data()->set_source(v1::DataSpec::FASHION_MNIST);
+  job.mutable_data()->set_dir("/nonexistent/fashion");
+  auto result = RunJob(env_, job, "", hooks_);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kNotFound)
+      << result.status();
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("train data"));
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("/nonexistent/fashion"));
+}
+
+TEST_F(JobRunnerTest, CancellationReturnsCancelled) {
+  common::CancellationToken cancel;
+  std::atomic<int64_t> iterations{-1};
+  hooks_.cancel = &cancel;
+  hooks_.iterations = &iterations;
+  hooks_.log_every_steps = 1;
+  hooks_.on_metrics = [&](const v1::Metrics& m, bool epoch_end) {
+    if (!epoch_end && m.step() == 2) cancel.Cancel("job cancelled by test");
+  };
+  auto result = RunJob(env_, SmallJob(), "", hooks_);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kCancelled)
+      << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("job cancelled by test"));
+  EXPECT_EQ(iterations.load(), 2);
+}
+
+}  // namespace
+}  // namespace towerps::worker

@@ -1,0 +1,439 @@
+// ParameterClient against real parameter servers (ps/ and its gRPC adapter)
+// on loopback: registration split by placement, exact push/pull round trips,
+// duplicate pushes, waiting for a server that is not up yet, a restarted
+// server, cancellation of a blocked pull, bad input.
+#include "worker/train/ps_client.h"
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/cancellation.h"
+#include "common/tensor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/job.pb.h"
+#include "proto/ps.pb.h"
+#include "proto/tensor.pb.h"
+#include "worker/train/local_ps_cluster.h"
+
+namespace towerps::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Generous: only reached when something is broken.
+constexpr absl::Duration kStateDeadline = absl::Seconds(30);
+
+// Polls `done` (cheap, state-based) until it holds or kStateDeadline passes.
+template <typename Fn>
+bool WaitFor(Fn done) {
+  const absl::Time deadline = absl::Now() + kStateDeadline;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+v1::VariableDef Var(const std::string& name, std::vector<int64_t> shape) {
+  v1::VariableDef v;
+  v.set_name(name);
+  for (int64_t d : shape) v.add_shape(d);
+  v.set_dtype(v1::DT_FLOAT32);
+  v.mutable_initializer()->set_type(v1::Initializer::CONSTANT);
+  v.mutable_initializer()->set_value(1.0f);
+  return v;
+}
+
+// Three variables of different sizes: GREEDY_BYTES over two servers puts the
+// largest alone on ps 0 and the two others on ps 1.
+std::vector<v1::VariableDef> Vars() {
+  return {Var("big", {64, 40}), Var("mid", {40}), Var("small", {3})};
+}
+
+// lr and gradients are powers of two and small integers: w0 - lr * g is exact
+// in float, so pulled values can be compared with ==.
+constexpr float kLr = 0.25f;
+
+v1::TrainingConfig Config(v1::Mode mode, int num_workers) {
+  v1::TrainingConfig c;
+  c.set_mode(mode);
+  c.set_num_workers(num_workers);
+  c.mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
+  c.mutable_optimizer()->set_learning_rate(kLr);
+  c.set_peer_timeout_s(60);  // the servers' patience with silent workers
+  return c;
+}
+
+ParameterClientOptions Options(const LocalPsCluster& cluster,
+                               const std::string& job) {
+  ParameterClientOptions o;
+  o.ps_addresses = cluster.addresses();
+  o.job_id = job;
+  // The smallest allowed: "big" (10 KiB) travels in several messages each
+  // way.
+  o.chunk_bytes = 4096;
+  // Short server-side waits (peer_timeout / 4 = 1 s) so that waits in these
+  // tests re-check cancellation and liveness often.
+  o.peer_timeout = absl::Seconds(4);
+  return o;
+}
+
+std::unique_ptr<ParameterClient> NewClient(
+    ParameterClientOptions o, std::vector<v1::VariableDef> vars = Vars()) {
+  auto c =
+      NewGrpcParameterClient(std::move(o), std::move(vars), v1::GREEDY_BYTES);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+// Tensors shaped like `vars`, and pointers to them as Pull/Push take them.
+struct Buffers {
+  explicit Buffers(const std::vector<v1::VariableDef>& vars,
+                   float fill = -7.0f) {
+    for (const auto& v : vars) {
+      tensors.emplace_back(
+          std::vector<int64_t>(v.shape().begin(), v.shape().end()));
+      tensors.back().Fill(fill);
+    }
+    for (auto& t : tensors) {
+      ptrs.push_back(&t);
+      const_ptrs.push_back(&t);
+    }
+  }
+  std::vector<common::Tensor> tensors;
+  std::vector<common::Tensor*> ptrs;
+  std::vector<const common::Tensor*> const_ptrs;
+};
+
+// Gradient of variable v, element i: small integers, distinct per variable.
+float Grad(int v, int64_t i) { return static_cast<float>((i % 5) + 1 + 2 * v); }
+
+Buffers Grads() {
+  Buffers g(Vars());
+  for (size_t v = 0; v < g.tensors.size(); ++v) {
+    for (int64_t i = 0; i < g.tensors[v].num_elements(); ++i)
+      g.tensors[v][i] = Grad(v, i);
+  }
+  return g;
+}
+
+TEST(PsClientTest, RegisterSplitsVariablesByPlacementAndReturnsTheStep) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_NE(client, nullptr);
+  auto step = client->Register(Config(v1::ASYNC, 1));
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 0);  // a new job
+
+  // Each server holds exactly the variables the placement put on it, in its
+  // order.
+  const common::Placement& placement = client->placement();
+  const std::vector<v1::VariableDef> vars = Vars();
+  int held = 0;
+  for (int s = 0; s < 2; ++s) {
+    auto on_server = cluster.server(s).Variables("j");
+    ASSERT_TRUE(on_server.ok()) << on_server.status();
+    const std::vector<int> expected = placement.VariablesOn(s);
+    ASSERT_EQ(on_server->size(), expected.size()) << "ps " << s;
+    for (size_t k = 0; k < expected.size(); ++k) {
+      EXPECT_EQ((*on_server)[k].name(), vars[expected[k]].name()) << "ps " << s;
+    }
+    EXPECT_FALSE(expected.empty()) << "ps " << s << " got no variable";
+    held += static_cast<int>(on_server->size());
+  }
+  EXPECT_EQ(held, 3);
+  EXPECT_EQ(placement.server[0], 0);  // "big" alone on ps 0
+  EXPECT_EQ(placement.server[1], 1);
+  EXPECT_EQ(placement.server[2], 1);
+
+  // One update, then a second worker process registering the same job sees it.
+  Buffers g = Grads();
+  auto pushed = client->Push(0, 1, g.const_ptrs);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  auto again = NewClient(Options(cluster, "j"));
+  auto step2 = again->Register(Config(v1::ASYNC, 1));
+  ASSERT_TRUE(step2.ok()) << step2.status();
+  EXPECT_EQ(*step2, 1);
+}
+
+TEST(PsClientTest, PushThenPullRoundTripsExactly) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+
+  Buffers w(Vars());
+  auto step = client->Pull(0, 0, w.ptrs);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 0);
+  for (const auto& t : w.tensors) {
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      ASSERT_EQ(t[i], 1.0f);  // CONSTANT 1
+  }
+
+  Buffers g = Grads();
+  auto r = client->Push(0, 1, g.const_ptrs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->applied, 2);
+  EXPECT_EQ(r->stale, 0);
+  EXPECT_EQ(r->duplicate, 0);
+  EXPECT_EQ(r->global_step, 1);
+
+  step = client->Pull(1, 1, w.ptrs);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 1);
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
+      // Exact: lr and the gradients are chosen so (see kLr).
+      ASSERT_EQ(w.tensors[v][i], 1.0f - kLr * Grad(v, i))
+          << "variable " << v << " element " << i;
+    }
+  }
+}
+
+TEST(PsClientTest, SyncStepAdvancesOncePerStepAndAveragesByExamples) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+  Buffers g = Grads();
+  // 4 examples (a power of two): the server's weighted mean n*g/n is exact.
+  auto r = client->Push(0, 4, g.const_ptrs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->global_step, 1);
+  // A second gradient for the step already applied is dropped as stale.
+  r = client->Push(0, 4, g.const_ptrs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->stale, 2);
+  EXPECT_EQ(r->applied, 0);
+  Buffers w(Vars());
+  ASSERT_TRUE(client->Pull(1, 1, w.ptrs).ok());
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
+      ASSERT_EQ(w.tensors[v][i], 1.0f - kLr * Grad(v, i));
+    }
+  }
+}
+
+TEST(PsClientTest, RepeatedSequenceFromTheSameIncarnationIsNotAppliedTwice) {
+  // A push's identity is (worker_task, incarnation, sequence). Two clients with
+  // the same incarnation each number their first push 1: the second one is
+  // what a retry of the first looks like to the servers.
+  LocalPsCluster cluster(2);
+  ParameterClientOptions o = Options(cluster, "j");
+  o.incarnation = 42;
+  auto first = NewClient(o);
+  auto retry = NewClient(o);
+  ASSERT_TRUE(first->Register(Config(v1::ASYNC, 1)).ok());
+  ASSERT_TRUE(retry->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers g = Grads();
+  auto r = first->Push(0, 1, g.const_ptrs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->applied, 2);
+  r = retry->Push(0, 1, g.const_ptrs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->duplicate, 2);
+  EXPECT_EQ(r->applied, 0);
+  EXPECT_EQ(r->global_step, 1);
+
+  Buffers w(Vars());
+  auto step = first->Pull(0, 0, w.ptrs);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 1);
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
+      ASSERT_EQ(w.tensors[v][i], 1.0f - kLr * Grad(v, i)) << "applied twice?";
+    }
+  }
+}
+
+TEST(PsClientTest, RegisterWaitsForAServerThatIsNotUpYet) {
+  LocalPsCluster cluster(2, /*start=*/false);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  auto client = NewClient(Options(cluster, "j"));  // peer_timeout 4 s
+  auto registered = std::async(std::launch::async, [&] {
+    return client->Register(Config(v1::ASYNC, 1));
+  });
+  // Registration is under way: ps 0 holds the job while ps 1 is still down.
+  ASSERT_TRUE(WaitFor([&] { return cluster.server(0).Variables("j").ok(); }));
+  ASSERT_EQ(registered.wait_for(std::chrono::seconds(0)),
+            std::future_status::timeout)
+      << "Register returned with ps 1 down";
+  ASSERT_TRUE(cluster.Start(1).ok());
+  auto step = registered.get();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 0);
+  EXPECT_TRUE(cluster.server(1).Variables("j").ok());
+}
+
+TEST(PsClientTest, RegisterGivesUpOnAServerThatNeverComesUp) {
+  LocalPsCluster cluster(2, /*start=*/false);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  ParameterClientOptions o = Options(cluster, "j");
+  o.peer_timeout = absl::Seconds(1);
+  auto client = NewClient(o);
+  auto step = client->Register(Config(v1::ASYNC, 1));
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kUnavailable)
+      << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr(absl::StrCat("ps 1 at ", cluster.addresses()[1])));
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("peer_timeout_s=1"));
+}
+
+TEST(PsClientTest, PullFromARestartedServerFailsWithNotFound) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers w(Vars());
+  ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());
+
+  ASSERT_TRUE(cluster.Restart(1).ok());  // a new incarnation, without the job
+  auto step = client->Pull(0, 0, w.ptrs);
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kNotFound) << step.status();
+  EXPECT_THAT(
+      std::string(step.status().message()),
+      HasSubstr(absl::StrCat("ps 1 at ", cluster.addresses()[1],
+                             " restarted and no longer holds job \"j\"")));
+  // And it stays lost: a push fails the same way.
+  Buffers g = Grads();
+  auto r = client->Push(0, 1, g.const_ptrs);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("restarted"));
+}
+
+TEST(PsClientTest, AServerDownLongerThanPeerTimeoutFailsPullWithUnavailable) {
+  LocalPsCluster cluster(2);
+  ParameterClientOptions o = Options(cluster, "j");
+  o.peer_timeout = absl::Seconds(1);
+  auto client = NewClient(o);
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers w(Vars());
+  ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());
+
+  cluster.Stop(1);  // and never back
+  const absl::Time start = absl::Now();
+  auto step = client->Pull(0, 0, w.ptrs);
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kUnavailable)
+      << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr(absl::StrCat("ps 1 at ", cluster.addresses()[1],
+                                     " unreachable for")));
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("peer_timeout_s=1"));
+  // Not before the peer timeout (the pull retried until then).
+  EXPECT_GE(absl::Now() - start, o.peer_timeout);
+}
+
+TEST(PsClientTest, PullWaitingOnALostWorkerIsAbortedNamingIt) {
+  LocalPsCluster cluster(1);
+  v1::TrainingConfig config = Config(v1::SYNC, 2);
+  config.set_peer_timeout_s(1);  // the server's patience with worker 1
+  ParameterClientOptions o0 = Options(cluster, "j");
+  ParameterClientOptions o1 = o0;
+  o1.worker_task = 1;
+  auto worker0 = NewClient(o0);
+  {
+    auto worker1 = NewClient(o1);
+    ASSERT_TRUE(worker1->Register(config).ok());
+  }  // worker 1 goes away: no more heartbeats from it
+  ASSERT_TRUE(worker0->Register(config).ok());
+  Buffers g = Grads();
+  ASSERT_TRUE(worker0->Push(0, 1, g.const_ptrs).ok());
+  Buffers w(Vars());
+  auto step = worker0->Pull(1, 1, w.ptrs);
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kAborted) << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("job \"j\" on ps 0: step 1 waits for worker 1"));
+}
+
+TEST(PsClientTest, CancellingABlockedPullReturnsCancelledPromptly) {
+  LocalPsCluster cluster(2);
+  common::CancellationToken cancel;
+  ParameterClientOptions o = Options(cluster, "j");
+  o.cancel = &cancel;
+  auto client = NewClient(o);
+  // SYNC with 2 workers; worker 1 never pushes, so step 1 never comes.
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 2)).ok());
+  Buffers g = Grads();
+  auto r = client->Push(0, 1, g.const_ptrs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->global_step, 0);
+
+  Buffers w(Vars());
+  auto pulled = std::async(std::launch::async,
+                           [&] { return client->Pull(1, 1, w.ptrs); });
+  // Blocked: both servers hold a pull waiting for the step.
+  auto waiting = [&](int s) {
+    v1::StatusRequest req;
+    req.set_job_id("j");
+    const v1::StatusResponse resp = cluster.server(s).Status(req);
+    return resp.jobs_size() == 1 && resp.jobs(0).pulls_waiting() > 0;
+  };
+  ASSERT_TRUE(WaitFor([&] { return waiting(0) && waiting(1); }));
+  ASSERT_EQ(pulled.wait_for(std::chrono::seconds(0)),
+            std::future_status::timeout);
+
+  const absl::Time cancelled_at = absl::Now();
+  cancel.Cancel("test stops the job");
+  auto step = pulled.get();
+  const absl::Duration latency = absl::Now() - cancelled_at;
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kCancelled)
+      << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("test stops the job"));
+  // The pull notices at the end of one server-side wait (peer_timeout / 4)
+  // at the latest: well within the peer timeout, and the server would only
+  // have given up on worker 1 after the job's 60 s.
+  EXPECT_LT(latency, o.peer_timeout) << "cancellation took " << latency;
+}
+
+TEST(PsClientTest, WrongNumberOfBuffersIsInvalidArgument) {
+  LocalPsCluster cluster(1);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers w(Vars());
+  std::vector<common::Tensor*> two(w.ptrs.begin(), w.ptrs.begin() + 2);
+  auto step = client->Pull(0, 0, two);
+  ASSERT_EQ(step.status().code(), absl::StatusCode::kInvalidArgument)
+      << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("got 2 buffers for 3 variables"));
+
+  std::vector<const common::Tensor*> four = w.const_ptrs;
+  four.push_back(w.const_ptrs[0]);
+  auto r = client->Push(0, 1, four);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument)
+      << r.status();
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("got 4 gradients for 3 variables"));
+  // Nothing was applied.
+  auto status = cluster.server(0).Status(v1::StatusRequest());
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).global_step(), 0);
+}
+
+TEST(PsClientTest, BadOptionsAreInvalidArgument) {
+  ParameterClientOptions o;
+  o.job_id = "j";
+  auto c = NewGrpcParameterClient(o, Vars(), v1::GREEDY_BYTES);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("no ps addresses"));
+  o.ps_addresses = {"127.0.0.1:1"};
+  o.job_id = "";
+  c = NewGrpcParameterClient(o, Vars(), v1::GREEDY_BYTES);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("no job id"));
+  o.job_id = "j";
+  o.chunk_bytes = 100;
+  c = NewGrpcParameterClient(o, Vars(), v1::GREEDY_BYTES);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("chunk_bytes"));
+}
+
+}  // namespace
+}  // namespace towerps::worker
