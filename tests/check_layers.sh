@@ -24,6 +24,12 @@ check_query "ps/ does not depend on worker/" 'deps(//ps/...) intersect //worker/
 check_query "client/ does not depend on worker/" 'deps(//client/...) intersect //worker/...'
 check_query "client/ and ps/ do not depend on each other" \
   '(deps(//client/...) intersect //ps/...) + (deps(//ps/...) intersect //client/...)'
+# Tests of worker/train may start an in-process ps (worker/train:local_ps_cluster,
+# testonly); the worker's own code never links the ps.
+check_query "worker/ code (not its tests) does not depend on ps/" \
+  'deps(kind("cc_library|cc_binary", attr(testonly, 0, //worker/...))) intersect //ps/...'
+check_query "ps/ code (not its tests) does not depend on worker/" \
+  'deps(kind("cc_library|cc_binary", attr(testonly, 0, //ps/...))) intersect //worker/...'
 check_query "worker/device does not depend on model, train or chief" \
   'deps(//worker/device/...) intersect (//worker/model/... + //worker/train/... + //worker/chief/...)'
 check_query "worker/model does not depend on train or chief" \
