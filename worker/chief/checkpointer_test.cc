@@ -8,7 +8,7 @@
 #include "common/job_spec.h"
 #include "common/storage/checkpoint.h"
 #include "gtest/gtest.h"
-#include "worker/chief/fake_worker_client.h"
+#include "worker/chief/fake_ps_control.h"
 
 namespace towerps::worker {
 namespace {

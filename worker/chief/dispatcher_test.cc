@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "worker/chief/fake_ps_control.h"
 #include "worker/chief/fake_worker_client.h"
 
 namespace towerps::worker {

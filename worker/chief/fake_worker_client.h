@@ -1,20 +1,16 @@
-// FakeWorkerClient, FakePsControl: in-memory workers and servers with real
-// semantics (a worker runs one job at a time; a server holds jobs until
-// deleted) and error injection, for the chief's unit tests.
+// FakeWorkerClient: an in-memory worker with real semantics (one job at a
+// time; a stopped job is WORK_STOPPED) and error injection, for the chief's
+// unit tests.
 //
 // Thread-safe: tests drive them while the chief's threads call them.
 #ifndef TOWERPS_WORKER_CHIEF_FAKE_WORKER_CLIENT_H_
 #define TOWERPS_WORKER_CHIEF_FAKE_WORKER_CLIENT_H_
 
-#include <map>
-#include <set>
-#include <vector>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "worker/chief/ps_control.h"
 #include "worker/chief/worker_client.h"
 
 namespace towerps::worker {
@@ -57,37 +53,6 @@ class FakeWorkerClient : public WorkerClient {
   int start_errors_left_ ABSL_GUARDED_BY(mu_) = 0;
   int starts_ ABSL_GUARDED_BY(mu_) = 0;
   int stops_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-class FakePsControl : public PsControl {
- public:
-  explicit FakePsControl(int task_index = 0);
-
-  absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& job_id,
-                                                  absl::Duration timeout) override;
-  absl::StatusOr<v1::SaveResponse> SaveCheckpoint(const v1::SaveRequest& request,
-                                                  absl::Duration timeout) override;
-  absl::StatusOr<v1::StatusResponse> GetStatus(const std::string& job_id,
-                                               absl::Duration timeout) override;
-
-  // The server holds `job_id` at `global_step`, with a step open for
-  // `step_open_s` seconds waiting for `waiting_for`.
-  void SetJob(const std::string& job_id, int64_t global_step, double step_open_s = 0,
-              std::vector<int> waiting_for = {});
-  // While unreachable every call answers Unavailable "ps N unreachable".
-  void SetUnreachable(bool unreachable);
-
-  int deletes() const;
-  int saves() const;
-  bool holds(const std::string& job_id) const;
-
- private:
-  const int task_index_;
-  mutable absl::Mutex mu_;
-  std::map<std::string, v1::JobStatus> jobs_ ABSL_GUARDED_BY(mu_);
-  bool unreachable_ ABSL_GUARDED_BY(mu_) = false;
-  int deletes_ ABSL_GUARDED_BY(mu_) = 0;
-  int saves_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace towerps::worker

@@ -1,5 +1,5 @@
-// The fakes behave like the real thing: one job at a time on a worker, jobs
-// held by a server until deleted, and errors injected as asked.
+// The fake worker behaves like the real thing: one job at a time, stopped
+// jobs WORK_STOPPED, failures with their code; errors injected as asked.
 #include "worker/chief/fake_worker_client.h"
 
 #include "gtest/gtest.h"
@@ -43,26 +43,6 @@ TEST(FakeWorkerClientTest, InjectsErrors) {
   w.FailStarts(absl::InternalError("boom"), 1);
   EXPECT_EQ(w.StartJob(Request("a", 1)).code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(w.StartJob(Request("a", 1)).ok());
-}
-
-TEST(FakePsControlTest, HoldsJobsUntilDeleted) {
-  FakePsControl ps(0);
-  ps.SetJob("a", 7);
-  auto status = ps.GetStatus("a", absl::Seconds(1));
-  ASSERT_TRUE(status.ok());
-  ASSERT_EQ(status->jobs_size(), 1);
-  EXPECT_EQ(status->jobs(0).global_step(), 7);
-  auto deleted = ps.DeleteJob("a", absl::Seconds(1));
-  ASSERT_TRUE(deleted.ok());
-  EXPECT_TRUE(deleted->existed());
-  EXPECT_FALSE(ps.holds("a"));
-  v1::SaveRequest save;
-  save.set_job_id("a");
-  EXPECT_EQ(ps.SaveCheckpoint(save, absl::Seconds(1)).status().code(), absl::StatusCode::kNotFound);
-  ps.SetUnreachable(true);
-  absl::Status st = ps.DeleteJob("a", absl::Seconds(1)).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(st.message(), "ps 0 unreachable");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
+#include "worker/chief/fake_ps_control.h"
 #include "worker/chief/fake_worker_client.h"
 
 namespace towerps::worker {

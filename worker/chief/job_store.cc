@@ -192,9 +192,9 @@ bool JobStore::HasQueuedLocked() const {
   return false;
 }
 
-absl::StatusOr<v1::JobRecord> JobStore::TakeNext(const common::CancellationToken& stop) {
+absl::StatusOr<v1::JobRecord> JobStore::TakeNext(common::CancellationToken& stop) {
   // Cancel() does not signal our CondVar: wake it from the token.
-  common::ScopedCancellationCallback wake(const_cast<common::CancellationToken*>(&stop), [this] {
+  common::ScopedCancellationCallback wake(&stop, [this] {
     absl::MutexLock lock(&mu_);
     changed_.SignalAll();
   });

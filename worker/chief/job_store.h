@@ -52,7 +52,7 @@ class JobStore {
 
   // Blocks until a job is QUEUED (the oldest is taken: it becomes RUNNING)
   // or `stop` is cancelled (CANCELLED).
-  absl::StatusOr<v1::JobRecord> TakeNext(const common::CancellationToken& stop);
+  absl::StatusOr<v1::JobRecord> TakeNext(common::CancellationToken& stop);
 
   // Cancel as a user asks: a QUEUED job becomes CANCELLED at once; a RUNNING
   // one is marked (CancelRequested) and keeps running until the manager ends

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "gtest/gtest.h"
+#include "worker/chief/fake_ps_control.h"
 #include "worker/chief/fake_worker_client.h"
 
 namespace towerps::worker {
