@@ -1,7 +1,6 @@
 #include "worker/chief/job_manager.h"
 
 #include <algorithm>
-#include <cctype>
 #include <thread>
 #include <utility>
 
@@ -12,7 +11,6 @@
 #include "common/cancellation.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
-#include "common/optimizer_spec.h"
 #include "common/status.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
@@ -24,19 +22,10 @@
 #include "worker/chief/job_watch.h"
 #include "worker/chief/live_status.h"
 #include "worker/chief/recovery.h"
-#include "worker/device/backend.h"
-#include "worker/model/dataset.h"
-#include "worker/model/model.h"
+#include "worker/chief/submission.h"
 
 namespace towerps::worker {
 namespace {
-
-bool ValidJobId(const std::string& id) {
-  if (id.empty() || id.size() > 64 || id[0] == '.') return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
-  });
-}
 
 double UnixNow() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
@@ -48,43 +37,6 @@ std::vector<T*> Pointers(const std::vector<std::unique_ptr<T>>& v) {
 }
 
 }  // namespace
-
-absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers) {
-  TOWERPS_RETURN_IF_ERROR(ValidateJob(job, num_workers));
-  TOWERPS_RETURN_IF_ERROR(common::Annotate(common::ValidateOptimizer(job.optimizer()), "job spec"));
-  // The model: layer types, units, names (Model::Create names the layer).
-  std::unique_ptr<Backend> backend = NewCpuBackend();
-  auto model = Model::Create(job.model(), *backend);
-  if (!model.ok()) return common::Annotate(model.status(), "job spec: model");
-  const v1::DataSpec& d = job.data();
-  if (d.source() == v1::DataSpec::FASHION_MNIST) {
-    constexpr int kPixels = 28 * 28, kClasses = 10;
-    if ((*model)->input_dim() != kPixels) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job spec: model.input_dim = ", (*model)->input_dim(), " but Fashion-MNIST examples have ",
-          kPixels, " features"));
-    }
-    if (job.model().loss() == v1::SOFTMAX_CROSS_ENTROPY && (*model)->output_dim() != kClasses) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job spec: model.layers[", job.model().layers_size() - 1, "].units = ",
-          (*model)->output_dim(), " but Fashion-MNIST has ", kClasses,
-          " classes (softmax cross-entropy needs one output per class)"));
-    }
-    for (bool train : {true, false}) {
-      auto files = FindFashionMnistFiles(d.dir(), train);
-      if (!files.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("job spec: data.dir = \"", d.dir(),
-                                                       "\": ", files.status().message()));
-      }
-    }
-  } else if (d.source() == v1::DataSpec::ONES && d.ones_target_dim() > 0 &&
-             d.ones_target_dim() != (*model)->output_dim()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job spec: data.ones_target_dim = ", d.ones_target_dim(), " but the model outputs ",
-        (*model)->output_dim(), " values"));
-  }
-  return absl::OkStatus();
-}
 
 // ---------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
 #include "worker/chief/ps_control.h"
+#include "worker/chief/submission.h"  // ValidateSubmission, part of this API.
 #include "worker/chief/worker_client.h"
 #include "worker/train/worker_service.h"
 
@@ -62,12 +63,6 @@ struct JobManagerOptions {
   std::function<std::unique_ptr<PsControl>(int ps_task)> ps_factory;
   std::function<std::unique_ptr<WorkerClient>(int task, JobHooksProvider hooks)> worker_factory;
 };
-
-// Checks what can be checked before a job runs, naming the field:
-// ValidateJob, the optimizer and schedule, the model (layers, units), the
-// model's input and output widths against the data set, and that the data
-// files exist. `job` has defaults applied.
-absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers);
 
 class JobManager {
  public:
