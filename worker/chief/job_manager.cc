@@ -4,9 +4,7 @@
 #include <thread>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/cancellation.h"
 #include "common/job_spec.h"
@@ -47,13 +45,10 @@ class JobManager::Impl {
   explicit Impl(JobManagerOptions options) : options_(std::move(options)) {}
 
   ~Impl() {
+    // The queue stops first, so no job is taken after the running one is
+    // cancelled.
     shutdown_.Cancel("the chief shut down");
-    std::shared_ptr<common::CancellationToken> running;
-    {
-      absl::MutexLock lock(&mu_);
-      running = running_cancel_;
-    }
-    if (running) running->Cancel("the chief shut down");
+    if (store_ != nullptr) store_->CancelRunning("the chief shut down");
     if (runner_.joinable()) runner_.join();
   }
 
@@ -118,15 +113,9 @@ class JobManager::Impl {
 
   absl::StatusOr<v1::JobRecord> Cancel(const std::string& job_id) {
     TOWERPS_RETURN_IF_ERROR(Started());
+    // A running job's token is fired: its poll and backoff waits end at once.
     TOWERPS_ASSIGN_OR_RETURN(v1::JobRecord record, store_->RequestCancel(job_id));
     if (record.state() != v1::RUNNING) return record;
-    std::shared_ptr<common::CancellationToken> running;
-    {
-      absl::MutexLock lock(&mu_);
-      if (running_id_ == job_id) running = running_cancel_;
-    }
-    // Not yet registered: RunJob sees CancelRequested when it registers.
-    if (running) running->Cancel("cancelled by user");
     // Wait (bounded) for the runner to stop the workers and free the variables.
     return store_->AwaitEnded(job_id, absl::Seconds(30));
   }
@@ -157,28 +146,20 @@ class JobManager::Impl {
 
   void RunnerLoop() {
     while (true) {
-      absl::StatusOr<v1::JobRecord> next = store_->TakeNext(shutdown_);
+      absl::StatusOr<JobStore::Run> next = store_->TakeNext(shutdown_);
       if (!next.ok()) return;  // Shutting down.
-      RunJob(*next);
+      RunJob(next->record, *next->cancel);
     }
   }
 
-  void RunJob(const v1::JobRecord& record) {
+  // `cancel` is this run's token (fired by Cancel() and at shutdown).
+  void RunJob(const v1::JobRecord& record, const common::CancellationToken& cancel) {
     const std::string id = record.job_id();
     const v1::JobSpec spec = record.spec();
-    auto cancel = std::make_shared<common::CancellationToken>();
-    {
-      absl::MutexLock lock(&mu_);
-      running_id_ = id;
-      running_cancel_ = cancel;
-    }
-    // A cancel or shutdown that came before the token was registered.
-    if (shutdown_.cancelled()) cancel->Cancel("the chief shut down");
-    if (store_->CancelRequested(id)) cancel->Cancel("cancelled by user");
     hooks_->BeginJob(spec);
     const absl::Status result = RunWithRestarts(
-        RestartPolicy(spec, options_.restart_backoff), cancel.get(),
-        [&](int attempt) { return RunAttempt(id, spec, attempt, *cancel); },
+        RestartPolicy(spec, options_.restart_backoff), &cancel,
+        [&](int attempt) { return RunAttempt(id, spec, attempt, cancel); },
         [&](int attempt, const absl::Status& failure, int restart) {
           store_->AddEvent(id, v1::JobEvent::LOG,
                            absl::StrCat("attempt ", attempt, " failed: ", failure.message(),
@@ -188,18 +169,13 @@ class JobManager::Impl {
                         << " failed: " << failure << "; restarting";
         });
     hooks_->EndJob();
-    {
-      absl::MutexLock lock(&mu_);
-      running_id_.clear();
-      running_cancel_.reset();
-    }
     if (shutdown_.cancelled() && !result.ok()) {
       // Left RUNNING on disk: a restarted chief resumes it.
       return;
     }
     v1::JobState state = v1::SUCCEEDED;
     std::string error;
-    if (!result.ok() && (absl::IsCancelled(result) || store_->CancelRequested(id))) {
+    if (!result.ok() && (absl::IsCancelled(result) || cancel.cancelled())) {
       state = v1::CANCELLED;
       error = "cancelled by user";
     } else if (!result.ok()) {
@@ -268,11 +244,8 @@ class JobManager::Impl {
   std::unique_ptr<ChiefHooks> hooks_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::thread runner_;
+  // Stops the queue; each running job has its own token (JobStore::Run).
   common::CancellationToken shutdown_;
-
-  absl::Mutex mu_;
-  std::string running_id_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<common::CancellationToken> running_cancel_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---------------------------------------------------------------------------

@@ -165,7 +165,6 @@ absl::StatusOr<v1::JobRecord> JobStore::Resubmit(const std::string& job_id) {
     std::swap(updated, e->record);  // Not queued: it would not survive a restart.
     return s;
   }
-  e->cancel_requested = false;
   AddEventLocked(*e, v1::JobEvent::STATE, "resubmitted: resumes from its latest checkpoint",
                  nullptr);
   return e->record;
@@ -192,7 +191,7 @@ bool JobStore::HasQueuedLocked() const {
   return false;
 }
 
-absl::StatusOr<v1::JobRecord> JobStore::TakeNext(common::CancellationToken& stop) {
+absl::StatusOr<JobStore::Run> JobStore::TakeNext(common::CancellationToken& stop) {
   // Cancel() does not signal our CondVar: wake it from the token.
   common::ScopedCancellationCallback wake(&stop, [this] {
     absl::MutexLock lock(&mu_);
@@ -206,40 +205,53 @@ absl::StatusOr<v1::JobRecord> JobStore::TakeNext(common::CancellationToken& stop
     if (e.record.state() != v1::QUEUED) continue;
     e.record.set_state(v1::RUNNING);
     e.record.set_start_time(UnixNow());
+    e.cancel = std::make_shared<common::CancellationToken>();
     AddEventLocked(e, v1::JobEvent::STATE, "", nullptr);
     if (absl::Status s = PersistLocked(e); !s.ok()) TLOG(WARNING) << "chief: " << s;
-    return e.record;
+    return Run{e.record, e.cancel};
   }
   return absl::InternalError("job queue: no queued job");  // Unreachable.
 }
 
 absl::StatusOr<v1::JobRecord> JobStore::RequestCancel(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
-  Entry* e = FindLocked(job_id);
-  if (e == nullptr) return NotFound(job_id);
-  if (IsTerminal(e->record.state())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job \"", job_id, "\" has already ended (", v1::JobState_Name(e->record.state()), ")"));
+  std::shared_ptr<common::CancellationToken> running;
+  v1::JobRecord record;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry* e = FindLocked(job_id);
+    if (e == nullptr) return NotFound(job_id);
+    if (IsTerminal(e->record.state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job \"", job_id, "\" has already ended (", v1::JobState_Name(e->record.state()), ")"));
+    }
+    if (e->record.state() == v1::QUEUED) {
+      e->record.set_state(v1::CANCELLED);
+      e->record.set_end_time(UnixNow());
+      e->record.set_error("cancelled while queued");
+      AddEventLocked(*e, v1::JobEvent::STATE, "cancelled while queued", nullptr);
+      if (absl::Status s = PersistLocked(*e); !s.ok()) TLOG(WARNING) << "chief: " << s;
+      return e->record;
+    }
+    running = e->cancel;
+    if (running != nullptr && !running->cancelled()) {
+      AddEventLocked(*e, v1::JobEvent::LOG, "cancel requested", nullptr);
+    }
+    record = e->record;
   }
-  if (e->record.state() == v1::QUEUED) {
-    e->record.set_state(v1::CANCELLED);
-    e->record.set_end_time(UnixNow());
-    e->record.set_error("cancelled while queued");
-    AddEventLocked(*e, v1::JobEvent::STATE, "cancelled while queued", nullptr);
-    if (absl::Status s = PersistLocked(*e); !s.ok()) TLOG(WARNING) << "chief: " << s;
-    return e->record;
-  }
-  if (!e->cancel_requested) {
-    e->cancel_requested = true;
-    AddEventLocked(*e, v1::JobEvent::LOG, "cancel requested", nullptr);
-  }
-  return e->record;
+  // Outside the lock: Cancel() runs the token's callbacks.
+  if (running != nullptr) running->Cancel("cancelled by user");
+  return record;
 }
 
-bool JobStore::CancelRequested(const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
-  Entry* e = FindLocked(job_id);
-  return e != nullptr && e->cancel_requested;
+void JobStore::CancelRunning(absl::string_view reason) {
+  std::vector<std::shared_ptr<common::CancellationToken>> running;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : jobs_) {
+      if (e->record.state() == v1::RUNNING && e->cancel != nullptr) running.push_back(e->cancel);
+    }
+  }
+  for (const auto& token : running) token->Cancel(reason);
 }
 
 absl::Status JobStore::Update(const std::string& job_id,

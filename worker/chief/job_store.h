@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/cancellation.h"
@@ -50,15 +51,23 @@ class JobStore {
   absl::StatusOr<v1::JobRecord> Get(const std::string& job_id) const;
   std::vector<v1::JobRecord> List() const;
 
+  // A job taken to run: its record (now RUNNING) and this run's token,
+  // which RequestCancel and CancelRunning fire.
+  struct Run {
+    v1::JobRecord record;
+    std::shared_ptr<common::CancellationToken> cancel;
+  };
   // Blocks until a job is QUEUED (the oldest is taken: it becomes RUNNING)
   // or `stop` is cancelled (CANCELLED).
-  absl::StatusOr<v1::JobRecord> TakeNext(common::CancellationToken& stop);
+  absl::StatusOr<Run> TakeNext(common::CancellationToken& stop);
 
   // Cancel as a user asks: a QUEUED job becomes CANCELLED at once; a RUNNING
-  // one is marked (CancelRequested) and keeps running until the manager ends
-  // it. NotFound; FailedPrecondition for a job that has ended.
+  // one has its run's token cancelled ("cancelled by user") and keeps
+  // running until the manager ends it. NotFound; FailedPrecondition for a
+  // job that has ended.
   absl::StatusOr<v1::JobRecord> RequestCancel(const std::string& job_id);
-  bool CancelRequested(const std::string& job_id) const;
+  // Cancels the token of every RUNNING job with `reason` (e.g. shutdown).
+  void CancelRunning(absl::string_view reason);
 
   // Changes the record with `fn` and writes it. NotFound, or the write's
   // error naming the path (the change is kept in memory).
@@ -88,7 +97,8 @@ class JobStore {
     v1::JobRecord record;
     std::vector<v1::JobEvent> events;
     std::unique_ptr<common::RecordWriter> event_file;  // Null if it cannot be written.
-    bool cancel_requested = false;
+    // The current run's token; null unless the job has been taken to run.
+    std::shared_ptr<common::CancellationToken> cancel;
   };
 
   explicit JobStore(std::string state_dir);

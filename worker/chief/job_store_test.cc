@@ -42,8 +42,9 @@ TEST(JobStoreTest, QueueTakesJobsInSubmissionOrder) {
   for (const char* want : {"b", "a", "job-1"}) {
     auto next = store->TakeNext(stop);
     ASSERT_TRUE(next.ok()) << next.status();
-    EXPECT_EQ(next->job_id(), want);
-    EXPECT_EQ(next->state(), v1::RUNNING);
+    EXPECT_EQ(next->record.job_id(), want);
+    EXPECT_EQ(next->record.state(), v1::RUNNING);
+    EXPECT_FALSE(next->cancel->cancelled());
   }
   stop.Cancel("shutting down");
   EXPECT_EQ(store->TakeNext(stop).status().code(), absl::StatusCode::kCancelled);
@@ -65,7 +66,7 @@ TEST(JobStoreTest, RecordsSurviveARestart) {
     ASSERT_TRUE(store->Add(Spec("")).ok());  // job-1
     ASSERT_TRUE(store->Add(Spec("third")).ok());
     common::CancellationToken stop;
-    ASSERT_EQ(store->TakeNext(stop)->job_id(), "first");  // RUNNING when the chief stops.
+    ASSERT_EQ(store->TakeNext(stop)->record.job_id(), "first");  // RUNNING when the chief stops.
   }
   auto store = Open(dir);
   std::vector<v1::JobRecord> jobs = store->List();
@@ -114,6 +115,21 @@ TEST(JobStoreTest, UnwritableRecordRefusesTheJob) {
   // Nothing was kept: a fixed directory takes the same id.
   std::filesystem::remove_all(dir + "/jobs/r/record");
   EXPECT_TRUE(store->Add(Spec("r")).ok());
+}
+
+TEST(JobStoreTest, CancelFiresTheRunningJobsToken) {
+  auto store = Open(FreshDir("token"));
+  ASSERT_TRUE(store->Add(Spec("a")).ok());
+  common::CancellationToken stop;
+  auto run = store->TakeNext(stop);
+  ASSERT_TRUE(run.ok()) << run.status();
+  auto record = store->RequestCancel("a");
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->state(), v1::RUNNING);  // Until the manager ends it.
+  EXPECT_TRUE(run->cancel->cancelled());
+  EXPECT_EQ(run->cancel->Check().message(), "cancelled by user");
+  store->CancelRunning("the chief shut down");  // The first reason stays.
+  EXPECT_EQ(run->cancel->Check().message(), "cancelled by user");
 }
 
 TEST(JobStoreTest, DuplicateIdsAndCancel) {
