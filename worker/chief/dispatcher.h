@@ -80,7 +80,8 @@ class Dispatcher {
                         const common::CancellationToken& cancel);
   absl::Status StartOne(int w, const v1::StartJobRequest& request,
                         const common::CancellationToken& cancel);
-  // OK while the attempt runs; kDone-like OK with *all_done once finished.
+  // One round of GetStatus: OK (with *all_done once every worker is done)
+  // or the attempt's failure as RunAttempt returns it.
   absl::Status PollOnce(const v1::StartJobRequest& request, std::vector<absl::Time>& last_seen,
                         bool* all_done);
 
