@@ -16,10 +16,12 @@
 //   CANCELLED <--------- Cancel ---+  | at most max_restarts times
 //                                  +--+--> FAILED (other errors, or too many)
 //
-// One attempt of a job: delete the job on every ps (a clean namespace), pick
-// the checkpoint to restore (if any), StartJob on every worker (the chief's
-// own part runs in-process with callbacks for metrics, checkpoints and
-// TensorBoard), then poll the workers until all are done or one fails.
+// The parts, one job each: JobStore (queue + records + events on disk),
+// Dispatcher (one attempt on the workers and servers), recovery (the restart
+// decision), ChiefHooks + Checkpointer (the chief's own worker's callbacks),
+// live_status (GetJob's live part), job_watch (Watch), exporter (Export).
+// Workers and servers are reached through WorkerClient and PsControl; the
+// chief's own worker is an in-process WorkerClient like any other.
 //
 // Thread-safe. No lock is held across an RPC.
 #ifndef TOWERPS_WORKER_CHIEF_JOB_MANAGER_H_
@@ -35,6 +37,9 @@
 #include "common/cluster_spec.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
+#include "worker/chief/ps_control.h"
+#include "worker/chief/submission.h"  // ValidateSubmission, part of this API.
+#include "worker/chief/worker_client.h"
 #include "worker/train/worker_service.h"
 
 namespace towerps::worker {
@@ -42,20 +47,22 @@ namespace towerps::worker {
 struct JobManagerOptions {
   common::ClusterSpec cluster;  // REQUIRED; this task is the chief.
   std::string state_dir;        // REQUIRED: job records, events, default dirs.
-  WorkerRuntime* local = nullptr;  // REQUIRED: the chief's own worker. Not owned.
+  // The chief's own worker. Not owned. REQUIRED unless `worker_factory` is set.
+  WorkerRuntime* local = nullptr;
   // How often the runner polls workers while a job runs.
   absl::Duration poll_interval = absl::Milliseconds(200);
   // A worker unreachable this long fails the attempt (retryable).
   absl::Duration worker_lost_after = absl::Seconds(15);
   // Longest wait for a server or worker to answer control RPCs.
   absl::Duration control_timeout = absl::Minutes(5);
-};
+  // Wait before restarting a failed attempt.
+  absl::Duration restart_backoff = absl::Seconds(1);
 
-// Checks what can be checked before a job runs, naming the field:
-// ValidateJob, the optimizer and schedule, the model (layers, units), the
-// model's input and output widths against the data set, and that the data
-// files exist. `job` has defaults applied.
-absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers);
+  // Seams for tests. Default: gRPC clients to the cluster's addresses, and
+  // `local` in-process (with `hooks`) for the chief's own task.
+  std::function<std::unique_ptr<PsControl>(int ps_task)> ps_factory;
+  std::function<std::unique_ptr<WorkerClient>(int task, JobHooksProvider hooks)> worker_factory;
+};
 
 class JobManager {
  public:

@@ -1,79 +1,200 @@
-// ValidateSubmission: each bad spec the chief must refuse at submit time,
-// with the field named. (The queue itself runs against real processes in
-// tests/service_test.sh.)
+// JobManager: the queue, restarts, cancels and a
+// restart of the chief, against fake workers and servers (the same against
+// real processes: tests/service_test.sh).
 #include "worker/chief/job_manager.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
+#include "worker/chief/fake_ps_control.h"
+#include "worker/chief/fake_worker_client.h"
 
 namespace towerps::worker {
 namespace {
 
-v1::JobSpec Mlp() { return JobWithDefaults(*BuiltinJob("mlp")); }
+// ---------------------------------------------------------------------------
 
-void ExpectRejected(const v1::JobSpec& job, const std::string& want) {
-  absl::Status s = ValidateSubmission(JobWithDefaults(job), 2);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::string(getenv("TEST_TMPDIR")) + "/" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // A new chief over dir_ with fresh fakes (a restart of the chief).
+  std::unique_ptr<JobManager> StartManager(FakeWorkerClient::OnStart on_start,
+                                           absl::Status error = absl::OkStatus()) {
+    workers_.clear();
+    ps_.clear();
+    JobManagerOptions o;
+    o.cluster.ps = {"h:1", "h:2"};
+    o.cluster.worker = {"h:3", "h:4"};
+    o.cluster.job_name = "worker";
+    o.cluster.task_index = 0;
+    o.state_dir = dir_;
+    o.poll_interval = absl::Milliseconds(5);
+    o.worker_lost_after = absl::Milliseconds(200);
+    o.control_timeout = absl::Seconds(2);
+    o.restart_backoff = absl::Milliseconds(1);
+    o.ps_factory = [this](int p) {
+      auto fake = std::make_unique<FakePsControl>(p);
+      ps_.push_back(fake.get());
+      return fake;
+    };
+    o.worker_factory = [this, on_start, error](int w, JobHooksProvider) {
+      auto fake = std::make_unique<FakeWorkerClient>(w);
+      fake->SetOnStart(on_start, error);
+      workers_.push_back(fake.get());
+      return fake;
+    };
+    auto m = JobManager::Create(o);
+    EXPECT_TRUE(m.ok()) << m.status();
+    absl::Status st = (*m)->Start();
+    EXPECT_TRUE(st.ok()) << st;
+    return std::move(*m);
+  }
+
+  static v1::SubmitJobRequest Job(const std::string& id, int max_restarts = 2) {
+    v1::SubmitJobRequest r;
+    *r.mutable_spec() = *BuiltinJob("dense_stack");
+    r.mutable_spec()->set_job_id(id);
+    r.mutable_spec()->set_max_restarts(max_restarts);
+    r.mutable_spec()->mutable_checkpoint()->set_disabled(true);
+    return r;
+  }
+
+  // Follows the job's events until it ends (or 30 s): its final record.
+  static v1::JobRecord AwaitEnd(JobManager& m, const std::string& id) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    absl::Status st = m.Watch(
+        id, 0, /*follow=*/true, [](const v1::JobEvent&) { return true; },
+        [give_up] { return absl::Now() > give_up; });
+    EXPECT_TRUE(st.ok()) << st;
+    auto got = m.Get(id);
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got->job();
+  }
+
+  static std::vector<std::string> Messages(JobManager& m, const std::string& id) {
+    std::vector<std::string> out;
+    m.Watch(id, 0, false, [&](const v1::JobEvent& e) {
+       out.push_back(e.message());
+       return true;
+     }, nullptr).IgnoreError();
+    return out;
+  }
+
+  std::string dir_;
+  std::vector<FakeWorkerClient*> workers_;  // Owned by the manager.
+  std::vector<FakePsControl*> ps_;          // Owned by the manager.
+};
+
+TEST_F(JobManagerTest, RunsJobsOneAtATimeInSubmissionOrder) {
+  auto m = StartManager(FakeWorkerClient::OnStart::kRun);
+  ASSERT_TRUE(m->Submit(Job("a")).ok());
+  ASSERT_TRUE(m->Submit(Job("b")).ok());
+  ASSERT_TRUE(workers_[0]->AwaitStarts(1, absl::Seconds(30)));
+  EXPECT_EQ(workers_[0]->status().job_id(), "a");
+  EXPECT_EQ(m->Get("b")->job().state(), v1::QUEUED);
+  for (auto* w : workers_) w->Finish();
+  v1::JobRecord a = AwaitEnd(*m, "a");
+  EXPECT_EQ(a.state(), v1::SUCCEEDED) << a.error();
+  EXPECT_EQ(a.attempts(), 1);
+  // The chief's own worker (0) starts last.
+  ASSERT_TRUE(workers_[0]->AwaitStarts(2, absl::Seconds(30)));
+  EXPECT_EQ(workers_[1]->status().job_id(), "b");
+  for (auto* w : workers_) w->Finish();
+  EXPECT_EQ(AwaitEnd(*m, "b").state(), v1::SUCCEEDED);
+  for (auto* p : ps_) EXPECT_FALSE(p->holds("b"));
 }
 
-TEST(ValidateSubmissionTest, TheBuiltInJobsAreValid) {
-  EXPECT_TRUE(ValidateSubmission(Mlp(), 2).ok()) << ValidateSubmission(Mlp(), 2);
-  auto stack = JobWithDefaults(*BuiltinJob("dense_stack"));
-  EXPECT_TRUE(ValidateSubmission(stack, 2).ok()) << ValidateSubmission(stack, 2);
+TEST_F(JobManagerTest, JobsSurviveARestartOfTheChief) {
+  {
+    auto m = StartManager(FakeWorkerClient::OnStart::kRun);
+    ASSERT_TRUE(m->Submit(Job("a")).ok());
+    ASSERT_TRUE(m->Submit(Job("b")).ok());
+    ASSERT_TRUE(workers_[0]->AwaitStarts(1, absl::Seconds(30)));
+  }  // The chief stops while "a" runs.
+  auto m = StartManager(FakeWorkerClient::OnStart::kFinish);
+  std::vector<v1::JobRecord> jobs = m->List();
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(jobs[0].job_id(), "a");
+  EXPECT_EQ(jobs[1].job_id(), "b");
+  v1::JobRecord a = AwaitEnd(*m, "a");
+  EXPECT_EQ(a.state(), v1::SUCCEEDED) << a.error();
+  EXPECT_TRUE(a.spec().resume());
+  EXPECT_EQ(AwaitEnd(*m, "b").state(), v1::SUCCEEDED);
+  std::vector<std::string> events = Messages(*m, "a");
+  EXPECT_NE(std::find(events.begin(), events.end(),
+                      "the chief restarted while this job ran: queued again, resumes from its "
+                      "latest checkpoint"),
+            events.end());
 }
 
-TEST(ValidateSubmissionTest, EachBadFieldIsNamed) {
-  v1::JobSpec j = Mlp();
-  j.mutable_model()->mutable_layers(1)->set_type(static_cast<v1::LayerSpec::Type>(9));
-  ExpectRejected(j, "layer 1");
+TEST_F(JobManagerTest, SubmitFailsWhenTheRecordCannotBeWritten) {
+  auto m = StartManager(FakeWorkerClient::OnStart::kRun);
+  std::ofstream(dir_ + "/jobs/x") << "a file where the job's directory goes";
+  auto r = m->Submit(Job("x"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
+  EXPECT_NE(r.status().message().find(dir_ + "/jobs/x"), std::string::npos) << r.status();
+  EXPECT_TRUE(m->List().empty());
+  EXPECT_EQ(m->Get("x").status().code(), absl::StatusCode::kNotFound);
+  // Nor does a restarted chief know it.
+  m.reset();
+  m = StartManager(FakeWorkerClient::OnStart::kRun);
+  EXPECT_TRUE(m->List().empty());
+}
 
-  j = Mlp();
-  j.mutable_model()->mutable_layers(2)->set_units(11);
-  ExpectRejected(j, "units = 11");
+TEST_F(JobManagerTest, ARetryableFailureRestartsUpToMaxRestartsThenFails) {
+  auto m = StartManager(FakeWorkerClient::OnStart::kFail,
+                        absl::UnavailableError("ps 1 went away"));
+  ASSERT_TRUE(m->Submit(Job("a", /*max_restarts=*/2)).ok());
+  v1::JobRecord a = AwaitEnd(*m, "a");
+  EXPECT_EQ(a.state(), v1::FAILED);
+  EXPECT_EQ(a.attempts(), 3);
+  EXPECT_EQ(a.error(), "worker 0: ps 1 went away");
+  std::vector<std::string> events = Messages(*m, "a");
+  EXPECT_NE(std::find(events.begin(), events.end(),
+                      "attempt 2 failed: worker 0: ps 1 went away; restarting from the latest "
+                      "checkpoint (restart 2 of 2)"),
+            events.end());
+}
 
-  j = Mlp();
-  j.mutable_model()->set_input_dim(100);
-  ExpectRejected(j, "input_dim = 100");
+TEST_F(JobManagerTest, ANonRetryableFailureFailsAtOnce) {
+  auto m = StartManager(FakeWorkerClient::OnStart::kFail,
+                        absl::ResourceExhaustedError("GPU:0: out of memory"));
+  ASSERT_TRUE(m->Submit(Job("a", 5)).ok());
+  v1::JobRecord a = AwaitEnd(*m, "a");
+  EXPECT_EQ(a.state(), v1::FAILED);
+  EXPECT_EQ(a.attempts(), 1);
+  EXPECT_EQ(a.error(), "worker 0: GPU:0: out of memory");
+}
 
-  j = Mlp();
-  j.set_micro_batches(-2);
-  ExpectRejected(j, "micro_batches = -2");
-
-  j = Mlp();
-  j.set_towers(3);
-  j.add_tower_devices("GPU:0");
-  j.add_tower_devices("GPU:1");
-  ExpectRejected(j, "towers = 3 but tower_devices names 2 devices");
-
-  j = Mlp();
-  j.set_global_batch_size(-5);
-  ExpectRejected(j, "global_batch_size = -5");
-
-  j = Mlp();
-  j.mutable_optimizer()->set_type(static_cast<v1::OptimizerSpec::Type>(9));
-  ExpectRejected(j, "optimizer.type");
-
-  j = Mlp();
-  j.mutable_optimizer()->set_weight_decay(-1);
-  ExpectRejected(j, "weight_decay");
-
-  j = Mlp();
-  j.mutable_data()->set_dir("/no/such/dir");
-  ExpectRejected(j, "data.dir = \"/no/such/dir\": Fashion-MNIST: neither /no/such/dir/train-images");
-
-  j = Mlp();
-  j.mutable_checkpoint()->set_every_steps(-3);
-  ExpectRejected(j, "checkpoint.every_steps = -3");
-
-  j = Mlp();
-  j.set_replicas_to_aggregate(3);
-  ExpectRejected(j, "replicas_to_aggregate = 3");
-
-  j = JobWithDefaults(*BuiltinJob("dense_stack"));
-  j.mutable_data()->set_ones_target_dim(7);
-  ExpectRejected(j, "ones_target_dim = 7");
+TEST_F(JobManagerTest, CancelQueuedAndRunningJobs) {
+  auto m = StartManager(FakeWorkerClient::OnStart::kRun);
+  ASSERT_TRUE(m->Submit(Job("a")).ok());
+  ASSERT_TRUE(m->Submit(Job("b")).ok());
+  ASSERT_TRUE(workers_[0]->AwaitStarts(1, absl::Seconds(30)));
+  auto b = m->Cancel("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->state(), v1::CANCELLED);
+  EXPECT_EQ(b->error(), "cancelled while queued");
+  auto a = m->Cancel("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->state(), v1::CANCELLED);
+  EXPECT_EQ(a->error(), "cancelled by user");
+  for (auto* w : workers_) EXPECT_EQ(w->status().state(), v1::WORK_STOPPED);
+  for (auto* p : ps_) EXPECT_FALSE(p->holds("a"));
+  absl::Status again = m->Cancel("a").status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(again.message(), "job \"a\" has already ended (CANCELLED)");
+  EXPECT_EQ(m->Cancel("zzz").status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

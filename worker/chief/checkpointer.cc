@@ -1,0 +1,77 @@
+#include "worker/chief/checkpointer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/parallel.h"
+#include "common/status.h"
+#include "common/storage/checkpoint.h"
+
+namespace towerps::worker {
+
+Checkpointer::Checkpointer(std::vector<PsControl*> ps, JobStore& store)
+    : ps_(std::move(ps)), store_(store) {}
+
+absl::Status Checkpointer::Save(const std::string& job_id, const v1::JobSpec& spec,
+                                int64_t step) {
+  const int nps = static_cast<int>(ps_.size());
+  const std::string dir = spec.checkpoint().dir();
+  const std::string name = common::CheckpointDirName(step);
+  std::vector<v1::SaveResponse> saved(nps);
+  std::vector<absl::Status> r = common::RunInParallel(nps, [&](int p) {
+    v1::SaveRequest req;
+    req.set_job_id(job_id);
+    req.set_checkpoint_dir(dir + "/" + name);
+    req.set_num_ps(nps);
+    absl::StatusOr<v1::SaveResponse> s = ps_[p]->SaveCheckpoint(req, absl::Seconds(120));
+    if (s.ok()) saved[p] = *s;
+    return common::Annotate(s.status(), absl::StrCat("ps ", p));
+  });
+  int64_t bytes = 0;
+  for (int p = 0; p < nps; ++p) {
+    TOWERPS_RETURN_IF_ERROR(r[p]);
+    bytes += saved[p].bytes();
+    if (saved[p].global_step() != step) {
+      store_.AddEvent(job_id, v1::JobEvent::LOG,
+                      absl::StrCat("checkpoint ", name, ": ps ", p, " saved step ",
+                                   saved[p].global_step(),
+                                   " (asynchronous training moves on while saving)"));
+    }
+  }
+  common::ManifestEntry entry;
+  entry.step = step;
+  entry.dir_name = name;
+  entry.num_ps = nps;
+  entry.unix_time = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  TOWERPS_RETURN_IF_ERROR(common::AddToManifest(dir, entry, spec.checkpoint().keep()));
+  if (absl::Status s = store_.Update(job_id, [&](v1::JobRecord& r) { r.set_checkpoint_step(step); });
+      !s.ok()) {
+    TLOG(WARNING) << "chief: " << s;
+  }
+  store_.AddEvent(job_id, v1::JobEvent::LOG,
+                  absl::StrFormat("checkpoint %s written: %d shards, %.1f MB", name, nps, bytes / 1e6));
+  return absl::OkStatus();
+}
+
+void Checkpointer::MaybeSave(const std::string& job_id, const v1::JobSpec& spec, int64_t step,
+                             Schedule& schedule) {
+  const v1::CheckpointSpec& c = spec.checkpoint();
+  if (c.disabled() || step <= 0 || step == schedule.last_step) return;
+  const bool by_steps = c.every_steps() > 0 && step % c.every_steps() == 0;
+  const bool by_time = c.every_seconds() > 0 &&
+                       absl::Now() - schedule.last_time >= absl::Seconds(c.every_seconds());
+  if (!by_steps && !by_time) return;
+  schedule.last_step = step;
+  schedule.last_time = absl::Now();
+  absl::Status s = Save(job_id, spec, step);
+  if (!s.ok()) {
+    store_.AddEvent(job_id, v1::JobEvent::LOG,
+                    absl::StrCat("checkpoint at step ", step, " failed: ", s.message()));
+    TLOG(WARNING) << "chief: job \"" << job_id << "\": checkpoint at step " << step
+                  << " failed: " << s;
+  }
+}
+
+}  // namespace towerps::worker

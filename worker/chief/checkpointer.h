@@ -1,0 +1,47 @@
+// Checkpointer: writes a job's checkpoint (every ps its shard, then the
+// manifest names it) and decides when the chief's training thread should.
+//
+// Thread-safe. The clients and the store are not owned and must outlive it.
+#ifndef TOWERPS_WORKER_CHIEF_CHECKPOINTER_H_
+#define TOWERPS_WORKER_CHIEF_CHECKPOINTER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "proto/job.pb.h"
+#include "worker/chief/job_store.h"
+#include "worker/chief/ps_control.h"
+
+namespace towerps::worker {
+
+class Checkpointer {
+ public:
+  Checkpointer(std::vector<PsControl*> ps, JobStore& store);
+
+  // Every ps writes its shard of `job_id` under <spec.checkpoint.dir>/
+  // ckpt-<step>; then the manifest names it as the checkpoint of `step` and
+  // the job's record its checkpoint_step. A ps's error annotated "ps N".
+  absl::Status Save(const std::string& job_id, const v1::JobSpec& spec, int64_t step);
+
+  // Per attempt, touched only by the chief's training thread.
+  struct Schedule {
+    int64_t last_step = -1;
+    absl::Time last_time = absl::Now();
+  };
+  // Called after each pull (SYNC: every server is at exactly `step`): saves
+  // when checkpoint.every_steps or every_seconds says so. A failure is an
+  // event of the job, not an error of the training.
+  void MaybeSave(const std::string& job_id, const v1::JobSpec& spec, int64_t step,
+                 Schedule& schedule);
+
+ private:
+  const std::vector<PsControl*> ps_;  // Not owned.
+  JobStore& store_;
+};
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_CHIEF_CHECKPOINTER_H_

@@ -1,0 +1,84 @@
+// Checkpoints through fake servers: the manifest names a complete one, a
+// ps that cannot save fails it, and the schedule decides when.
+#include "worker/chief/checkpointer.h"
+
+#include <filesystem>
+#include <memory>
+
+#include "common/job_spec.h"
+#include "common/storage/checkpoint.h"
+#include "gtest/gtest.h"
+#include "worker/chief/fake_ps_control.h"
+
+namespace towerps::worker {
+namespace {
+
+class CheckpointerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::string(getenv("TEST_TMPDIR")) + "/" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    auto store = JobStore::Open(dir_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    v1::JobSpec spec = JobWithDefaults(*BuiltinJob("dense_stack"));
+    spec.set_job_id("j");
+    auto added = store_->Add(spec);
+    ASSERT_TRUE(added.ok()) << added.status();
+    spec_ = added->spec();
+    for (int p = 0; p < 2; ++p) {
+      ps_.push_back(std::make_unique<FakePsControl>(p));
+      ps_[p]->SetJob("j", 20);
+    }
+  }
+
+  Checkpointer Make() { return Checkpointer({ps_[0].get(), ps_[1].get()}, *store_); }
+
+  std::string dir_;
+  std::unique_ptr<JobStore> store_;
+  v1::JobSpec spec_;
+  std::vector<std::unique_ptr<FakePsControl>> ps_;
+};
+
+TEST_F(CheckpointerTest, SaveNamesTheCheckpointInTheManifest) {
+  Checkpointer c = Make();
+  absl::Status st = c.Save("j", spec_, 20);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(ps_[0]->saves(), 1);
+  EXPECT_EQ(ps_[1]->saves(), 1);
+  auto manifest = common::ReadManifest(spec_.checkpoint().dir());
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  ASSERT_EQ(manifest->size(), 1u);
+  EXPECT_EQ((*manifest)[0].step, 20);
+  EXPECT_EQ((*manifest)[0].num_ps, 2);
+  EXPECT_EQ(store_->Get("j")->checkpoint_step(), 20);
+}
+
+TEST_F(CheckpointerTest, APsThatCannotSaveFailsTheCheckpoint) {
+  ps_[1]->SetUnreachable(true);
+  Checkpointer c = Make();
+  absl::Status st = c.Save("j", spec_, 20);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(st.message(), "ps 1: ps 1 unreachable");
+  EXPECT_FALSE(common::ReadManifest(spec_.checkpoint().dir()).ok());
+  EXPECT_EQ(store_->Get("j")->checkpoint_step(), -1);
+}
+
+TEST_F(CheckpointerTest, MaybeSaveFollowsEverySteps) {
+  spec_.mutable_checkpoint()->set_every_steps(10);
+  spec_.mutable_checkpoint()->set_every_seconds(0);
+  Checkpointer c = Make();
+  Checkpointer::Schedule schedule;
+  c.MaybeSave("j", spec_, 5, schedule);
+  EXPECT_EQ(ps_[0]->saves(), 0);
+  c.MaybeSave("j", spec_, 10, schedule);
+  c.MaybeSave("j", spec_, 10, schedule);  // Once per step.
+  EXPECT_EQ(ps_[0]->saves(), 1);
+  spec_.mutable_checkpoint()->set_disabled(true);
+  c.MaybeSave("j", spec_, 20, schedule);
+  EXPECT_EQ(ps_[0]->saves(), 1);
+}
+
+}  // namespace
+}  // namespace towerps::worker

@@ -1,0 +1,105 @@
+#include "worker/chief/chief_hooks.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace towerps::worker {
+
+ChiefHooks::ChiefHooks(JobStore& store, Checkpointer& checkpointer)
+    : store_(store), checkpointer_(checkpointer) {}
+
+void ChiefHooks::BeginJob(const v1::JobSpec& spec) {
+  std::shared_ptr<common::EventWriter> tb;
+  if (auto w = common::EventWriter::Create(spec.tensorboard_dir()); w.ok()) {
+    tb = std::move(*w);
+  } else {
+    store_.AddEvent(spec.job_id(), v1::JobEvent::LOG,
+                    absl::StrCat("no TensorBoard events: ", w.status().message()));
+  }
+  absl::MutexLock lock(&mu_);
+  tb_ = std::move(tb);
+}
+
+void ChiefHooks::EndJob() {
+  std::shared_ptr<common::EventWriter> tb;
+  {
+    absl::MutexLock lock(&mu_);
+    tb = std::move(tb_);
+    tb_.reset();
+  }
+  if (tb) tb->Flush().IgnoreError();
+}
+
+JobHooks ChiefHooks::For(const v1::StartJobRequest& request) {
+  std::shared_ptr<common::EventWriter> tb;
+  {
+    absl::MutexLock lock(&mu_);
+    tb = tb_;
+  }
+  const v1::JobSpec spec = request.job();
+  const std::string id = spec.job_id();
+  auto schedule = std::make_shared<Checkpointer::Schedule>();
+  JobHooks hooks;
+  hooks.log_every_steps = spec.log_every_steps();
+  hooks.log = [this, id](const std::string& line) {
+    TLOG(INFO) << line;
+    store_.AddEvent(id, v1::JobEvent::LOG, line);
+  };
+  hooks.on_metrics = [this, id, tb](const v1::Metrics& m, bool epoch_end) {
+    OnMetrics(id, m, epoch_end, tb.get());
+  };
+  hooks.after_pull = [this, id, spec, schedule](int64_t step) {
+    checkpointer_.MaybeSave(id, spec, step, *schedule);
+    return absl::OkStatus();
+  };
+  hooks.on_epoch = [tb](int64_t step, const std::vector<v1::VariableDef>& defs,
+                        const std::vector<common::Tensor*>& weights) {
+    if (tb == nullptr) return;
+    for (size_t i = 0; i < defs.size() && i < weights.size(); ++i) {
+      tb->AddHistogram(defs[i].name(), step, weights[i]->span()).IgnoreError();
+    }
+    tb->Flush().IgnoreError();
+  };
+  return hooks;
+}
+
+void ChiefHooks::OnMetrics(const std::string& id, const v1::Metrics& m, bool epoch_end,
+                           common::EventWriter* tb) {
+  v1::Metrics merged;
+  absl::Status s = store_.Update(id, [&](v1::JobRecord& record) {
+    v1::Metrics* r = record.mutable_metrics();
+    if (epoch_end) {
+      r->set_test_loss(m.test_loss());
+      r->set_test_accuracy(m.test_accuracy());
+      r->set_has_test(true);
+      r->set_epoch(m.epoch());
+      r->set_epochs(m.epochs());
+      r->set_learning_rate(m.learning_rate());
+      r->set_has_accuracy(m.has_accuracy());
+    } else {
+      const v1::Metrics test = *r;
+      *r = m;
+      r->set_test_loss(test.test_loss());
+      r->set_test_accuracy(test.test_accuracy());
+      r->set_has_test(test.has_test());
+    }
+    merged = *r;
+  });
+  if (!s.ok()) TLOG(WARNING) << "chief: " << s;
+  // The metrics are the message; towerctl formats them.
+  store_.AddEvent(id, epoch_end ? v1::JobEvent::EPOCH : v1::JobEvent::PROGRESS, "", &merged);
+  if (tb == nullptr) return;
+  if (epoch_end) {
+    tb->AddScalar("test/loss", m.step(), m.test_loss()).IgnoreError();
+    if (m.has_accuracy()) tb->AddScalar("test/accuracy", m.step(), m.test_accuracy()).IgnoreError();
+    tb->AddScalar("epoch/learning_rate", m.step(), m.learning_rate()).IgnoreError();
+  } else {
+    tb->AddScalar("train/loss", m.step(), m.loss()).IgnoreError();
+    if (m.has_accuracy()) tb->AddScalar("train/accuracy", m.step(), m.accuracy()).IgnoreError();
+    tb->AddScalar("train/learning_rate", m.step(), m.learning_rate()).IgnoreError();
+    tb->AddScalar("train/examples_per_s", m.step(), m.examples_per_s()).IgnoreError();
+  }
+  tb->Flush().IgnoreError();
+}
+
+}  // namespace towerps::worker

@@ -1,0 +1,50 @@
+// Recovery: whether and how a failed attempt of a job is restarted.
+//
+// A failure that a restart from the latest checkpoint can cure (a ps or
+// worker went away, or came back without the job: UNAVAILABLE, NOT_FOUND,
+// ABORTED, DEADLINE_EXCEEDED) restarts the job, at most spec.max_restarts
+// times; any other failure, or a cancel, ends it at once.
+//
+// Thread-compatible: plain functions of their arguments.
+#ifndef TOWERPS_WORKER_CHIEF_RECOVERY_H_
+#define TOWERPS_WORKER_CHIEF_RECOVERY_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/cancellation.h"
+#include "common/retry.h"
+#include "proto/job.pb.h"
+
+namespace towerps::worker {
+
+// retry_on {UNAVAILABLE, NOT_FOUND, ABORTED, DEADLINE_EXCEEDED};
+// max_attempts = spec.max_restarts + 1; a fixed `backoff` between attempts.
+common::RetryPolicy RestartPolicy(const v1::JobSpec& spec, absl::Duration backoff);
+
+// Runs `attempt(n)` for n = 1, 2, ... until it returns OK, `policy` says to
+// give up (the last failure is returned) or `cancel` fires (CANCELLED).
+// `on_restart(n, failure, restart)` is called before each restart, after the
+// backoff. `cancel` may be null.
+absl::Status RunWithRestarts(
+    const common::RetryPolicy& policy, const common::CancellationToken* cancel,
+    const std::function<absl::Status(int attempt)>& attempt,
+    const std::function<void(int attempt, const absl::Status& failure, int restart)>& on_restart);
+
+// The checkpoint an attempt restores from.
+struct RestorePoint {
+  std::string dir;    // Empty: start from the initializers.
+  int64_t step = -1;  // The checkpoint's step; -1 without one.
+};
+// For the first attempt of a new job: none. Otherwise (a restart, or a
+// resumed job) the latest valid checkpoint under spec.checkpoint.dir; `log`
+// receives a line on each skipped checkpoint and on the choice made.
+RestorePoint ChooseRestorePoint(const v1::JobSpec& spec, int attempt,
+                                const std::function<void(const std::string&)>& log);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_CHIEF_RECOVERY_H_

@@ -1,0 +1,61 @@
+#include "worker/chief/submission.h"
+
+#include <algorithm>
+#include <cctype>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
+#include "common/optimizer_spec.h"
+#include "common/status.h"
+#include "worker/device/backend.h"
+#include "worker/model/dataset.h"
+#include "worker/model/model.h"
+
+namespace towerps::worker {
+
+bool ValidJobId(const std::string& id) {
+  if (id.empty() || id.size() > 64 || id[0] == '.') return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers) {
+  TOWERPS_RETURN_IF_ERROR(ValidateJob(job, num_workers));
+  TOWERPS_RETURN_IF_ERROR(common::Annotate(common::ValidateOptimizer(job.optimizer()), "job spec"));
+  // The model: layer types, units, names (Model::Create names the layer).
+  std::unique_ptr<Backend> backend = NewCpuBackend();
+  auto model = Model::Create(job.model(), *backend);
+  if (!model.ok()) return common::Annotate(model.status(), "job spec: model");
+  const v1::DataSpec& d = job.data();
+  if (d.source() == v1::DataSpec::FASHION_MNIST) {
+    constexpr int kPixels = 28 * 28, kClasses = 10;
+    if ((*model)->input_dim() != kPixels) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job spec: model.input_dim = ", (*model)->input_dim(), " but Fashion-MNIST examples have ",
+          kPixels, " features"));
+    }
+    if (job.model().loss() == v1::SOFTMAX_CROSS_ENTROPY && (*model)->output_dim() != kClasses) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job spec: model.layers[", job.model().layers_size() - 1, "].units = ",
+          (*model)->output_dim(), " but Fashion-MNIST has ", kClasses,
+          " classes (softmax cross-entropy needs one output per class)"));
+    }
+    for (bool train : {true, false}) {
+      auto files = FindFashionMnistFiles(d.dir(), train);
+      if (!files.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("job spec: data.dir = \"", d.dir(),
+                                                       "\": ", files.status().message()));
+      }
+    }
+  } else if (d.source() == v1::DataSpec::ONES && d.ones_target_dim() > 0 &&
+             d.ones_target_dim() != (*model)->output_dim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec: data.ones_target_dim = ", d.ones_target_dim(), " but the model outputs ",
+        (*model)->output_dim(), " values"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace towerps::worker

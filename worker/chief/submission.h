@@ -1,0 +1,29 @@
+// Submission checks: what can be checked about a job before it runs, so that
+// a bad spec is refused at submit time with the field named rather than
+// failing on the cluster later.
+//
+// Thread-safe (no state). ValidateSubmission builds the model on a CPU
+// backend and looks for the data files: it may take a moment, not an RPC.
+#ifndef TOWERPS_WORKER_CHIEF_SUBMISSION_H_
+#define TOWERPS_WORKER_CHIEF_SUBMISSION_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/job.pb.h"
+
+namespace towerps::worker {
+
+// 1-64 letters, digits, '-', '_' or '.', not starting with '.' (a job_id
+// names a directory under the state dir).
+bool ValidJobId(const std::string& id);
+
+// Checks what can be checked before a job runs, naming the field:
+// ValidateJob, the optimizer and schedule, the model (layers, units), the
+// model's input and output widths against the data set, and that the data
+// files exist. `job` has defaults applied. InvalidArgument otherwise.
+absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_CHIEF_SUBMISSION_H_

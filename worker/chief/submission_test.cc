@@ -1,0 +1,87 @@
+// ValidateSubmission: each bad spec the chief must refuse at submit time,
+// with the field named.
+#include "worker/chief/submission.h"
+
+#include "common/job_spec.h"
+#include "gtest/gtest.h"
+#include "proto/job.pb.h"
+
+namespace towerps::worker {
+namespace {
+
+v1::JobSpec Mlp() { return JobWithDefaults(*BuiltinJob("mlp")); }
+
+void ExpectRejected(const v1::JobSpec& job, const std::string& want) {
+  absl::Status s = ValidateSubmission(JobWithDefaults(job), 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+}
+
+TEST(ValidateSubmissionTest, TheBuiltInJobsAreValid) {
+  EXPECT_TRUE(ValidateSubmission(Mlp(), 2).ok()) << ValidateSubmission(Mlp(), 2);
+  auto stack = JobWithDefaults(*BuiltinJob("dense_stack"));
+  EXPECT_TRUE(ValidateSubmission(stack, 2).ok()) << ValidateSubmission(stack, 2);
+}
+
+TEST(ValidateSubmissionTest, EachBadFieldIsNamed) {
+  v1::JobSpec j = Mlp();
+  j.mutable_model()->mutable_layers(1)->set_type(static_cast<v1::LayerSpec::Type>(9));
+  ExpectRejected(j, "layer 1");
+
+  j = Mlp();
+  j.mutable_model()->mutable_layers(2)->set_units(11);
+  ExpectRejected(j, "units = 11");
+
+  j = Mlp();
+  j.mutable_model()->set_input_dim(100);
+  ExpectRejected(j, "input_dim = 100");
+
+  j = Mlp();
+  j.set_micro_batches(-2);
+  ExpectRejected(j, "micro_batches = -2");
+
+  j = Mlp();
+  j.set_towers(3);
+  j.add_tower_devices("GPU:0");
+  j.add_tower_devices("GPU:1");
+  ExpectRejected(j, "towers = 3 but tower_devices names 2 devices");
+
+  j = Mlp();
+  j.set_global_batch_size(-5);
+  ExpectRejected(j, "global_batch_size = -5");
+
+  j = Mlp();
+  j.mutable_optimizer()->set_type(static_cast<v1::OptimizerSpec::Type>(9));
+  ExpectRejected(j, "optimizer.type");
+
+  j = Mlp();
+  j.mutable_optimizer()->set_weight_decay(-1);
+  ExpectRejected(j, "weight_decay");
+
+  j = Mlp();
+  j.mutable_data()->set_dir("/no/such/dir");
+  ExpectRejected(j, "data.dir = \"/no/such/dir\": Fashion-MNIST: neither /no/such/dir/train-images");
+
+  j = Mlp();
+  j.mutable_checkpoint()->set_every_steps(-3);
+  ExpectRejected(j, "checkpoint.every_steps = -3");
+
+  j = Mlp();
+  j.set_replicas_to_aggregate(3);
+  ExpectRejected(j, "replicas_to_aggregate = 3");
+
+  j = JobWithDefaults(*BuiltinJob("dense_stack"));
+  j.mutable_data()->set_ones_target_dim(7);
+  ExpectRejected(j, "ones_target_dim = 7");
+}
+
+TEST(ValidJobIdTest, Names) {
+  EXPECT_TRUE(ValidJobId("mnist-2.run_1"));
+  EXPECT_FALSE(ValidJobId(""));
+  EXPECT_FALSE(ValidJobId(".hidden"));
+  EXPECT_FALSE(ValidJobId("a/b"));
+  EXPECT_FALSE(ValidJobId(std::string(65, 'a')));
+}
+
+}  // namespace
+}  // namespace towerps::worker
