@@ -213,11 +213,16 @@ class JobManager::Impl {
     request.set_restore_from(restore.dir);
     TOWERPS_RETURN_IF_ERROR(dispatcher_->RunAttempt(request, cancel));
     std::vector<v1::JobStatus> shards = dispatcher_->ShardStatuses(id, absl::Seconds(10));
+    // The final checkpoint is what `towerctl export` and a resume read: a job
+    // whose last checkpoint was not written has not succeeded. (A retryable
+    // cause, e.g. a ps lost while saving, restarts the attempt like any other.)
+    absl::Status final_checkpoint = absl::OkStatus();
     if (!spec.checkpoint().disabled()) {
-      absl::Status s = checkpointer_->Save(id, spec, shards.empty() ? 0 : shards[0].global_step());
-      if (!s.ok()) {
-        store_->AddEvent(id, v1::JobEvent::LOG,
-                         absl::StrCat("final checkpoint failed: ", s.message()));
+      final_checkpoint = common::Annotate(
+          checkpointer_->Save(id, spec, shards.empty() ? 0 : shards[0].global_step()),
+          "final checkpoint");
+      if (!final_checkpoint.ok()) {
+        store_->AddEvent(id, v1::JobEvent::LOG, std::string(final_checkpoint.message()));
       }
     }
     int64_t bytes = 0;
@@ -228,7 +233,7 @@ class JobManager::Impl {
       r.set_variables_bytes(bytes);
     }));
     dispatcher_->FreeOnce(id);
-    return absl::OkStatus();
+    return final_checkpoint;
   }
 
   static void LogIfError(const absl::Status& s) {

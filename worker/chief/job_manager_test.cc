@@ -197,5 +197,25 @@ TEST_F(JobManagerTest, CancelQueuedAndRunningJobs) {
   EXPECT_EQ(m->Cancel("zzz").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(JobManagerTest, AFailedFinalCheckpointFailsTheJobNamingThePath) {
+  auto m = StartManager(FakeWorkerClient::OnStart::kRun);
+  std::filesystem::create_directories(dir_);
+  std::ofstream(dir_ + "/blocker") << "a file where the checkpoint directory goes";
+  v1::SubmitJobRequest job = Job("c", /*max_restarts=*/2);
+  job.mutable_spec()->mutable_checkpoint()->set_disabled(false);
+  job.mutable_spec()->mutable_checkpoint()->set_dir(dir_ + "/blocker/ckpt");
+  ASSERT_TRUE(m->Submit(job).ok());
+  ASSERT_TRUE(workers_[0]->AwaitStarts(1, absl::Seconds(30)));
+  for (auto* p : ps_) p->SetJob("c", 10);  // what the workers' registration did
+  for (auto* w : workers_) w->Finish();
+  v1::JobRecord c = AwaitEnd(*m, "c");
+  EXPECT_EQ(c.state(), v1::FAILED);
+  EXPECT_EQ(c.attempts(), 1);  // not a cause a restart cures
+  EXPECT_NE(c.error().find("final checkpoint"), std::string::npos) << c.error();
+  EXPECT_NE(c.error().find(dir_ + "/blocker/ckpt"), std::string::npos) << c.error();
+  EXPECT_EQ(c.checkpoint_step(), -1);
+  for (auto* p : ps_) EXPECT_FALSE(p->holds("c"));  // freed all the same
+}
+
 }  // namespace
 }  // namespace towerps::worker
