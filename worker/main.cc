@@ -215,18 +215,18 @@ int main(int argc, char** argv) {
 
   // Devices: the physical ones, split as asked. CUDA has already applied
   // CUDA_VISIBLE_DEVICES to what it reports, so it is not passed again here.
-  towerps::common::DeviceManagerOptions dopts;
+  towerps::worker::DeviceManagerOptions dopts;
   dopts.task_name = spec->TaskName();
   dopts.virtual_devices = absl::GetFlag(FLAGS_virtual_devices);
   dopts.visible_devices = absl::GetFlag(FLAGS_visible_devices);
-  dopts.physical = towerps::common::DiscoverPhysicalDevices();
+  dopts.physical = towerps::worker::DiscoverPhysicalDevices();
   dopts.allow_soft_placement = absl::GetFlag(FLAGS_allow_soft_placement);
   dopts.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);
   // Virtual GPUs allocate real device memory (cudaMalloc), under their limits.
-  dopts.gpu_backend_factory = [](const towerps::common::PhysicalDevice& gpu) {
-    return towerps::common::NewCudaMemoryBackend(gpu.index);
+  dopts.gpu_backend_factory = [](const towerps::worker::PhysicalDevice& gpu) {
+    return towerps::worker::NewCudaMemoryBackend(gpu.index);
   };
-  auto devices = towerps::common::DeviceManager::Create(dopts);
+  auto devices = towerps::worker::DeviceManager::Create(dopts);
   if (!devices.ok()) return Fail("devices", devices.status(), 2);
   towerps::worker::WorkerEnv env;
   env.cluster = *spec;
@@ -241,7 +241,7 @@ int main(int argc, char** argv) {
   }
 
   if (absl::GetFlag(FLAGS_serve)) {
-    TLOG(INFO) << spec->TaskName() << ": " << towerps::common::DescribeGpus(towerps::common::QueryGpus());
+    TLOG(INFO) << spec->TaskName() << ": " << towerps::worker::DescribeGpus(towerps::worker::QueryGpus());
     return Serve(*spec, env);
   }
 

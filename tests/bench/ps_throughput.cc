@@ -132,7 +132,7 @@ std::vector<float> Pattern(int64_t n, int seed) {
   return v;
 }
 
-absl::StatusOr<Row> RunTcp(const BenchOptions& opt, const common::Placement& placement,
+absl::StatusOr<Row> RunTcp(const BenchOptions& opt, const worker::Placement& placement,
                            int64_t model_bytes) {
   std::vector<std::unique_ptr<LoopbackTcpEcho>> echoes;
   std::vector<std::vector<char>> data, out;
@@ -161,7 +161,7 @@ absl::StatusOr<Row> RunTcp(const BenchOptions& opt, const common::Placement& pla
 
 absl::StatusOr<Row> RunEcho(const BenchOptions& opt, Payload payload, int64_t chunk,
                             const std::vector<std::unique_ptr<Echo::Stub>>& stubs,
-                            const common::Placement& placement, int64_t model_bytes) {
+                            const worker::Placement& placement, int64_t model_bytes) {
   std::vector<std::vector<float>> data, out;
   for (int s = 0; s < kNumServers; ++s) {
     data.push_back(Pattern(placement.bytes[s] / 4, s + 1));
@@ -284,9 +284,9 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
   TOWERPS_ASSIGN_OR_RETURN(auto model, worker::Model::Create(job.model(), *backend));
   const std::vector<v1::VariableDef> vars = model->VariableDefs();
   int64_t model_bytes = 0;
-  for (const auto& v : vars) model_bytes += common::VariableBytes(v);
-  TOWERPS_ASSIGN_OR_RETURN(common::Placement placement,
-                           common::PlanPlacement(vars, kNumServers, v1::GREEDY_BYTES));
+  for (const auto& v : vars) model_bytes += worker::VariableBytes(v);
+  TOWERPS_ASSIGN_OR_RETURN(worker::Placement placement,
+                           worker::PlanPlacement(vars, kNumServers, v1::GREEDY_BYTES));
 
   // Servers: the real ps, and the echo ceiling on separate gRPC servers.
   std::vector<std::unique_ptr<ps::ParameterServer>> servers;

@@ -217,8 +217,8 @@ int main(int argc, char** argv) {
   std::printf("  gemm GFLOP/s counts forward, dW and dx GEMMs; ref = the same GEMMs through the backend's plain\n"
               "  SGEMM (cblas_sgemm with all cores; cublasSgemm), measured now; wrong = gradient elements that\n"
               "  differ from the CPU's first row of the model (rel 1e-4)\n");
-  const towerps::common::GpuInfo gpus = towerps::common::QueryGpus();
-  std::printf("  %s\n\n", towerps::common::DescribeGpus(gpus).c_str());
+  const towerps::worker::GpuInfo gpus = towerps::worker::QueryGpus();
+  std::printf("  %s\n\n", towerps::worker::DescribeGpus(gpus).c_str());
   std::printf("%-6s %-20s %6s %6s %12s %11s %11s %8s %7s\n", "device", "model", "towers", "batch",
               "examples/s", "gemm_GF/s", "ref_GF/s", "of_ref", "wrong");
   int64_t total_wrong = 0;

@@ -22,7 +22,7 @@ constexpr int64_t kMaxChunk = int64_t{1} << 30;
 
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(common::Allocator* allocator) : allocator_(allocator) {}
+  explicit CpuBackend(Allocator* allocator) : allocator_(allocator) {}
 
   std::string memory_space() const override { return "cpu"; }
 
@@ -155,14 +155,14 @@ class CpuBackend : public Backend {
   }
 
  private:
-  common::Allocator* const allocator_;  // Not owned; may be null.
+  Allocator* const allocator_;  // Not owned; may be null.
   // All ones; grows to the largest row count SumRows has seen.
   std::vector<float> ones_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> NewCpuBackend(common::Allocator* allocator) {
+std::unique_ptr<Backend> NewCpuBackend(Allocator* allocator) {
   return std::make_unique<CpuBackend>(allocator);
 }
 

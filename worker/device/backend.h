@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "worker/device/loss_kind.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 class Allocator;
 }
 
@@ -145,18 +145,18 @@ class Backend {
 // A Backend on the host CPU through CBLAS (OpenBLAS). With an `allocator`
 // (not owned; must outlive the backend), Allocate charges it, so a virtual
 // CPU device's limit holds; without one, Allocate uses plain host memory.
-std::unique_ptr<Backend> NewCpuBackend(common::Allocator* allocator = nullptr);
+std::unique_ptr<Backend> NewCpuBackend(Allocator* allocator = nullptr);
 
 // Whether this binary has the CUDA backend (built with the toolkit).
 bool CudaBackendBuilt();
 
 // A CUDA backend on physical GPU `gpu` with its own stream and cuBLAS
 // handle; memory through `allocator` (not owned; its MemoryBackend must hand
-// out device memory of that GPU, e.g. common::NewCudaMemoryBackend), or
+// out device memory of that GPU, e.g. NewCudaMemoryBackend), or
 // cudaMalloc directly when null. Unavailable (with the reason) in CPU-only
 // builds; the CUDA error when the GPU cannot be used.
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(
-    int gpu, common::Allocator* allocator = nullptr);
+    int gpu, Allocator* allocator = nullptr);
 
 }  // namespace towerps::worker
 

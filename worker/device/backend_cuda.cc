@@ -83,7 +83,7 @@ void EnablePeerAccess(int device, int peer) {
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> Create(
-      int gpu, common::Allocator* allocator);
+      int gpu, Allocator* allocator);
   ~CudaBackend() override;
 
   std::string memory_space() const override {
@@ -116,7 +116,7 @@ class CudaBackend final : public Backend {
                                   int64_t grad_count) override;
 
  private:
-  CudaBackend(int gpu, common::Allocator* allocator, common::CudaStream stream,
+  CudaBackend(int gpu, Allocator* allocator, CudaStream stream,
               CublasHandle cublas)
       : gpu_(gpu),
         allocator_(allocator),
@@ -135,13 +135,13 @@ class CudaBackend final : public Backend {
   }
   void Record(cudaError_t err, absl::string_view what) {
     if (err != cudaSuccess) {
-      Record(common::GpuStatus(err, absl::StrCat(memory_space(), ": ", what)));
+      Record(GpuStatus(err, absl::StrCat(memory_space(), ": ", what)));
     }
   }
   void Record(cublasStatus_t status, absl::string_view what) {
     if (status != CUBLAS_STATUS_SUCCESS) {
       Record(
-          common::GpuStatus(status, absl::StrCat(memory_space(), ": ", what)));
+          GpuStatus(status, absl::StrCat(memory_space(), ": ", what)));
     }
   }
   // For worker/device/cuda_kernels.h, whose launchers return a cudaError_t as int.
@@ -171,8 +171,8 @@ class CudaBackend final : public Backend {
 
   // Constant after construction.
   const int gpu_;
-  common::Allocator* const allocator_;  // Not owned; null: cudaMalloc.
-  const common::CudaStream stream_;
+  Allocator* const allocator_;  // Not owned; null: cudaMalloc.
+  const CudaStream stream_;
   // Bound to stream_; destroyed before it (declared after it).
   const CublasHandle cublas_;
 
@@ -180,7 +180,7 @@ class CudaBackend final : public Backend {
   // Loss's per-row results: cudaMalloc'd directly, not charged to the
   // allocator (12 bytes per row of the largest batch seen; a virtual
   // device's limit is about tensors, and this is far below its rounding).
-  common::CudaMemory loss_scratch_;
+  CudaMemory loss_scratch_;
   int64_t loss_scratch_rows_ = 0;
   std::set<int> peers_tried_;  // GPUs EnablePeerAccess was tried for
   std::vector<double> host_row_loss_;
@@ -194,7 +194,7 @@ class CudaBackend final : public Backend {
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(
-    int gpu, common::Allocator* allocator) {
+    int gpu, Allocator* allocator) {
   if (gpu < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA backend: bad GPU index ", gpu));
@@ -205,7 +205,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(
   TOWERPS_RETURN_IF_GPU_ERROR(
       cudaStreamCreateWithFlags(&raw_stream, cudaStreamNonBlocking),
       where + ": cudaStreamCreateWithFlags");
-  common::CudaStream stream(raw_stream);
+  CudaStream stream(raw_stream);
   cublasHandle_t raw_handle = nullptr;
   TOWERPS_RETURN_IF_GPU_ERROR(cublasCreate(&raw_handle),
                               where + ": cublasCreate");
@@ -254,7 +254,7 @@ absl::StatusOr<float*> CudaBackend::Allocate(int64_t n) {
       return absl::FailedPreconditionError(absl::StrCat(
           memory_space(),
           ": the allocator handed out memory that is not device memory of GPU ",
-          gpu_, " (its MemoryBackend should be common::NewCudaMemoryBackend(",
+          gpu_, " (its MemoryBackend should be NewCudaMemoryBackend(",
           gpu_, "))"));
     }
     return static_cast<float*>(p);
@@ -543,7 +543,7 @@ absl::StatusOr<LossResult> CudaBackend::Loss(LossKind kind, int64_t n,
 bool CudaBackendBuilt() { return true; }
 
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(
-    int gpu, common::Allocator* allocator) {
+    int gpu, Allocator* allocator) {
   return CudaBackend::Create(gpu, allocator);
 }
 

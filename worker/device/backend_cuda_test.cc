@@ -106,7 +106,7 @@ TEST(CudaBackendBuildTest, UnavailableInCpuOnlyBuilds) {
 
 TEST(CudaBackendBuildTest, WithoutAGpuCreationFailsCleanly) {
   if (!CudaBackendBuilt()) GTEST_SKIP() << "built without CUDA";
-  if (!common::QueryGpus().devices.empty()) GTEST_SKIP() << "has a GPU";
+  if (!QueryGpus().devices.empty()) GTEST_SKIP() << "has a GPU";
   const auto backend = NewCudaBackend(0);
   // No driver (cudaErrorInsufficientDriver) or no device (cudaErrorNoDevice).
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition)
@@ -125,7 +125,7 @@ class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!CudaBackendBuilt()) GTEST_SKIP() << "built without CUDA";
-    const common::GpuInfo info = common::QueryGpus();
+    const GpuInfo info = QueryGpus();
     TOWERPS_SKIP_WITHOUT_GPU(info);
     gpu_count_ = static_cast<int>(info.devices.size());
     cpu_ = NewCpuBackend();
@@ -578,15 +578,15 @@ TEST_F(CudaBackendTest, CopyFromAnotherGpu) {
 }
 
 TEST_F(CudaBackendTest, AllocateChargesTheAllocator) {
-  auto memory = common::NewCudaMemoryBackend(0);
+  auto memory = NewCudaMemoryBackend(0);
   ASSERT_TRUE(memory.ok()) << memory.status();
-  common::Allocator allocator("/job:localhost/replica:0/task:0/device:GPU:0",
-                              common::kMegabyte, std::move(*memory));
+  Allocator allocator("/job:localhost/replica:0/task:0/device:GPU:0",
+                              worker::kMegabyte, std::move(*memory));
   auto backend = NewCudaBackend(0, &allocator);
   ASSERT_TRUE(backend.ok()) << backend.status();
-  auto p = (*backend)->Allocate(common::kMegabyte / sizeof(float));
+  auto p = (*backend)->Allocate(worker::kMegabyte / sizeof(float));
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(allocator.bytes_in_use(), common::kMegabyte);
+  EXPECT_EQ(allocator.bytes_in_use(), worker::kMegabyte);
 
   const auto q = (*backend)->Allocate(1);
   EXPECT_EQ(q.status().code(), absl::StatusCode::kResourceExhausted);
@@ -604,8 +604,8 @@ TEST_F(CudaBackendTest, AllocateChargesTheAllocator) {
 }
 
 TEST_F(CudaBackendTest, AllocatorWithHostMemoryIsRefused) {
-  common::Allocator allocator("/job:localhost/replica:0/task:0/device:GPU:0", 0,
-                              common::NewHostMemoryBackend());
+  Allocator allocator("/job:localhost/replica:0/task:0/device:GPU:0", 0,
+                              NewHostMemoryBackend());
   auto backend = NewCudaBackend(0, &allocator);
   ASSERT_TRUE(backend.ok()) << backend.status();
   const auto p = (*backend)->Allocate(16);

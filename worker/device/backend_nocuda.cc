@@ -8,7 +8,7 @@ namespace towerps::worker {
 bool CudaBackendBuilt() { return false; }
 
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(
-    int gpu, common::Allocator* allocator) {
+    int gpu, Allocator* allocator) {
   return absl::UnavailableError(
       "this binary was built without CUDA (CPU-only build)");
 }

@@ -1,4 +1,4 @@
-// GPU memory for the virtual devices' allocators: a common::MemoryBackend
+// GPU memory for the virtual devices' allocators: a MemoryBackend
 // that hands out device memory of one physical GPU.
 //
 // Two implementations, chosen in common/BUILD: cuda_memory_cuda.cc (the
@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "worker/device/device_manager.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 // A MemoryBackend whose Alloc is cudaMalloc on physical GPU `gpu` and whose
 // Free is cudaFree. Thread-safe; Alloc, Free and this factory make `gpu` the
@@ -26,6 +26,6 @@ namespace towerps::common {
 // the GPU cannot be used, and Unavailable in CPU-only builds.
 absl::StatusOr<std::unique_ptr<MemoryBackend>> NewCudaMemoryBackend(int gpu);
 
-}  // namespace towerps::common
+}  // namespace towerps::worker
 
 #endif  // TOWERPS_WORKER_DEVICE_CUDA_MEMORY_H_

@@ -11,7 +11,7 @@
 #include "worker/device/cuda_memory.h"
 #include "worker/device/cuda_util.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 namespace {
 
 // Alloc(0) must return a unique non-null pointer; cudaMalloc(0) returns null.
@@ -92,4 +92,4 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> NewCudaMemoryBackend(int gpu) {
   return std::make_unique<CudaMemoryBackend>(gpu);
 }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker

@@ -2,11 +2,11 @@
 #include "absl/status/status.h"
 #include "worker/device/cuda_memory.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 absl::StatusOr<std::unique_ptr<MemoryBackend>> NewCudaMemoryBackend(int gpu) {
   return absl::UnavailableError(
       "GPU memory: this binary was built without CUDA (CPU-only build)");
 }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker

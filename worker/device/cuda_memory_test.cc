@@ -8,7 +8,7 @@
 #include "worker/device/gpu_info.h"
 #include "worker/device/gpu_test_util.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 namespace {
 
 TEST(CudaMemoryTest, UnavailableInCpuOnlyBuilds) {
@@ -78,4 +78,4 @@ TEST_F(CudaMemoryGpuTest, AllocatorLimitNamesTheDevice) {
 }
 
 }  // namespace
-}  // namespace towerps::common
+}  // namespace towerps::worker

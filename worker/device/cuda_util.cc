@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/device/nccl_lib.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 absl::Status GpuStatus(cudaError_t err, absl::string_view context) {
   if (err == cudaSuccess) return absl::OkStatus();
@@ -77,4 +77,4 @@ void CudaStreamDeleter::operator()(cudaStream_t stream) const {
 
 void CudaFreeDeleter::operator()(void* p) const { cudaFree(p); }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker

@@ -18,7 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "common/status.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 // OK for success; otherwise "<context>: <library error name>: <description>"
 // with a code chosen from the error:
@@ -47,11 +47,11 @@ struct CudaFreeDeleter {
 };
 using CudaMemory = std::unique_ptr<void, CudaFreeDeleter>;
 
-}  // namespace towerps::common
+}  // namespace towerps::worker
 
 // Evaluates `expr` (a cudaError_t, cublasStatus_t or ncclResult_t) and
 // returns GpuStatus(result, context) from the caller if it is not success.
 #define TOWERPS_RETURN_IF_GPU_ERROR(expr, context) \
-  TOWERPS_RETURN_IF_ERROR(::towerps::common::GpuStatus((expr), (context)))
+  TOWERPS_RETURN_IF_ERROR(::towerps::worker::GpuStatus((expr), (context)))
 
 #endif  // TOWERPS_WORKER_DEVICE_CUDA_UTIL_H_

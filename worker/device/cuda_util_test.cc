@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 namespace {
 
 // The conversions need the libraries but no GPU.
@@ -69,4 +69,4 @@ TEST(CudaUtilTest, MacroReturnsTheFirstFailure) {
 }
 
 }  // namespace
-}  // namespace towerps::common
+}  // namespace towerps::worker

@@ -20,7 +20,7 @@
 #include "common/status.h"
 #include "worker/device/gpu_info.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 namespace {
 
 constexpr int64_t kHostAlignment = 64;
@@ -248,7 +248,7 @@ absl::StatusOr<void*> Allocator::Allocate(int64_t bytes) {
   absl::MutexLock lock(&mu_);
   if (!p.ok()) {
     bytes_in_use_ -= bytes;
-    return Annotate(p.status(), absl::StrCat(device_name_, ": cannot allocate ",
+    return common::Annotate(p.status(), absl::StrCat(device_name_, ": cannot allocate ",
                                              bytes, " bytes"));
   }
   sizes_[*p] = bytes;
@@ -561,4 +561,4 @@ void DeviceManager::Log(bool warning, const std::string& line) const {
   }
 }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker

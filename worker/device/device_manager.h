@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 inline constexpr int64_t kMegabyte = int64_t{1} << 20;
 
@@ -239,6 +239,6 @@ class DeviceManager {
   std::vector<std::unique_ptr<VirtualDevice>> devices_;  // Filled by Create.
 };
 
-}  // namespace towerps::common
+}  // namespace towerps::worker
 
 #endif  // TOWERPS_WORKER_DEVICE_DEVICE_MANAGER_H_

@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 namespace {
 
 using ::testing::ElementsAre;
@@ -529,4 +529,4 @@ TEST(DiscoverPhysicalDevicesTest, HasTheCpuFirst) {
 }
 
 }  // namespace
-}  // namespace towerps::common
+}  // namespace towerps::worker

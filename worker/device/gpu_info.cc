@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 std::string DescribeGpus(const GpuInfo& info) {
   if (!info.cuda_built) return "CUDA: not built (CPU-only)";
@@ -26,4 +26,4 @@ std::string DescribeGpus(const GpuInfo& info) {
   return out;
 }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker

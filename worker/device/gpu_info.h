@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace towerps::common {
+namespace towerps::worker {
 
 struct GpuDevice {
   int index = 0;
@@ -39,6 +39,6 @@ GpuInfo QueryGpus();
 // "CUDA: no usable GPU (<the runtime's error>), running on CPU" where one is.
 std::string DescribeGpus(const GpuInfo& info);
 
-}  // namespace towerps::common
+}  // namespace towerps::worker
 
 #endif  // TOWERPS_WORKER_DEVICE_GPU_INFO_H_

@@ -7,7 +7,7 @@
 #include "worker/device/gpu_info.h"
 #include "worker/device/nccl_lib.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 GpuInfo QueryGpus() {
   GpuInfo info;
@@ -42,4 +42,4 @@ GpuInfo QueryGpus() {
   return info;
 }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker

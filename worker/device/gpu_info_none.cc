@@ -1,7 +1,7 @@
 // CPU-only build: there is no CUDA here.
 #include "worker/device/gpu_info.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 GpuInfo QueryGpus() {
   GpuInfo info;
@@ -9,4 +9,4 @@ GpuInfo QueryGpus() {
   return info;
 }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker

@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 namespace {
 
 TEST(GpuInfoTest, AnswersWithoutCrashingAndDescribes) {
@@ -52,4 +52,4 @@ TEST(GpuInfoTest, DescribeListsDevices) {
 }
 
 }  // namespace
-}  // namespace towerps::common
+}  // namespace towerps::worker

@@ -13,21 +13,21 @@
 #include "gtest/gtest.h"
 #include "worker/device/gpu_info.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 inline bool GpuRequired() {
   const char* v = std::getenv("TOWERPS_REQUIRE_GPU");
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker
 
 // In a test body or SetUp: returns (skipping, or failing when a GPU is
-// required) when `info` (a common::GpuInfo) lists no GPU.
+// required) when `info` (a GpuInfo) lists no GPU.
 #define TOWERPS_SKIP_WITHOUT_GPU(info)                                      \
   do {                                                                      \
     if ((info).devices.empty()) {                                           \
-      if (::towerps::common::GpuRequired()) {                               \
+      if (::towerps::worker::GpuRequired()) {                               \
         FAIL() << "TOWERPS_REQUIRE_GPU=1 but CUDA sees no GPU: "            \
                << (info).note;                                              \
       }                                                                     \

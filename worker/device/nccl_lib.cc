@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 namespace {
 
 template <typename F>
@@ -79,4 +79,4 @@ const NcclLib* Nccl(std::string* why) {
   return lib;
 }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker

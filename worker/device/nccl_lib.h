@@ -15,7 +15,7 @@
 
 #include <string>
 
-namespace towerps::common {
+namespace towerps::worker {
 
 // The NCCL entry points this project uses, resolved from one library.
 struct NcclLib {
@@ -40,6 +40,6 @@ const NcclLib* Nccl(std::string* why = nullptr);
 // `why` set, when it cannot be opened or lacks an entry point.
 bool LoadNcclFrom(const std::string& path, NcclLib* lib, std::string* why);
 
-}  // namespace towerps::common
+}  // namespace towerps::worker
 
 #endif  // TOWERPS_WORKER_DEVICE_NCCL_LIB_H_

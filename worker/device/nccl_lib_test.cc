@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 namespace {
 
 // The machines that build with CUDA here have NCCL installed with the
@@ -36,4 +36,4 @@ TEST(NcclLibTest, ALibraryWithoutNcclIsRefusedNamingTheSymbol) {
 }
 
 }  // namespace
-}  // namespace towerps::common
+}  // namespace towerps::worker

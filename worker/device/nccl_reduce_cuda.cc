@@ -21,7 +21,7 @@ namespace {
 
 // Only constructed once NCCL has loaded (Create checks).
 struct NcclCommDeleter {
-  void operator()(ncclComm_t comm) const { common::Nccl()->CommDestroy(comm); }
+  void operator()(ncclComm_t comm) const { Nccl()->CommDestroy(comm); }
 };
 using NcclComm =
     std::unique_ptr<std::remove_pointer_t<ncclComm_t>, NcclCommDeleter>;
@@ -30,13 +30,13 @@ using NcclComm =
 // Members are destroyed in reverse order: the communicator before the stream.
 struct Rank {
   int gpu = 0;
-  common::CudaStream stream;
+  CudaStream stream;
   NcclComm comm;
 };
 
 class CudaNcclGroup final : public NcclGroup {
  public:
-  CudaNcclGroup(const common::NcclLib* nccl, std::vector<Rank> ranks)
+  CudaNcclGroup(const NcclLib* nccl, std::vector<Rank> ranks)
       : nccl_(nccl), ranks_(std::move(ranks)) {}
 
   ~CudaNcclGroup() override {
@@ -79,7 +79,7 @@ class CudaNcclGroup final : public NcclGroup {
     for (const Op& op : ops) {
       if (op.n == 0) continue;
       for (size_t r = 0; r < ranks_.size() && status.ok(); ++r) {
-        status = common::GpuStatus(
+        status = GpuStatus(
             nccl_->AllReduce(op.buffers[r], op.buffers[r],
                           static_cast<size_t>(op.n), ncclFloat, ncclSum,
                           ranks_[r].comm.get(), ranks_[r].stream.get()),
@@ -88,7 +88,7 @@ class CudaNcclGroup final : public NcclGroup {
       if (!status.ok()) break;
     }
     // ncclGroupEnd must follow ncclGroupStart even when a call failed.
-    const absl::Status end = common::GpuStatus(nccl_->GroupEnd(), "ncclGroupEnd");
+    const absl::Status end = GpuStatus(nccl_->GroupEnd(), "ncclGroupEnd");
     TOWERPS_RETURN_IF_ERROR(status);
     TOWERPS_RETURN_IF_ERROR(end);
     for (const Rank& rank : ranks_) {
@@ -105,7 +105,7 @@ class CudaNcclGroup final : public NcclGroup {
   int size() const override { return static_cast<int>(ranks_.size()); }
 
  private:
-  const common::NcclLib* const nccl_;
+  const NcclLib* const nccl_;
   std::vector<Rank> ranks_;  // Constant after construction.
 };
 
@@ -114,7 +114,7 @@ class CudaNcclGroup final : public NcclGroup {
 absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
     const std::vector<int>& gpus) {
   std::string why;
-  const common::NcclLib* nccl = common::Nccl(&why);
+  const NcclLib* nccl = Nccl(&why);
   if (nccl == nullptr) {
     return absl::UnavailableError(absl::StrCat("NCCL unavailable: ", why));
   }
@@ -156,7 +156,7 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
 }
 
 bool NcclGroup::Available(std::string* why) {
-  return common::Nccl(why) != nullptr;
+  return Nccl(why) != nullptr;
 }
 
 }  // namespace towerps::worker

@@ -52,7 +52,7 @@ class NcclOnGpusTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!NcclGroup::Available()) GTEST_SKIP() << "NCCL unavailable";
-    const common::GpuInfo info = common::QueryGpus();
+    const GpuInfo info = QueryGpus();
     TOWERPS_SKIP_WITHOUT_GPU(info);
     std::vector<int> gpus;
     for (const auto& device : info.devices) gpus.push_back(device.index);

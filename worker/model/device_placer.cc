@@ -29,13 +29,13 @@ absl::Status ApplyClassicLayout(const std::vector<std::string>& devices,
 }
 
 absl::StatusOr<std::unique_ptr<MemoryReservation>> MemoryReservation::Reserve(
-    Model& model, const common::DeviceManager& devices, int64_t max_batch) {
+    Model& model, const DeviceManager& devices, int64_t max_batch) {
   std::unique_ptr<MemoryReservation> r(new MemoryReservation());
   const std::vector<Model::LayerMemory> use = model.ParamMemory();
   const std::vector<std::string>& where = model.layer_devices();
   for (size_t i = 0; i < use.size() && i < where.size(); ++i) {
-    common::VirtualDevice* device = nullptr;
-    for (common::VirtualDevice* d : devices.devices()) {
+    VirtualDevice* device = nullptr;
+    for (VirtualDevice* d : devices.devices()) {
       if (d->name() == where[i]) device = d;
     }
     if (device == nullptr) {
@@ -57,7 +57,7 @@ MemoryReservation::~MemoryReservation() {
   for (auto& [allocator, p] : held_) allocator->Deallocate(p);
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> NewBackendForDevice(common::VirtualDevice& device) {
+absl::StatusOr<std::unique_ptr<Backend>> NewBackendForDevice(VirtualDevice& device) {
   if (device.type() == "GPU") {
     auto b = NewCudaBackend(device.physical_index(), &device.allocator());
     if (!b.ok()) return common::Annotate(b.status(), device.name());
@@ -66,10 +66,10 @@ absl::StatusOr<std::unique_ptr<Backend>> NewBackendForDevice(common::VirtualDevi
   return NewCpuBackend(&device.allocator());
 }
 
-absl::StatusOr<std::string> TowerDevice(const common::DeviceManager& devices,
+absl::StatusOr<std::string> TowerDevice(const DeviceManager& devices,
                                         const std::string& requested, int tower,
                                         int towers) {
-  TOWERPS_ASSIGN_OR_RETURN(common::VirtualDevice * d,
+  TOWERPS_ASSIGN_OR_RETURN(VirtualDevice * d,
                            devices.Resolve(requested, absl::StrCat("tower ", tower)));
   const int count = static_cast<int>(devices.DevicesOfType(d->type()).size());
   const int group = count / std::max(towers, 1);
@@ -86,7 +86,7 @@ absl::StatusOr<std::string> TowerDevice(const common::DeviceManager& devices,
   return absl::StrCat(d->type(), ":", tower * group + d->index());
 }
 
-DevicePlacer::DevicePlacer(const common::DeviceManager& devices, BackendFactory make_backend)
+DevicePlacer::DevicePlacer(const DeviceManager& devices, BackendFactory make_backend)
     : devices_(devices),
       make_backend_(make_backend ? std::move(make_backend) : BackendFactory(NewBackendForDevice)) {}
 
@@ -94,7 +94,7 @@ Model::LayerPlacer DevicePlacer::Placer(const std::string& default_device) {
   return [this, default_device](const std::string& layer, const std::string& requested)
              -> absl::StatusOr<Model::LayerPlacement> {
     TOWERPS_ASSIGN_OR_RETURN(
-        common::VirtualDevice * device,
+        VirtualDevice * device,
         devices_.Resolve(requested.empty() ? default_device : requested,
                          absl::StrCat("layer \"", layer, "\"")));
     std::unique_ptr<Backend>& backend = backends_[device];

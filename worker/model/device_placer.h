@@ -42,21 +42,21 @@ class MemoryReservation {
   // nothing stays reserved then. REQUIRES: `model` was placed by a
   // DevicePlacer on `devices`.
   static absl::StatusOr<std::unique_ptr<MemoryReservation>> Reserve(
-      Model& model, const common::DeviceManager& devices, int64_t max_batch);
+      Model& model, const DeviceManager& devices, int64_t max_batch);
   ~MemoryReservation();
   MemoryReservation(const MemoryReservation&) = delete;
   MemoryReservation& operator=(const MemoryReservation&) = delete;
 
  private:
   MemoryReservation() = default;
-  std::vector<std::pair<common::Allocator*, void*>> held_;
+  std::vector<std::pair<Allocator*, void*>> held_;
 };
 
 // The backend of a virtual device: the CPU backend for CPU devices, the GPU
 // backend on the device's physical GPU for GPU devices; both allocate through
 // the device's allocator, so its limit holds. Unavailable for a GPU device in
 // a CPU-only build.
-absl::StatusOr<std::unique_ptr<Backend>> NewBackendForDevice(common::VirtualDevice& device);
+absl::StatusOr<std::unique_ptr<Backend>> NewBackendForDevice(VirtualDevice& device);
 
 // Devices for tower `tower` of `towers` when layers name devices: the
 // worker's devices of each type are split into `towers` equal consecutive
@@ -65,18 +65,18 @@ absl::StatusOr<std::unique_ptr<Backend>> NewBackendForDevice(common::VirtualDevi
 // towers, "CPU:1" is CPU:1 for tower 0 and CPU:4 for tower 1.
 // InvalidArgument (naming the counts) when a type has fewer devices than
 // towers or the device is outside tower 0's group.
-absl::StatusOr<std::string> TowerDevice(const common::DeviceManager& devices,
+absl::StatusOr<std::string> TowerDevice(const DeviceManager& devices,
                                         const std::string& requested, int tower,
                                         int towers);
 
 class DevicePlacer {
  public:
   using BackendFactory =
-      std::function<absl::StatusOr<std::unique_ptr<Backend>>(common::VirtualDevice&)>;
+      std::function<absl::StatusOr<std::unique_ptr<Backend>>(VirtualDevice&)>;
   // `devices` is not owned and must outlive this object and its models.
   // `make_backend` makes the backend of one device (default:
   // NewBackendForDevice).
-  explicit DevicePlacer(const common::DeviceManager& devices,
+  explicit DevicePlacer(const DeviceManager& devices,
                         BackendFactory make_backend = nullptr);
 
   // A placer for Model::Create. Layers with an empty `device` go to
@@ -87,9 +87,9 @@ class DevicePlacer {
   Model::LayerPlacer TowerPlacer(int tower, int towers);
 
  private:
-  const common::DeviceManager& devices_;
+  const DeviceManager& devices_;
   const BackendFactory make_backend_;
-  std::map<const common::VirtualDevice*, std::unique_ptr<Backend>> backends_;
+  std::map<const VirtualDevice*, std::unique_ptr<Backend>> backends_;
 };
 
 }  // namespace towerps::worker

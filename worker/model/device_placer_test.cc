@@ -38,15 +38,15 @@ Batch RandomBatch() {
   return b;
 }
 
-std::unique_ptr<common::DeviceManager> Cpus(int n, bool soft, std::vector<std::string>* log) {
-  common::DeviceManagerOptions o;
+std::unique_ptr<DeviceManager> Cpus(int n, bool soft, std::vector<std::string>* log) {
+  DeviceManagerOptions o;
   o.task_name = "/job:worker/replica:0/task:0";
   o.virtual_devices = "CPU=" + std::to_string(n);
   o.physical = {{"CPU", 0, int64_t{1} << 34, "host"}};
   o.allow_soft_placement = soft;
   o.log_device_placement = true;
   o.log_sink = [log](const std::string& line) { log->push_back(line); };
-  auto m = common::DeviceManager::Create(o);
+  auto m = DeviceManager::Create(o);
   EXPECT_TRUE(m.ok()) << m.status();
   return std::move(*m);
 }
@@ -130,7 +130,7 @@ TEST(DevicePlacerTest, SplitOverDeviceMemoryMatchesUnsplit) {
   auto devices = Cpus(3, false, &log);
   v1::ModelSpec spec = Spec();
   ASSERT_TRUE(ApplyClassicLayout({"CPU:0", "CPU:1", "CPU:2"}, &spec).ok());
-  DevicePlacer placer(*devices, [&](common::VirtualDevice& d)
+  DevicePlacer placer(*devices, [&](VirtualDevice& d)
                                     -> absl::StatusOr<std::unique_ptr<Backend>> {
     return NewFakeDeviceBackend(d.index(), &violations);
   });
@@ -195,11 +195,11 @@ TEST(DevicePlacerTest, MicroBatchPipelineMatchesNoMicroBatching) {
 // runs out) fails the step with the device's error; no stage waits forever,
 // and the model works again with a batch that fits.
 TEST(DevicePlacerTest, PipelineFailureEndsTheStepWithTheDeviceError) {
-  common::DeviceManagerOptions o;
+  DeviceManagerOptions o;
   o.task_name = "/job:worker/replica:0/task:0";
   o.virtual_devices = "CPU=1x3";  // three devices of 1 MB
   o.physical = {{"CPU", 0, int64_t{1} << 34, "host"}};
-  auto devices = common::DeviceManager::Create(o);
+  auto devices = DeviceManager::Create(o);
   ASSERT_TRUE(devices.ok()) << devices.status();
   v1::ModelSpec spec = Spec();
   ASSERT_TRUE(ApplyClassicLayout({"CPU:0", "CPU:1", "CPU:2"}, &spec).ok());
@@ -281,11 +281,11 @@ namespace {
 
 TEST(MemoryReservationTest, ChargesEachLayerToItsDeviceAndReleases) {
   std::vector<std::string> log;
-  common::DeviceManagerOptions o;
+  DeviceManagerOptions o;
   o.task_name = "/job:worker/replica:0/task:0";
   o.virtual_devices = "CPU=1x2";  // two devices of 1 MB
   o.physical = {{"CPU", 0, int64_t{1} << 34, "host"}};
-  auto devices = common::DeviceManager::Create(o);
+  auto devices = DeviceManager::Create(o);
   ASSERT_TRUE(devices.ok()) << devices.status();
   v1::ModelSpec spec = Spec();  // 10-24(relu)-24(relu)-16(relu)-5
   ASSERT_TRUE(ApplyClassicLayout({"CPU:0", "CPU:1"}, &spec).ok());

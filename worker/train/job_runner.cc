@@ -44,7 +44,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                                    const std::string& restore_from, const JobHooks& hooks) {
   v1::JobSpec job = job_in;
   const common::ClusterSpec& spec = env.cluster;
-  common::DeviceManager& devices = *env.devices;
+  DeviceManager& devices = *env.devices;
   const int num_workers = static_cast<int>(spec.worker.size());
   const bool chief = spec.is_chief();
 
@@ -129,7 +129,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
     reservations.push_back(std::move(*r));
   }
   if (env.log_device_placement) Log(hooks, "devices:\n" + devices.Describe());
-  TLOG(INFO) << spec.TaskName() << ": " << common::DescribeGpus(common::QueryGpus());
+  TLOG(INFO) << spec.TaskName() << ": " << DescribeGpus(QueryGpus());
   Model* model = &towers->primary();
   // Towers on CPU share the cores: never more BLAS threads in all than cores.
   if (env.blas_threads > 0 || num_towers > 1) {

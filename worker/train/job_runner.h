@@ -29,7 +29,7 @@ namespace towerps::worker {
 // What stays the same across jobs on one worker. Dependencies not owned.
 struct WorkerEnv {
   common::ClusterSpec cluster;                  // REQUIRED.
-  common::DeviceManager* devices = nullptr;     // REQUIRED.
+  DeviceManager* devices = nullptr;     // REQUIRED.
   int64_t chunk_bytes = 1 << 20;
   absl::Duration wait_timeout = absl::Minutes(10);
   int blas_threads = 0;          // 0: cores / towers.

@@ -49,12 +49,12 @@ constexpr int64_t kSmallJobSteps = 2 * 4;
 class JobRunnerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    common::DeviceManagerOptions d;
+    DeviceManagerOptions d;
     d.task_name = "/job:worker/replica:0/task:0";
     d.physical = {{"CPU", 0, 0, "host"}};
     d.virtual_devices = "CPU=2";  // CPU:0 and CPU:1
     d.log_sink = [](const std::string&) {};
-    auto devices = common::DeviceManager::Create(d);
+    auto devices = DeviceManager::Create(d);
     ASSERT_TRUE(devices.ok()) << devices.status();
     devices_ = std::move(*devices);
     env_.cluster.ps = cluster_.addresses();
@@ -66,7 +66,7 @@ class JobRunnerTest : public ::testing::Test {
   }
 
   LocalPsCluster cluster_{2};
-  std::unique_ptr<common::DeviceManager> devices_;
+  std::unique_ptr<DeviceManager> devices_;
   WorkerEnv env_;
   JobHooks hooks_;
   std::vector<std::string> log_;

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 int64_t VariableBytes(const v1::VariableDef& var) {
   int64_t n = 1;
@@ -86,4 +86,4 @@ absl::StatusOr<Placement> PlanPlacement(const std::vector<v1::VariableDef>& vars
   return p;
 }
 
-}  // namespace towerps::common
+}  // namespace towerps::worker

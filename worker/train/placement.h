@@ -11,7 +11,7 @@
 #include "proto/job.pb.h"
 #include "proto/tensor.pb.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 
 struct Placement {
   // server[i]: ps task of variable i (in the caller's order).
@@ -38,6 +38,6 @@ absl::StatusOr<Placement> PlanPlacement(const std::vector<v1::VariableDef>& vars
 // Bytes of one variable's values.
 int64_t VariableBytes(const v1::VariableDef& var);
 
-}  // namespace towerps::common
+}  // namespace towerps::worker
 
 #endif  // TOWERPS_WORKER_TRAIN_PLACEMENT_H_

@@ -4,7 +4,7 @@
 #include "proto/job.pb.h"
 #include "proto/tensor.pb.h"
 
-namespace towerps::common {
+namespace towerps::worker {
 namespace {
 
 v1::VariableDef Var(const std::string& name, std::vector<int64_t> shape) {
@@ -70,4 +70,4 @@ TEST(PlacementTest, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace towerps::common
+}  // namespace towerps::worker

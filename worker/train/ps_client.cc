@@ -31,7 +31,7 @@ using common::FromGrpcStatus;
 class GrpcParameterClient : public ParameterClient {
  public:
   GrpcParameterClient(ParameterClientOptions options, std::vector<v1::VariableDef> vars,
-                      common::Placement placement)
+                      Placement placement)
       : options_(std::move(options)),
         vars_(std::move(vars)),
         placement_(std::move(placement)) {
@@ -209,7 +209,7 @@ class GrpcParameterClient : public ParameterClient {
     return resp;
   }
 
-  const common::Placement& placement() const override { return placement_; }
+  const Placement& placement() const override { return placement_; }
 
  private:
   absl::Status PullOnce(int s, int64_t min_step, int64_t iteration,
@@ -411,7 +411,7 @@ class GrpcParameterClient : public ParameterClient {
   // Constant after construction.
   ParameterClientOptions options_;  // (incarnation chosen in the constructor)
   const std::vector<v1::VariableDef> vars_;
-  const common::Placement placement_;
+  const Placement placement_;
   // Every loop here asks again on the transport's codes: UNAVAILABLE and
   // DEADLINE_EXCEEDED (a server-side wait that ran out, or a slow server).
   // ABORTED is a server's verdict, e.g. a lost worker: not retried here; the
@@ -452,8 +452,8 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> NewGrpcParameterClient(
     return absl::InvalidArgumentError("parameter client: chunk_bytes must be >= 4096");
   }
   TOWERPS_ASSIGN_OR_RETURN(
-      common::Placement placement,
-      common::PlanPlacement(vars, static_cast<int>(options.ps_addresses.size()), strategy));
+      Placement placement,
+      PlanPlacement(vars, static_cast<int>(options.ps_addresses.size()), strategy));
   return std::unique_ptr<ParameterClient>(
       new GrpcParameterClient(std::move(options), std::move(vars), std::move(placement)));
 }

@@ -92,7 +92,7 @@ class ParameterClient {
       const std::vector<const common::Tensor*>& grads) = 0;
 
   virtual v1::StatusResponse Status(int ps_task) = 0;
-  virtual const common::Placement& placement() const = 0;
+  virtual const Placement& placement() const = 0;
 };
 
 // Plans placement of `vars` over the servers and connects (lazily) to them.

@@ -133,7 +133,7 @@ TEST(PsClientTest, RegisterSplitsVariablesByPlacementAndReturnsTheStep) {
 
   // Each server holds exactly the variables the placement put on it, in its
   // order.
-  const common::Placement& placement = client->placement();
+  const Placement& placement = client->placement();
   const std::vector<v1::VariableDef> vars = Vars();
   int held = 0;
   for (int s = 0; s < 2; ++s) {

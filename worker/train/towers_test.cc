@@ -189,11 +189,11 @@ TEST(TowersTest, TowersOfSplitModelsMatchOneDevice) {
   spec.set_loss(v1::SOFTMAX_CROSS_ENTROPY);
   const v1::ModelSpec whole_spec = spec;
   ASSERT_TRUE(ApplyClassicLayout({"CPU:0", "CPU:1", "CPU:2"}, &spec).ok());
-  common::DeviceManagerOptions o;
+  DeviceManagerOptions o;
   o.task_name = "/job:worker/replica:0/task:0";
   o.virtual_devices = "CPU=6";
   o.physical = {{"CPU", 0, int64_t{1} << 34, "host"}};
-  auto devices = common::DeviceManager::Create(o);
+  auto devices = DeviceManager::Create(o);
   ASSERT_TRUE(devices.ok()) << devices.status();
 
   std::vector<std::unique_ptr<DevicePlacer>> placers;

@@ -58,12 +58,12 @@ v1::StartJobRequest EndlessJob(const std::string& id) {
 class WorkerServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    common::DeviceManagerOptions d;
+    DeviceManagerOptions d;
     d.task_name = "/job:worker/replica:0/task:0";
     d.physical = {{"CPU", 0, 0, "host"}};
     d.virtual_devices = "CPU=2";
     d.log_sink = [](const std::string&) {};
-    auto devices = common::DeviceManager::Create(d);
+    auto devices = DeviceManager::Create(d);
     ASSERT_TRUE(devices.ok()) << devices.status();
     devices_ = std::move(*devices);
     WorkerEnv env;
@@ -95,7 +95,7 @@ class WorkerServiceTest : public ::testing::Test {
   }
 
   LocalPsCluster cluster_{2};
-  std::unique_ptr<common::DeviceManager> devices_;
+  std::unique_ptr<DeviceManager> devices_;
   std::unique_ptr<WorkerRuntime>
       runtime_;  // Destroyed first: its job uses the rest.
 };
