@@ -104,7 +104,10 @@ v1::JobSpec JobWithDefaults(const v1::JobSpec& in) {
   if (m->name().empty()) m->set_name(j.job_id());
   v1::DataSpec* d = j.mutable_data();
   if (d->source() == v1::DataSpec::SOURCE_UNSPECIFIED) d->set_source(v1::DataSpec::FASHION_MNIST);
-  if (d->dir().empty()) d->set_dir("/usr/share/datasets/fashion-mnist");
+  // CIFAR-10 has no default: it is not installed here (ValidateJob says so).
+  if (d->dir().empty() && d->source() == v1::DataSpec::FASHION_MNIST) {
+    d->set_dir("/usr/share/datasets/fashion-mnist");
+  }
   if (d->ones_examples() == 0) d->set_ones_examples(100);
   if (d->shuffle_seed() == 0) d->set_shuffle_seed(1);
   if (j.log_every_steps() == 0) j.set_log_every_steps(50);
@@ -147,6 +150,10 @@ absl::Status ValidateJob(const v1::JobSpec& j, int num_workers) {
     return bad("data.ones_examples must be > 0");
   }
   if (!v1::DataSpec::Source_IsValid(d.source())) return bad("data.source is unknown");
+  if (d.source() == v1::DataSpec::CIFAR10 && d.dir().empty()) {
+    return bad("data.dir is required for CIFAR10 (the folder holding data_batch_1.bin .. "
+               "data_batch_5.bin and test_batch.bin)");
+  }
   if (j.log_every_steps() < 0) return bad("log_every_steps is negative");
   const v1::CheckpointSpec& c = j.checkpoint();
   if (c.every_steps() < 0) {

@@ -29,24 +29,28 @@ absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers) {
   auto model = Model::Create(job.model(), *backend);
   if (!model.ok()) return common::Annotate(model.status(), "job spec: model");
   const v1::DataSpec& d = job.data();
-  if (d.source() == v1::DataSpec::FASHION_MNIST) {
-    constexpr int kPixels = 28 * 28, kClasses = 10;
-    if ((*model)->input_dim() != kPixels) {
+  if (d.source() == v1::DataSpec::FASHION_MNIST || d.source() == v1::DataSpec::CIFAR10) {
+    const bool cifar = d.source() == v1::DataSpec::CIFAR10;
+    const char* name = cifar ? "CIFAR-10" : "Fashion-MNIST";
+    const int features = cifar ? 3 * 32 * 32 : 28 * 28;
+    constexpr int kClasses = 10;
+    if ((*model)->input_dim() != features) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "job spec: model.input_dim = ", (*model)->input_dim(), " but Fashion-MNIST examples have ",
-          kPixels, " features"));
+          "job spec: model.input_dim = ", (*model)->input_dim(), " but ", name, " examples have ",
+          features, " features", cifar ? " (3x32x32)" : ""));
     }
     if (job.model().loss() == v1::SOFTMAX_CROSS_ENTROPY && (*model)->output_dim() != kClasses) {
       return absl::InvalidArgumentError(absl::StrCat(
           "job spec: model.layers[", job.model().layers_size() - 1, "].units = ",
-          (*model)->output_dim(), " but Fashion-MNIST has ", kClasses,
+          (*model)->output_dim(), " but ", name, " has ", kClasses,
           " classes (softmax cross-entropy needs one output per class)"));
     }
     for (bool train : {true, false}) {
-      auto files = FindFashionMnistFiles(d.dir(), train);
-      if (!files.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("job spec: data.dir = \"", d.dir(),
-                                                       "\": ", files.status().message()));
+      const absl::Status found = cifar ? FindCifar10Files(d.dir(), train).status()
+                                       : FindFashionMnistFiles(d.dir(), train).status();
+      if (!found.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("job spec: data.dir = \"", d.dir(), "\": ", found.message()));
       }
     }
   } else if (d.source() == v1::DataSpec::ONES && d.ones_target_dim() > 0 &&

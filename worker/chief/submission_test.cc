@@ -2,6 +2,11 @@
 // with the field named.
 #include "worker/chief/submission.h"
 
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <string>
+
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
@@ -73,6 +78,47 @@ TEST(ValidateSubmissionTest, EachBadFieldIsNamed) {
   j = JobWithDefaults(*BuiltinJob("dense_stack"));
   j.mutable_data()->set_ones_target_dim(7);
   ExpectRejected(j, "ones_target_dim = 7");
+}
+
+// An mlp for CIFAR-10 reading `dir`.
+v1::JobSpec CifarMlp(const std::string& dir) {
+  v1::JobSpec j = *BuiltinJob("mlp");
+  j.mutable_model()->set_input_dim(3072);
+  j.mutable_data()->set_source(v1::DataSpec::CIFAR10);
+  j.mutable_data()->set_dir(dir);
+  return j;
+}
+
+TEST(ValidateSubmissionTest, Cifar10) {
+  // The submit-time check only looks for the files; their contents are the
+  // worker's to check when it loads them.
+  const std::string dir = testing::TempDir() + "/cifar";
+  ::mkdir(dir.c_str(), 0755);
+  for (const char* name : {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                           "data_batch_4.bin", "data_batch_5.bin", "test_batch.bin"}) {
+    FILE* f = std::fopen((dir + "/" + name).c_str(), "wb");
+    ASSERT_NE(f, nullptr) << name;
+    std::fclose(f);
+  }
+  const v1::JobSpec ok = JobWithDefaults(CifarMlp(dir));
+  EXPECT_TRUE(ValidateSubmission(ok, 2).ok()) << ValidateSubmission(ok, 2);
+
+  ExpectRejected(CifarMlp(""), "data.dir is required for CIFAR10");
+
+  ExpectRejected(CifarMlp("/no/such/dir"),
+                 "data.dir = \"/no/such/dir\": CIFAR-10: /no/such/dir/data_batch_1.bin "
+                 "does not exist");
+
+  v1::JobSpec j = CifarMlp(dir);
+  j.mutable_model()->set_input_dim(784);
+  ExpectRejected(j, "input_dim = 784 but CIFAR-10 examples have 3072 features (3x32x32)");
+
+  j = CifarMlp(dir);
+  j.mutable_model()->mutable_layers(2)->set_units(11);
+  ExpectRejected(j, "but CIFAR-10 has 10 classes");
+
+  std::remove((dir + "/test_batch.bin").c_str());
+  ExpectRejected(CifarMlp(dir), dir + "/test_batch.bin does not exist");
 }
 
 TEST(ValidJobIdTest, Names) {

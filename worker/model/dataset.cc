@@ -22,6 +22,13 @@ constexpr uint32_t kLabelsMagic = 0x00000801;
 constexpr int kIdxClasses = 10;
 constexpr size_t kChunk = 1 << 20;
 
+constexpr int kCifarClasses = 10;
+constexpr int64_t kCifarChannels = 3;
+constexpr int64_t kCifarSide = 32;
+constexpr int64_t kCifarPixels = kCifarChannels * kCifarSide * kCifarSide;
+constexpr int64_t kCifarRecord = 1 + kCifarPixels;  // The label byte first.
+constexpr int kCifarTrainFiles = 5;
+
 // Reads a whole file, inflating it when it starts with the gzip magic bytes.
 absl::StatusOr<std::string> ReadMaybeGzipped(const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "rb");
@@ -67,6 +74,56 @@ absl::StatusOr<std::string> ReadMaybeGzipped(const std::string& path) {
         absl::StrCat(path, ": corrupt or truncated gzip stream (", error, ")"));
   }
   return data;
+}
+
+// Reads a whole file as it is on disk (no gzip detection: CIFAR-10 errors
+// name byte offsets in the file itself).
+absl::StatusOr<std::string> ReadPlainFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  }
+  std::string data;
+  std::string chunk(kChunk, '\0');
+  size_t n;
+  while ((n = std::fread(chunk.data(), 1, chunk.size(), f)) > 0) {
+    data.append(chunk.data(), n);
+  }
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return absl::DataLossError(absl::StrCat("error reading ", path));
+  return data;
+}
+
+// Checks one CIFAR-10 batch file: a positive whole number of records, every
+// label in 0..9. InvalidArgument, as for a corrupt IDX file.
+absl::Status CheckCifarBatch(const std::string& path, const std::string& data) {
+  const int64_t size = static_cast<int64_t>(data.size());
+  if (size == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": empty; a CIFAR-10 batch file holds ", kCifarRecord,
+        "-byte records (1 label byte, then ", kCifarPixels, " pixel bytes)"));
+  }
+  if (size % kCifarRecord != 0) {
+    const int64_t record = size / kCifarRecord;
+    const int64_t start = record * kCifarRecord;
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", size, " bytes is not a whole number of ", kCifarRecord,
+        "-byte records (truncated at byte ", start, "? record ", record,
+        " starts there and has only ", size - start, " of its ", kCifarRecord,
+        " bytes)"));
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
+  for (int64_t r = 0; r < size / kCifarRecord; ++r) {
+    const int label = bytes[r * kCifarRecord];
+    if (label >= kCifarClasses) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": record ", r, " (byte ", r * kCifarRecord,
+                       "): label ", label, " is not in 0..",
+                       kCifarClasses - 1));
+    }
+  }
+  return absl::OkStatus();
 }
 
 uint32_t BigEndian32(const std::string& data, size_t offset) {
@@ -171,6 +228,8 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
   const int64_t n = max_examples > 0 ? std::min(count, max_examples) : count;
   Dataset out;
   out.num_classes = kIdxClasses;
+  out.image = ImageShape{1, static_cast<int64_t>(image_shape[1]),
+                         static_cast<int64_t>(image_shape[2])};
   out.features = common::Tensor({n, pixels});
   const auto* src =
       reinterpret_cast<const unsigned char*>(images.data() + kImagesOffset);
@@ -204,6 +263,68 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
                                          int64_t max_examples) {
   TOWERPS_ASSIGN_OR_RETURN(auto paths, FindFashionMnistFiles(dir, train));
   return LoadIdx(paths.first, paths.second, 1.0f / 255.0f, max_examples);
+}
+
+absl::StatusOr<std::vector<std::string>> FindCifar10Files(
+    const std::string& dir, bool train) {
+  std::vector<std::string> paths;
+  if (train) {
+    for (int i = 1; i <= kCifarTrainFiles; ++i) {
+      paths.push_back(absl::StrCat(dir, "/data_batch_", i, ".bin"));
+    }
+  } else {
+    paths.push_back(absl::StrCat(dir, "/test_batch.bin"));
+  }
+  for (const std::string& path : paths) {
+    if (FileExists(path)) continue;
+    return absl::NotFoundError(absl::StrCat(
+        "CIFAR-10: ", path, " does not exist",
+        FileExists(dir) ? "" : absl::StrCat(" (nor does ", dir, ")"),
+        "; expected the CIFAR-10 binary version (data_batch_1.bin .. "
+        "data_batch_5.bin and test_batch.bin) in ",
+        dir));
+  }
+  return paths;
+}
+
+absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train,
+                                    int64_t max_examples) {
+  if (max_examples < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_examples must be >= 0, got ", max_examples));
+  }
+  TOWERPS_ASSIGN_OR_RETURN(const std::vector<std::string> paths,
+                           FindCifar10Files(dir, train));
+  // Read and check every file before converting, so that a bad file is
+  // reported whatever max_examples is; only the kept rows become floats.
+  std::vector<std::string> files;
+  int64_t count = 0;
+  for (const std::string& path : paths) {
+    TOWERPS_ASSIGN_OR_RETURN(std::string data, ReadPlainFile(path));
+    TOWERPS_RETURN_IF_ERROR(CheckCifarBatch(path, data));
+    count += static_cast<int64_t>(data.size()) / kCifarRecord;
+    files.push_back(std::move(data));
+  }
+  const int64_t n = max_examples > 0 ? std::min(count, max_examples) : count;
+  Dataset out;
+  out.num_classes = kCifarClasses;
+  out.image = ImageShape{kCifarChannels, kCifarSide, kCifarSide};
+  out.features = common::Tensor({n, kCifarPixels});
+  out.labels.resize(n);
+  constexpr float kScale = 1.0f / 255.0f;  // As LoadFashionMnist.
+  int64_t row = 0;
+  for (const std::string& data : files) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
+    const int64_t records = static_cast<int64_t>(data.size()) / kCifarRecord;
+    for (int64_t r = 0; r < records && row < n; ++r, ++row) {
+      const unsigned char* record = bytes + r * kCifarRecord;
+      out.labels[row] = record[0];
+      // File order is already channel-major (R plane, G plane, B plane).
+      float* dst = out.features.data() + row * kCifarPixels;
+      for (int64_t p = 0; p < kCifarPixels; ++p) dst[p] = record[1 + p] * kScale;
+    }
+  }
+  return out;
 }
 
 Dataset MakeOnes(int64_t n, int64_t input_dim, int64_t target_dim) {

@@ -1,4 +1,5 @@
-// In-memory datasets (Fashion-MNIST from IDX files, or synthetic ones) and the
+// In-memory datasets (Fashion-MNIST from IDX files, CIFAR-10 from its binary
+// batch files, or synthetic ones) and the
 // deterministic batching that data-parallel workers share.
 //
 // Every worker computes the same epoch permutation from (seed, epoch) and
@@ -21,9 +22,29 @@
 
 namespace towerps::worker {
 
+// The layout of one example's features when they are an image: a feature
+// row holds channels * height * width values, channel-major (CHW: all of
+// channel 0 row by row, then channel 1, ...). All zero when the features are
+// not an image (synthetic sets).
+struct ImageShape {
+  int64_t channels = 0;
+  int64_t height = 0;
+  int64_t width = 0;
+
+  bool is_image() const { return channels > 0 && height > 0 && width > 0; }
+  int64_t num_elements() const { return channels * height * width; }
+  bool operator==(const ImageShape& o) const {
+    return channels == o.channels && height == o.height && width == o.width;
+  }
+};
+
 struct Dataset {
   // [n, input_dim].
   common::Tensor features;
+  // What a feature row is: 1x28x28 for Fashion-MNIST, 3x32x32 for CIFAR-10,
+  // not an image (all zero) for ONES. When is_image(), its num_elements()
+  // is input_dim.
+  ImageShape image;
   // Classification: n labels in [0, num_classes). Empty for regression.
   std::vector<int32_t> labels;
   // Regression: [n, target_dim]. Empty (no elements) for classification.
@@ -37,7 +58,8 @@ struct Dataset {
 // Reads an IDX images file (magic 0x00000803: count, rows, cols, then bytes)
 // and an IDX labels file (magic 0x00000801: count, then bytes), each plain or
 // gzip-compressed (detected by the magic bytes 1f 8b). Pixels become
-// byte * scale, flattened to [n, rows * cols]; num_classes is 10.
+// byte * scale, flattened to [n, rows * cols]; image is 1 x rows x cols;
+// num_classes is 10.
 // max_examples > 0 keeps only the first max_examples; 0 keeps all.
 //
 // Returns NotFound when a file does not exist; InvalidArgument, naming the
@@ -58,6 +80,33 @@ absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
 // The two files LoadFashionMnist reads: {images, labels}, without reading
 // them. NotFound names both candidate paths of the first one missing.
 absl::StatusOr<std::pair<std::string, std::string>> FindFashionMnistFiles(
+    const std::string& dir, bool train);
+
+// CIFAR-10, binary version (the cifar-10-batches-bin folder of
+// cifar-10-binary.tar.gz): the training set is data_batch_1.bin ..
+// data_batch_5.bin in `dir`, read in that order; the test set is
+// test_batch.bin. Each file is a sequence of 3073-byte records: one label
+// byte (0..9), then 3072 pixel bytes, 1024 red, 1024 green, 1024 blue, each
+// 32x32 row-major (10000 records per file in the real set; any positive
+// count is accepted). Pixels are scaled to [0, 1] (byte * (1.0f / 255), as
+// for Fashion-MNIST) and kept in file order, which is channel-major: features
+// [n, 3072], image 3x32x32, num_classes 10.
+// All five training files must exist: a missing one would silently shrink
+// the set. max_examples > 0 keeps only the first max_examples (in file
+// order); 0 keeps all. Every file is checked in full either way.
+//
+// Returns NotFound, naming the path, when a file (or `dir`) does not exist;
+// InvalidArgument, naming the file, when a file is empty, is not a whole
+// number of records (naming the incomplete record and the byte where it
+// starts), or holds a label > 9 (naming the record and its byte offset), or
+// when max_examples < 0; DataLoss when a file cannot be read.
+absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train,
+                                    int64_t max_examples);
+
+// The files LoadCifar10 reads, in order, without reading them: the five
+// data_batch_*.bin (train) or test_batch.bin (test). NotFound names the first
+// missing path and the files expected.
+absl::StatusOr<std::vector<std::string>> FindCifar10Files(
     const std::string& dir, bool train);
 
 // n examples whose features [n, input_dim] and targets [n, target_dim] are all

@@ -1,5 +1,6 @@
 #include "worker/model/dataset.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -75,6 +76,7 @@ TEST(LoadIdxTest, ReadsPlainAndGzipFilesIdentically) {
     EXPECT_EQ(ds->labels, (std::vector<int32_t>{7, 0, 9}));
     EXPECT_EQ(ds->num_classes, 10);
     EXPECT_EQ(ds->targets.num_elements(), 0);
+    EXPECT_TRUE(ds->image == (ImageShape{1, 2, 2}));
 
     auto two = LoadIdx(ip, lp, 1.0f, 2);
     ASSERT_TRUE(two.ok()) << two.status();
@@ -181,6 +183,8 @@ TEST(FashionMnistTest, LoadsRealTrainAndTestSets) {
   EXPECT_EQ(train->features.shape(), (std::vector<int64_t>{60000, 784}));
   EXPECT_EQ(train->labels.size(), 60000u);
   EXPECT_EQ(train->num_classes, 10);
+  EXPECT_TRUE(train->image == (ImageShape{1, 28, 28}));
+  EXPECT_EQ(train->image.num_elements(), 784);
   const auto [lo, hi] = std::minmax_element(train->features.span().begin(),
                                             train->features.span().end());
   EXPECT_EQ(*lo, 0.0f);
@@ -210,8 +214,191 @@ TEST(FashionMnistTest, MissingDirectoryIsNotFound) {
       << ds.status();
 }
 
+// ----- CIFAR-10 ------------------------------------------------------------
+
+constexpr int64_t kCifarRecord = 3073;
+// Pixel byte b becomes b * (1.0f / 255) as in LoadFashionMnist (which differs
+// from b / 255.0f in the last bit for some b).
+constexpr float kByteScale = 1.0f / 255.0f;
+
+// The pixel byte at position p (0..3071, file order) of record r of batch
+// file f: distinct enough that a misplaced plane or record shows.
+unsigned char CifarPixel(int f, int64_t r, int64_t p) {
+  return static_cast<unsigned char>((f * 7 + r * 13 + p * 5 + p / 1024) % 256);
+}
+int CifarLabel(int f, int64_t r) { return static_cast<int>((f * 3 + r) % 10); }
+
+std::string CifarBatch(int f, int64_t records) {
+  std::string out;
+  for (int64_t r = 0; r < records; ++r) {
+    out.push_back(static_cast<char>(CifarLabel(f, r)));
+    for (int64_t p = 0; p < 3072; ++p) {
+      out.push_back(static_cast<char>(CifarPixel(f, r, p)));
+    }
+  }
+  return out;
+}
+
+// A fresh directory `name` holding data_batch_1..5.bin (file f = 0..4) and
+// test_batch.bin (f = 5), `records` records each.
+std::string WriteCifarDir(const std::string& name, int64_t records) {
+  const std::string dir = TempPath(name);
+  ::mkdir(dir.c_str(), 0755);
+  for (int f = 0; f < 5; ++f) {
+    WritePlain(absl::StrCat(name, "/data_batch_", f + 1, ".bin"),
+               CifarBatch(f, records));
+  }
+  WritePlain(name + "/test_batch.bin", CifarBatch(5, records));
+  return dir;
+}
+
+TEST(Cifar10Test, ReadsValuesLabelsAndChannelMajorOrder) {
+  const std::string dir = WriteCifarDir("cifar_ok", 3);
+  auto train = LoadCifar10(dir, /*train=*/true, 0);
+  ASSERT_TRUE(train.ok()) << train.status();
+  EXPECT_EQ(train->features.shape(), (std::vector<int64_t>{15, 3072}));
+  EXPECT_TRUE(train->image == (ImageShape{3, 32, 32}));
+  EXPECT_EQ(train->image.num_elements(), 3072);
+  EXPECT_EQ(train->num_classes, 10);
+  EXPECT_EQ(train->targets.num_elements(), 0);
+  ASSERT_EQ(train->labels.size(), 15u);
+  // The files in order data_batch_1 .. 5, records in file order; every value
+  // exactly byte * kByteScale (the Fashion-MNIST convention).
+  int wrong = 0;
+  for (int f = 0; f < 5; ++f) {
+    for (int64_t r = 0; r < 3; ++r) {
+      const int64_t row = f * 3 + r;
+      EXPECT_EQ(train->labels[row], CifarLabel(f, r)) << row;
+      for (int64_t p = 0; p < 3072; ++p) {
+        if (train->features[row * 3072 + p] != CifarPixel(f, r, p) * kByteScale) {
+          ++wrong;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  // Channel-major: [c][y][x] is file byte 1 + c*1024 + y*32 + x of the record.
+  const int64_t row = 4;  // data_batch_2.bin, record 1.
+  for (int c : {0, 1, 2}) {
+    const int64_t y = 5, x = 17;
+    EXPECT_EQ(train->features[row * 3072 + c * 1024 + y * 32 + x],
+              CifarPixel(1, 1, c * 1024 + y * 32 + x) * kByteScale)
+        << c;
+  }
+  EXPECT_EQ(train->features[0], 0.0f);  // Byte 0.
+
+  auto test = LoadCifar10(dir, /*train=*/false, 0);
+  ASSERT_TRUE(test.ok()) << test.status();
+  EXPECT_EQ(test->size(), 3);
+  EXPECT_EQ(test->labels[2], CifarLabel(5, 2));
+  EXPECT_EQ(test->features[2 * 3072 + 3071], CifarPixel(5, 2, 3071) * kByteScale);
+}
+
+TEST(Cifar10Test, ExtremeBytesScaleToZeroAndOne) {
+  const std::string dir = TempPath("cifar_extremes");
+  ::mkdir(dir.c_str(), 0755);
+  std::string record(kCifarRecord, '\0');
+  record[0] = 9;
+  record[1] = static_cast<char>(255);
+  record[3072] = static_cast<char>(128);
+  WritePlain("cifar_extremes/test_batch.bin", record);
+  auto ds = LoadCifar10(dir, /*train=*/false, 0);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_EQ(ds->labels, (std::vector<int32_t>{9}));
+  EXPECT_EQ(ds->features[0], 1.0f);
+  EXPECT_EQ(ds->features[1], 0.0f);
+  EXPECT_EQ(ds->features[3071], 128 * kByteScale);
+}
+
+TEST(Cifar10Test, MaxExamplesKeepsTheFirstInFileOrder) {
+  const std::string dir = WriteCifarDir("cifar_max", 3);
+  auto few = LoadCifar10(dir, /*train=*/true, 4);  // Crosses into file 2.
+  ASSERT_TRUE(few.ok()) << few.status();
+  EXPECT_EQ(few->features.shape(), (std::vector<int64_t>{4, 3072}));
+  EXPECT_EQ(few->labels, (std::vector<int32_t>{CifarLabel(0, 0), CifarLabel(0, 1),
+                                               CifarLabel(0, 2), CifarLabel(1, 0)}));
+  EXPECT_EQ(few->features[3 * 3072 + 10], CifarPixel(1, 0, 10) * kByteScale);
+  auto more = LoadCifar10(dir, /*train=*/true, 1000);  // More than there are.
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ(more->size(), 15);
+  EXPECT_EQ(LoadCifar10(dir, true, -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(Cifar10Test, TruncatedFileNamesFileAndByte) {
+  const std::string dir = WriteCifarDir("cifar_trunc", 10);
+  const std::string full = CifarBatch(1, 10);
+  WritePlain("cifar_trunc/data_batch_2.bin", full.substr(0, full.size() - 1));
+  auto ds = LoadCifar10(dir, /*train=*/true, 0);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ds.status().message().find(
+                dir + "/data_batch_2.bin: 30729 bytes is not a whole number "
+                      "of 3073-byte records (truncated at byte 27657?"),
+            std::string::npos)
+      << ds.status();
+  EXPECT_NE(ds.status().message().find("record 9"), std::string::npos)
+      << ds.status();
+  // max_examples does not hide a bad file further on.
+  EXPECT_EQ(LoadCifar10(dir, true, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  WritePlain("cifar_trunc/test_batch.bin", "");
+  auto empty = LoadCifar10(dir, /*train=*/false, 0);
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(empty.status().message().find(dir + "/test_batch.bin: empty"),
+            std::string::npos)
+      << empty.status();
+}
+
+TEST(Cifar10Test, BadLabelNamesRecordAndByte) {
+  const std::string dir = WriteCifarDir("cifar_label", 20);
+  std::string data = CifarBatch(5, 20);
+  data[17 * kCifarRecord] = 12;
+  WritePlain("cifar_label/test_batch.bin", data);
+  auto ds = LoadCifar10(dir, /*train=*/false, 0);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ds.status().message().find(
+                dir + "/test_batch.bin: record 17 (byte 52241): label 12 is "
+                      "not in 0..9"),
+            std::string::npos)
+      << ds.status();
+}
+
+TEST(Cifar10Test, MissingFileOrDirectoryIsNotFound) {
+  const std::string dir = WriteCifarDir("cifar_missing", 1);
+  ASSERT_EQ(std::remove((dir + "/data_batch_3.bin").c_str()), 0);
+  auto ds = LoadCifar10(dir, /*train=*/true, 0);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(ds.status().message().find(dir + "/data_batch_3.bin does not exist"),
+            std::string::npos)
+      << ds.status();
+  EXPECT_NE(ds.status().message().find("CIFAR-10 binary"), std::string::npos)
+      << ds.status();
+  // The test set is still there.
+  EXPECT_TRUE(LoadCifar10(dir, /*train=*/false, 0).ok());
+
+  const std::string empty_dir = TempPath("cifar_empty_dir");
+  ::mkdir(empty_dir.c_str(), 0755);
+  auto none = LoadCifar10(empty_dir, /*train=*/false, 0);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find(empty_dir + "/test_batch.bin"),
+            std::string::npos)
+      << none.status();
+
+  auto no_dir = FindCifar10Files(TempPath("no-such-cifar"), /*train=*/true);
+  EXPECT_EQ(no_dir.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(no_dir.status().message().find("data_batch_1.bin"), std::string::npos)
+      << no_dir.status();
+
+  auto files = FindCifar10Files(WriteCifarDir("cifar_find", 1), true);
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 5u);
+  EXPECT_EQ(files->back(), TempPath("cifar_find") + "/data_batch_5.bin");
+}
+
 TEST(MakeOnesTest, AllOnes) {
   Dataset ds = MakeOnes(5, 3, 2);
+  EXPECT_FALSE(ds.image.is_image());
   EXPECT_EQ(ds.size(), 5);
   EXPECT_EQ(ds.features.shape(), (std::vector<int64_t>{5, 3}));
   EXPECT_EQ(ds.targets.shape(), (std::vector<int64_t>{5, 2}));

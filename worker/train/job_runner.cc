@@ -153,9 +153,10 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                      d.ones_target_dim() > 0 ? d.ones_target_dim() : model->output_dim());
     test = train;
   } else {
-    auto tr = LoadFashionMnist(d.dir(), true, d.max_train_examples());
+    auto load = d.source() == v1::DataSpec::CIFAR10 ? LoadCifar10 : LoadFashionMnist;
+    auto tr = load(d.dir(), true, d.max_train_examples());
     if (!tr.ok()) return common::Annotate(tr.status(), "train data");
-    auto te = LoadFashionMnist(d.dir(), false, d.max_test_examples());
+    auto te = load(d.dir(), false, d.max_test_examples());
     if (!te.ok()) return common::Annotate(te.status(), "test data");
     train = std::move(*tr);
     test = std::move(*te);

@@ -3,7 +3,10 @@
 // fail with InvalidArgument naming the problem; cancellation.
 #include "worker/train/job_runner.h"
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -185,6 +188,42 @@ TEST_F(JobRunnerTest, MissingDataIsNotFoundNamingTheSet) {
   EXPECT_THAT(std::string(result.status().message()), HasSubstr("train data"));
   EXPECT_THAT(std::string(result.status().message()),
               HasSubstr("/nonexistent/fashion"));
+}
+
+TEST_F(JobRunnerTest, Cifar10JobTrainsOnItsFiles) {
+  // A tiny CIFAR-10 set: 2 records in each of the six batch files.
+  const std::string dir = testing::TempDir() + "/cifar";
+  ::mkdir(dir.c_str(), 0755);
+  for (const char* name : {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                           "data_batch_4.bin", "data_batch_5.bin", "test_batch.bin"}) {
+    std::string records;
+    for (int r = 0; r < 2; ++r) {
+      records.push_back(static_cast<char>(r * 7));  // labels 0 and 7
+      for (int p = 0; p < 3072; ++p) records.push_back(static_cast<char>(p + r));
+    }
+    FILE* f = std::fopen((dir + "/" + name).c_str(), "wb");
+    ASSERT_NE(f, nullptr) << name;
+    std::fwrite(records.data(), 1, records.size(), f);
+    std::fclose(f);
+  }
+  v1::JobSpec job = SmallJob();
+  job.mutable_model()->set_input_dim(3072);
+  job.mutable_model()->mutable_layers(1)->set_units(10);
+  job.mutable_model()->set_loss(v1::SOFTMAX_CROSS_ENTROPY);
+  job.mutable_data()->set_source(v1::DataSpec::CIFAR10);
+  job.mutable_data()->set_dir(dir);
+  job.mutable_data()->set_max_train_examples(7);
+  job.set_epochs(1);
+  auto result = RunJob(env_, job, "", hooks_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->global_steps, 2);  // ceil(7 / 5)
+  EXPECT_THAT(absl::StrJoin(log_, "\n"), HasSubstr("7 train / 2 test examples"));
+
+  job.mutable_data()->set_dir("/nonexistent/cifar");
+  auto missing = RunJob(env_, job, "", hooks_);
+  ASSERT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_THAT(std::string(missing.status().message()),
+              HasSubstr("/nonexistent/cifar/data_batch_1.bin"));
 }
 
 TEST_F(JobRunnerTest, CancellationReturnsCancelled) {
