@@ -223,6 +223,9 @@ const std::vector<Conv2DShape>& ConvShapes() {
       Conv(3, 4, 7, 5, 2, 1, 1, 2, 2, 0, 0),  // 1x1, stride 2 (skips pixels)
       Conv(2, 4, 7, 5, 3, 3, 2, 1, 2, 1, 0),  // uneven kernel, strides, pads
       Conv(1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0),  // a single product
+      // Wider, as real layers are (fan-in 144: a looser bound, longer sums).
+      Conv(2, 16, 9, 9, 16, 3, 3, 1, 1, 1, 1),
+      Conv(2, 16, 8, 8, 32, 3, 3, 2, 2, 1, 1),
   };
   return *shapes;
 }
@@ -234,6 +237,7 @@ const std::vector<Pool2DShape>& PoolShapes() {
       Pool(3, 1, 7, 5, 3, 3, 1, 1, 1, 1),  // overlapping windows, stride 1
       Pool(3, 4, 7, 5, 3, 2, 1, 2, 0, 1),  // uneven
       Pool(3, 4, 7, 5, 7, 5, 1, 1, 0, 0),  // global pooling
+      Pool(2, 16, 8, 8, 2, 2, 2, 2, 0, 0),  // 16 channels: oneDNN's JIT
   };
   return *shapes;
 }
