@@ -9,6 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev
+  libdnnl-dev              # oneDNN 2.6: the CPU convolution and pooling kernels
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
   python3 iproute2 procps
 )

@@ -52,6 +52,9 @@ def _system_libs_impl(ctx):
             # annotations that make its Mutex visible to TSan.
             ', deps = select({"@//third_party:tsan": ["@//third_party:absl_tsan_annotations"], "//conditions:default": []})' if name == "absl" else "",
         ))
+    # oneDNN (Debian's libdnnl-dev 2.6) ships no pkg-config file; its headers
+    # are in /usr/include/oneapi/dnnl, which the toolchain already searches.
+    build.append('cc_library(name = "dnnl", linkopts = ["-ldnnl"])')
     build.append('cc_library(name = "gtest", linkopts = ["-lgmock", "-lgtest", "-pthread"])')
     build.append('cc_library(name = "gtest_main", linkopts = ["-lgmock", "-lgtest_main", "-lgtest", "-pthread"])')
     ctx.symlink(_which(ctx, "protoc"), "protoc")

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/device/device_manager.h"
+#include "worker/device/dnnl_kernels.h"
 #include "worker/device/loss_kernels.h"
 
 namespace towerps::worker {
@@ -154,10 +155,76 @@ class CpuBackend : public Backend {
     }
   }
 
+  absl::Status Conv2DForward(const Conv2DShape& shape, const float* x,
+                             const float* w, const float* b,
+                             float* y) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->Conv2DForward(shape, x, w, b, y);
+  }
+
+  absl::Status Conv2DBackwardData(const Conv2DShape& shape, const float* dy,
+                                  const float* w, float* dx) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->Conv2DBackwardData(shape, dy, w, dx);
+  }
+
+  absl::Status Conv2DBackwardWeights(const Conv2DShape& shape, const float* x,
+                                     const float* dy, float* dw,
+                                     float* db) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->Conv2DBackwardWeights(shape, x, dy, dw, db);
+  }
+
+  absl::Status MaxPool2DForward(const Pool2DShape& shape, const float* x,
+                                float* y, float* workspace) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->MaxPool2DForward(shape, x, y, workspace);
+  }
+
+  // oneDNN routes the gradient through the forward's workspace; x and y are
+  // not needed here.
+  absl::Status MaxPool2DBackward(const Pool2DShape& shape, const float* x,
+                                 const float* y, const float* workspace,
+                                 const float* dy, float* dx) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->MaxPool2DBackward(shape, workspace, dy, dx);
+  }
+
+  absl::Status AvgPool2DForward(const Pool2DShape& shape, const float* x,
+                                float* y) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->AvgPool2DForward(shape, x, y);
+  }
+
+  absl::Status AvgPool2DBackward(const Pool2DShape& shape, const float* dy,
+                                 float* dx) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->AvgPool2DBackward(shape, dy, dx);
+  }
+
  private:
+  // Created on the first convolution or pooling call, so backends of models
+  // without them (every MLP) never start oneDNN.
+  absl::StatusOr<DnnlKernels*> Dnnl() {
+    if (dnnl_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<DnnlKernels>> k = NewDnnlKernels();
+      if (!k.ok()) return k.status();
+      dnnl_ = *std::move(k);
+    }
+    return dnnl_.get();
+  }
+
   Allocator* const allocator_;  // Not owned; may be null.
   // All ones; grows to the largest row count SumRows has seen.
   std::vector<float> ones_;
+  std::unique_ptr<DnnlKernels> dnnl_;  // Null until first used.
 };
 
 }  // namespace

@@ -1,10 +1,11 @@
 // The worker's math on one device: memory, copies, the handful of dense
-// kernels a multilayer perceptron needs, and its losses, on raw row-major
-// float32 buffers.
+// kernels a multilayer perceptron needs, convolution and pooling (NCHW), and
+// the losses, on raw row-major float32 buffers.
 //
-// Two implementations: the CPU one (CBLAS; buffers are host memory) and the
-// CUDA one (worker/device/backend_cuda.cc with kernels in worker/device/cuda_kernels.cu:
-// cuBLAS for GEMM, small kernels for the rest, one stream and one cuBLAS
+// Two implementations: the CPU one (CBLAS, and oneDNN for convolution and
+// pooling through worker/device/dnnl_kernels.h; buffers are host memory) and
+// the CUDA one (worker/device/backend_cuda.cc with kernels in
+// worker/device/cuda_kernels.cu: cuBLAS for GEMM, small kernels for the rest, one stream and one cuBLAS
 // handle per backend), which exists only in builds with the CUDA toolkit.
 // Layers hold a `Backend&` and never touch a math library directly.
 #ifndef TOWERPS_WORKER_DEVICE_BACKEND_H_
@@ -16,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/device/conv_shape.h"
 #include "worker/device/loss_kind.h"
 
 namespace towerps::worker {
@@ -117,6 +119,54 @@ class Backend {
 
   // x = 0 (n elements).
   virtual void Zero(int64_t n, float* x) = 0;
+
+  // ---- Convolution and pooling (NCHW float32) ---------------------------
+  //
+  // Shapes and layouts: worker/device/conv_shape.h (x [n,c,h,w], weights
+  // [k,c,r,s] OIHW, bias [k], y [n,k,out_h,out_w]). Every output buffer is
+  // OVERWRITTEN, never accumulated into (a caller that needs a sum adds with
+  // Axpy). Errors: InvalidArgument naming the bad shape field (checked
+  // before any buffer is touched); Internal with the library's message if
+  // the kernel library fails; ResourceExhausted if it cannot allocate;
+  // Unimplemented on backends without these kernels yet (CUDA: they come
+  // with cuDNN). Like the other kernels they may run asynchronously.
+
+  // y = conv(x, w) + b; `b` may be null (no bias).
+  virtual absl::Status Conv2DForward(const Conv2DShape& shape, const float* x,
+                                     const float* w, const float* b,
+                                     float* y) = 0;
+  // dx = the gradient of sum(dy * conv(x, w)) with respect to x (the
+  // adjoint of the forward's linear map in x).
+  virtual absl::Status Conv2DBackwardData(const Conv2DShape& shape,
+                                          const float* dy, const float* w,
+                                          float* dx) = 0;
+  // dw = the gradient with respect to w ([k,c,r,s]); db ([k], may be null)
+  // = dy summed over n, rows and columns.
+  virtual absl::Status Conv2DBackwardWeights(const Conv2DShape& shape,
+                                             const float* x, const float* dy,
+                                             float* dw, float* db) = 0;
+
+  // y = the maximum over each window (padding never wins). `workspace`
+  // (shape.workspace_size() floats, opaque) records the winners for
+  // MaxPool2DBackward on the same backend with the same shape.
+  virtual absl::Status MaxPool2DForward(const Pool2DShape& shape,
+                                        const float* x, float* y,
+                                        float* workspace) = 0;
+  // dx = dy routed to each window's winner (summed where windows overlap);
+  // zero elsewhere. `x` and `y` are the forward's input and output (a
+  // backend may use them instead of the workspace), `workspace` what the
+  // forward wrote.
+  virtual absl::Status MaxPool2DBackward(const Pool2DShape& shape,
+                                         const float* x, const float* y,
+                                         const float* workspace,
+                                         const float* dy, float* dx) = 0;
+  // y = the mean over each window's pixels inside the image (padding is not
+  // counted). Global average pooling: r = h, s = w.
+  virtual absl::Status AvgPool2DForward(const Pool2DShape& shape,
+                                        const float* x, float* y) = 0;
+  // dx = each dy spread evenly over its window's pixels inside the image.
+  virtual absl::Status AvgPool2DBackward(const Pool2DShape& shape,
+                                         const float* dy, float* dx) = 0;
 
   // ---- Losses -----------------------------------------------------------
 

@@ -80,6 +80,11 @@ void EnablePeerAccess(int device, int peer) {
 // first failure is kept (first_error_) and returned by every later
 // synchronizing call. Synchronize does not ask cudaGetLastError: that is per
 // host thread, and could hold another backend's error.
+absl::Status NoConvYet(const char* op) {
+  return absl::UnimplementedError(absl::StrCat(
+      op, " on GPU: not yet (cuDNN comes with the GPU step of issue 13)"));
+}
+
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> Create(
@@ -115,6 +120,36 @@ class CudaBackend final : public Backend {
                                   const float* targets, float* dpred,
                                   int64_t grad_count) override;
 
+  // Convolution and pooling come with cuDNN (the GPU step of issue 13).
+  absl::Status Conv2DForward(const Conv2DShape&, const float*, const float*,
+                             const float*, float*) override {
+    return NoConvYet("Conv2DForward");
+  }
+  absl::Status Conv2DBackwardData(const Conv2DShape&, const float*,
+                                  const float*, float*) override {
+    return NoConvYet("Conv2DBackwardData");
+  }
+  absl::Status Conv2DBackwardWeights(const Conv2DShape&, const float*,
+                                     const float*, float*, float*) override {
+    return NoConvYet("Conv2DBackwardWeights");
+  }
+  absl::Status MaxPool2DForward(const Pool2DShape&, const float*, float*,
+                                float*) override {
+    return NoConvYet("MaxPool2DForward");
+  }
+  absl::Status MaxPool2DBackward(const Pool2DShape&, const float*,
+                                 const float*, const float*, const float*,
+                                 float*) override {
+    return NoConvYet("MaxPool2DBackward");
+  }
+  absl::Status AvgPool2DForward(const Pool2DShape&, const float*,
+                                float*) override {
+    return NoConvYet("AvgPool2DForward");
+  }
+  absl::Status AvgPool2DBackward(const Pool2DShape&, const float*,
+                                 float*) override {
+    return NoConvYet("AvgPool2DBackward");
+  }
  private:
   CudaBackend(int gpu, Allocator* allocator, CudaStream stream,
               CublasHandle cublas)

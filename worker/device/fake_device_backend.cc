@@ -121,6 +121,74 @@ class FakeBackend : public Backend {
     return cpu_->Loss(kind, n, d, pred, labels, targets, dpred, grad_count);
   }
 
+  // Convolution and pooling: the CPU backend's oneDNN kernels, after the
+  // same checks (only for a valid shape: an invalid one has no sizes, and the
+  // CPU backend returns its InvalidArgument).
+  absl::Status Conv2DForward(const Conv2DShape& sh, const float* x, const float* w,
+                             const float* b, float* y) override {
+    if (sh.Validate().ok()) {
+      Check("Conv2DForward x", x, sh.x_size());
+      Check("Conv2DForward w", w, sh.w_size());
+      if (b != nullptr) Check("Conv2DForward b", b, sh.k);
+      Check("Conv2DForward y", y, sh.y_size());
+    }
+    return cpu_->Conv2DForward(sh, x, w, b, y);
+  }
+  absl::Status Conv2DBackwardData(const Conv2DShape& sh, const float* dy, const float* w,
+                                  float* dx) override {
+    if (sh.Validate().ok()) {
+      Check("Conv2DBackwardData dy", dy, sh.y_size());
+      Check("Conv2DBackwardData w", w, sh.w_size());
+      Check("Conv2DBackwardData dx", dx, sh.x_size());
+    }
+    return cpu_->Conv2DBackwardData(sh, dy, w, dx);
+  }
+  absl::Status Conv2DBackwardWeights(const Conv2DShape& sh, const float* x, const float* dy,
+                                     float* dw, float* db) override {
+    if (sh.Validate().ok()) {
+      Check("Conv2DBackwardWeights x", x, sh.x_size());
+      Check("Conv2DBackwardWeights dy", dy, sh.y_size());
+      Check("Conv2DBackwardWeights dw", dw, sh.w_size());
+      if (db != nullptr) Check("Conv2DBackwardWeights db", db, sh.k);
+    }
+    return cpu_->Conv2DBackwardWeights(sh, x, dy, dw, db);
+  }
+  absl::Status MaxPool2DForward(const Pool2DShape& sh, const float* x, float* y,
+                                float* workspace) override {
+    if (sh.Validate().ok()) {
+      Check("MaxPool2DForward x", x, sh.x_size());
+      Check("MaxPool2DForward y", y, sh.y_size());
+      Check("MaxPool2DForward workspace", workspace, sh.workspace_size());
+    }
+    return cpu_->MaxPool2DForward(sh, x, y, workspace);
+  }
+  absl::Status MaxPool2DBackward(const Pool2DShape& sh, const float* x, const float* y,
+                                 const float* workspace, const float* dy,
+                                 float* dx) override {
+    if (sh.Validate().ok()) {
+      Check("MaxPool2DBackward x", x, sh.x_size());
+      Check("MaxPool2DBackward y", y, sh.y_size());
+      Check("MaxPool2DBackward workspace", workspace, sh.workspace_size());
+      Check("MaxPool2DBackward dy", dy, sh.y_size());
+      Check("MaxPool2DBackward dx", dx, sh.x_size());
+    }
+    return cpu_->MaxPool2DBackward(sh, x, y, workspace, dy, dx);
+  }
+  absl::Status AvgPool2DForward(const Pool2DShape& sh, const float* x, float* y) override {
+    if (sh.Validate().ok()) {
+      Check("AvgPool2DForward x", x, sh.x_size());
+      Check("AvgPool2DForward y", y, sh.y_size());
+    }
+    return cpu_->AvgPool2DForward(sh, x, y);
+  }
+  absl::Status AvgPool2DBackward(const Pool2DShape& sh, const float* dy, float* dx) override {
+    if (sh.Validate().ok()) {
+      Check("AvgPool2DBackward dy", dy, sh.y_size());
+      Check("AvgPool2DBackward dx", dx, sh.x_size());
+    }
+    return cpu_->AvgPool2DBackward(sh, dy, dx);
+  }
+
  private:
   // Records a violation unless [p, p + n) lies in one allocation of this
   // backend's space.

@@ -1,0 +1,331 @@
+#include "worker/device/dnnl_kernels.h"
+
+#include <array>
+#include <exception>
+#include <map>
+#include <new>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace towerps::worker {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+enum class Op : int64_t {
+  kConvForward,
+  kConvForwardBias,
+  kConvBackwardData,
+  kConvBackwardWeights,
+  kConvBackwardWeightsBias,
+  kMaxPoolForward,
+  kMaxPoolBackward,
+  kAvgPoolForward,
+  kAvgPoolBackward,
+};
+
+// The direction and every shape field: one cached primitive per key.
+using Key = std::array<int64_t, 12>;
+
+Key ConvKey(Op op, const Conv2DShape& s) {
+  return {static_cast<int64_t>(op), s.n, s.c, s.h, s.w, s.k, s.r, s.s,
+          s.stride_h, s.stride_w, s.pad_h, s.pad_w};
+}
+
+Key PoolKey(Op op, const Pool2DShape& s) {
+  return {static_cast<int64_t>(op), s.n, s.c, s.h, s.w, /*k=*/0, s.r, s.s,
+          s.stride_h, s.stride_w, s.pad_h, s.pad_w};
+}
+
+// oneDNN's memory objects take non-const handles even for inputs; it does
+// not write inputs.
+void* In(const float* p) { return const_cast<float*>(p); }
+
+// Runs `f`, turning oneDNN's (and the standard library's) exceptions into a
+// Status: none may cross the Backend interface.
+template <typename F>
+absl::Status Guard(const char* op, F&& f) {
+  try {
+    return f();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat(op, ": oneDNN error ",
+                                            static_cast<int>(e.status), ": ",
+                                            e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(op, ": out of host memory"));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(op, ": ", e.what()));
+  }
+}
+
+class DnnlKernelsImpl final : public DnnlKernels {
+ public:
+  DnnlKernelsImpl()
+      : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+  absl::Status Conv2DForward(const Conv2DShape& shape, const float* x,
+                             const float* w, const float* b,
+                             float* y) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("Conv2DForward", [&]() {
+      const bool bias = b != nullptr;
+      const Entry& e = Conv(bias ? Op::kConvForwardBias : Op::kConvForward,
+                            shape);
+      std::unordered_map<int, dnnl::memory> args = {
+          {DNNL_ARG_SRC, dnnl::memory(XDesc(shape), engine_, In(x))},
+          {DNNL_ARG_WEIGHTS, dnnl::memory(WDesc(shape), engine_, In(w))},
+          {DNNL_ARG_DST, dnnl::memory(YDesc(shape), engine_, y)},
+      };
+      if (bias) {
+        args[DNNL_ARG_BIAS] = dnnl::memory(BDesc(shape), engine_, In(b));
+      }
+      return Run(e, args);
+    });
+  }
+
+  absl::Status Conv2DBackwardData(const Conv2DShape& shape, const float* dy,
+                                  const float* w, float* dx) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("Conv2DBackwardData", [&]() {
+      const Entry& e = Conv(Op::kConvBackwardData, shape);
+      return Run(e, {
+          {DNNL_ARG_DIFF_DST, dnnl::memory(YDesc(shape), engine_, In(dy))},
+          {DNNL_ARG_WEIGHTS, dnnl::memory(WDesc(shape), engine_, In(w))},
+          {DNNL_ARG_DIFF_SRC, dnnl::memory(XDesc(shape), engine_, dx)},
+      });
+    });
+  }
+
+  absl::Status Conv2DBackwardWeights(const Conv2DShape& shape, const float* x,
+                                     const float* dy, float* dw,
+                                     float* db) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("Conv2DBackwardWeights", [&]() {
+      const bool bias = db != nullptr;
+      const Entry& e = Conv(
+          bias ? Op::kConvBackwardWeightsBias : Op::kConvBackwardWeights,
+          shape);
+      std::unordered_map<int, dnnl::memory> args = {
+          {DNNL_ARG_SRC, dnnl::memory(XDesc(shape), engine_, In(x))},
+          {DNNL_ARG_DIFF_DST, dnnl::memory(YDesc(shape), engine_, In(dy))},
+          {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(WDesc(shape), engine_, dw)},
+      };
+      if (bias) {
+        args[DNNL_ARG_DIFF_BIAS] = dnnl::memory(BDesc(shape), engine_, db);
+      }
+      return Run(e, args);
+    });
+  }
+
+  absl::Status MaxPool2DForward(const Pool2DShape& shape, const float* x,
+                                float* y, float* workspace) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("MaxPool2DForward", [&]() {
+      const Entry& e = Pool(Op::kMaxPoolForward, shape);
+      return Run(e, {
+          {DNNL_ARG_SRC, dnnl::memory(XDesc(shape), engine_, In(x))},
+          {DNNL_ARG_DST, dnnl::memory(YDesc(shape), engine_, y)},
+          {DNNL_ARG_WORKSPACE, dnnl::memory(e.workspace, engine_, workspace)},
+      });
+    });
+  }
+
+  absl::Status MaxPool2DBackward(const Pool2DShape& shape,
+                                 const float* workspace, const float* dy,
+                                 float* dx) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("MaxPool2DBackward", [&]() {
+      const Entry& e = Pool(Op::kMaxPoolBackward, shape);
+      return Run(e, {
+          {DNNL_ARG_DIFF_DST, dnnl::memory(YDesc(shape), engine_, In(dy))},
+          {DNNL_ARG_DIFF_SRC, dnnl::memory(XDesc(shape), engine_, dx)},
+          {DNNL_ARG_WORKSPACE,
+           dnnl::memory(e.workspace, engine_, In(workspace))},
+      });
+    });
+  }
+
+  absl::Status AvgPool2DForward(const Pool2DShape& shape, const float* x,
+                                float* y) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("AvgPool2DForward", [&]() {
+      const Entry& e = Pool(Op::kAvgPoolForward, shape);
+      return Run(e, {
+          {DNNL_ARG_SRC, dnnl::memory(XDesc(shape), engine_, In(x))},
+          {DNNL_ARG_DST, dnnl::memory(YDesc(shape), engine_, y)},
+      });
+    });
+  }
+
+  absl::Status AvgPool2DBackward(const Pool2DShape& shape, const float* dy,
+                                 float* dx) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("AvgPool2DBackward", [&]() {
+      const Entry& e = Pool(Op::kAvgPoolBackward, shape);
+      return Run(e, {
+          {DNNL_ARG_DIFF_DST, dnnl::memory(YDesc(shape), engine_, In(dy))},
+          {DNNL_ARG_DIFF_SRC, dnnl::memory(XDesc(shape), engine_, dx)},
+      });
+    });
+  }
+
+  int64_t cached_primitives() const override { return cache_.size(); }
+
+ private:
+  struct Entry {
+    dnnl::primitive primitive;
+    dnnl::memory::desc workspace;  // Max pooling only.
+  };
+
+  // Plain layouts only (nchw, oihw), so the caller's buffers are used in
+  // place with no reorder; oneDNN picks its best kernel for these layouts.
+  static dnnl::memory::desc XDesc(const Conv2DShape& s) {
+    return {{s.n, s.c, s.h, s.w}, dt::f32, tag::nchw};
+  }
+  static dnnl::memory::desc WDesc(const Conv2DShape& s) {
+    return {{s.k, s.c, s.r, s.s}, dt::f32, tag::oihw};
+  }
+  static dnnl::memory::desc BDesc(const Conv2DShape& s) {
+    return {{s.k}, dt::f32, tag::x};
+  }
+  static dnnl::memory::desc YDesc(const Conv2DShape& s) {
+    return {{s.n, s.k, s.out_h(), s.out_w()}, dt::f32, tag::nchw};
+  }
+  static dnnl::memory::desc XDesc(const Pool2DShape& s) {
+    return {{s.n, s.c, s.h, s.w}, dt::f32, tag::nchw};
+  }
+  static dnnl::memory::desc YDesc(const Pool2DShape& s) {
+    return {{s.n, s.c, s.out_h(), s.out_w()}, dt::f32, tag::nchw};
+  }
+
+  absl::Status Run(const Entry& e,
+                   const std::unordered_map<int, dnnl::memory>& args) {
+    e.primitive.execute(stream_, args);
+    stream_.wait();
+    return absl::OkStatus();
+  }
+
+  // The cached primitive for a convolution direction; creates it on first
+  // use (may throw dnnl::error, caught by Guard).
+  const Entry& Conv(Op op, const Conv2DShape& s) {
+    const Key key = ConvKey(op, s);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+
+    const dnnl::memory::dims strides = {s.stride_h, s.stride_w};
+    const dnnl::memory::dims pad = {s.pad_h, s.pad_w};
+    const bool fwd_bias =
+        op == Op::kConvForwardBias || op == Op::kConvBackwardWeightsBias;
+    const auto fwd_desc =
+        fwd_bias ? dnnl::convolution_forward::desc(
+                       dnnl::prop_kind::forward_training,
+                       dnnl::algorithm::convolution_direct, XDesc(s), WDesc(s),
+                       BDesc(s), YDesc(s), strides, pad, pad)
+                 : dnnl::convolution_forward::desc(
+                       dnnl::prop_kind::forward_training,
+                       dnnl::algorithm::convolution_direct, XDesc(s), WDesc(s),
+                       YDesc(s), strides, pad, pad);
+    const dnnl::convolution_forward::primitive_desc fwd_pd(fwd_desc, engine_);
+    Entry e;
+    switch (op) {
+      case Op::kConvForward:
+      case Op::kConvForwardBias:
+        e.primitive = dnnl::convolution_forward(fwd_pd);
+        break;
+      case Op::kConvBackwardData: {
+        const dnnl::convolution_backward_data::desc d(
+            dnnl::algorithm::convolution_direct, XDesc(s), WDesc(s), YDesc(s),
+            strides, pad, pad);
+        e.primitive = dnnl::convolution_backward_data(
+            dnnl::convolution_backward_data::primitive_desc(d, engine_,
+                                                            fwd_pd));
+        break;
+      }
+      case Op::kConvBackwardWeights:
+      case Op::kConvBackwardWeightsBias: {
+        const auto d =
+            fwd_bias ? dnnl::convolution_backward_weights::desc(
+                           dnnl::algorithm::convolution_direct, XDesc(s),
+                           WDesc(s), BDesc(s), YDesc(s), strides, pad, pad)
+                     : dnnl::convolution_backward_weights::desc(
+                           dnnl::algorithm::convolution_direct, XDesc(s),
+                           WDesc(s), YDesc(s), strides, pad, pad);
+        e.primitive = dnnl::convolution_backward_weights(
+            dnnl::convolution_backward_weights::primitive_desc(d, engine_,
+                                                               fwd_pd));
+        break;
+      }
+      default:
+        throw dnnl::error(dnnl_runtime_error, "not a convolution op");
+    }
+    return cache_.emplace(key, std::move(e)).first->second;
+  }
+
+  // The cached primitive for a pooling direction.
+  const Entry& Pool(Op op, const Pool2DShape& s) {
+    const Key key = PoolKey(op, s);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+
+    const bool max = op == Op::kMaxPoolForward || op == Op::kMaxPoolBackward;
+    // Exclude padding: a window's mean is over its pixels inside the image
+    // (the contract in backend.h), and max pooling never picks padding.
+    const dnnl::algorithm alg =
+        max ? dnnl::algorithm::pooling_max
+            : dnnl::algorithm::pooling_avg_exclude_padding;
+    const dnnl::memory::dims strides = {s.stride_h, s.stride_w};
+    const dnnl::memory::dims kernel = {s.r, s.s};
+    const dnnl::memory::dims pad = {s.pad_h, s.pad_w};
+    const dnnl::pooling_forward::desc fwd_desc(
+        dnnl::prop_kind::forward_training, alg, XDesc(s), YDesc(s), strides,
+        kernel, pad, pad);
+    const dnnl::pooling_forward::primitive_desc fwd_pd(fwd_desc, engine_);
+    Entry e;
+    if (max) {
+      e.workspace = fwd_pd.workspace_desc();
+      // The contract gives the workspace one float per output element; a
+      // larger oneDNN workspace would be our bug, reported, not overrun.
+      if (e.workspace.get_size() >
+          static_cast<size_t>(s.workspace_size()) * sizeof(float)) {
+        throw dnnl::error(
+            dnnl_runtime_error,
+            "max pooling workspace larger than Pool2DShape::workspace_size()");
+      }
+    }
+    if (op == Op::kMaxPoolForward || op == Op::kAvgPoolForward) {
+      e.primitive = dnnl::pooling_forward(fwd_pd);
+    } else {
+      const dnnl::pooling_backward::desc d(alg, XDesc(s), YDesc(s), strides,
+                                           kernel, pad, pad);
+      e.primitive = dnnl::pooling_backward(
+          dnnl::pooling_backward::primitive_desc(d, engine_, fwd_pd));
+    }
+    return cache_.emplace(key, std::move(e)).first->second;
+  }
+
+  // Constant after construction.
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  // Every primitive created, by direction and shape. Grows with the number
+  // of distinct layer shapes (a handful per model).
+  std::map<Key, Entry> cache_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DnnlKernels>> NewDnnlKernels() {
+  std::unique_ptr<DnnlKernels> k;
+  absl::Status st = Guard("NewDnnlKernels", [&]() {
+    k = std::make_unique<DnnlKernelsImpl>();
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
+  return k;
+}
+
+}  // namespace towerps::worker

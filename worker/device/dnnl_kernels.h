@@ -1,0 +1,55 @@
+// The CPU backend's convolution and pooling: oneDNN primitives on host
+// buffers, with the contracts of the Backend methods of the same names
+// (worker/device/backend.h). The CPU backend owns one and forwards to it.
+//
+// Not thread-safe (one thread drives it, as it drives the backend). Owns one
+// oneDNN CPU engine and stream, and caches the primitives it creates by
+// shape, so the same layer's calls in every training step reuse them.
+// Every call is synchronous. No oneDNN exception escapes: each becomes a
+// Status (Internal with oneDNN's message, ResourceExhausted for bad_alloc).
+#ifndef TOWERPS_WORKER_DEVICE_DNNL_KERNELS_H_
+#define TOWERPS_WORKER_DEVICE_DNNL_KERNELS_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/device/conv_shape.h"
+
+namespace towerps::worker {
+
+class DnnlKernels {
+ public:
+  virtual ~DnnlKernels() = default;
+
+  virtual absl::Status Conv2DForward(const Conv2DShape& shape, const float* x,
+                                     const float* w, const float* b,
+                                     float* y) = 0;
+  virtual absl::Status Conv2DBackwardData(const Conv2DShape& shape,
+                                          const float* dy, const float* w,
+                                          float* dx) = 0;
+  virtual absl::Status Conv2DBackwardWeights(const Conv2DShape& shape,
+                                             const float* x, const float* dy,
+                                             float* dw, float* db) = 0;
+  virtual absl::Status MaxPool2DForward(const Pool2DShape& shape,
+                                        const float* x, float* y,
+                                        float* workspace) = 0;
+  virtual absl::Status MaxPool2DBackward(const Pool2DShape& shape,
+                                         const float* workspace,
+                                         const float* dy, float* dx) = 0;
+  virtual absl::Status AvgPool2DForward(const Pool2DShape& shape,
+                                        const float* x, float* y) = 0;
+  virtual absl::Status AvgPool2DBackward(const Pool2DShape& shape,
+                                         const float* dy, float* dx) = 0;
+
+  // Primitives created so far (each shape and direction once), for tests.
+  virtual int64_t cached_primitives() const = 0;
+};
+
+// A CPU engine and stream; Internal if oneDNN cannot create them.
+absl::StatusOr<std::unique_ptr<DnnlKernels>> NewDnnlKernels();
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_DEVICE_DNNL_KERNELS_H_
