@@ -1,6 +1,7 @@
 #include "worker/model/model.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/initializer.h"
 #include "common/status.h"
+#include "worker/model/conv_layers.h"
 #include "worker/model/losses.h"
 #include "worker/model/pipeline_scheduler.h"
 
@@ -108,6 +110,24 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
       new Model(spec.name().empty() ? "sequential" : spec.name(), spec.loss(),
                 *loss_kind, spec.input_dim(), init_seed));
   int64_t width = spec.input_dim();
+  // The image the current rows hold (CHW), while image layers run; nullopt
+  // once a Dense or Flatten has made them plain features.
+  std::optional<ImageDims> image;
+  if (spec.has_input_shape()) {
+    const v1::ImageShape& in = spec.input_shape();
+    const ImageDims dims{in.channels(), in.height(), in.width()};
+    if (dims.channels <= 0 || dims.height <= 0 || dims.width <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          model_label, ": input_shape must be positive, got channels ", dims.channels,
+          ", height ", dims.height, ", width ", dims.width));
+    }
+    if (dims.size() != spec.input_dim()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          model_label, ": input_shape ", dims.channels, "x", dims.height, "x", dims.width,
+          " has ", dims.size(), " elements but input_dim is ", spec.input_dim()));
+    }
+    image = dims;
+  }
   for (int i = 0; i < spec.layers_size(); ++i) {
     const v1::LayerSpec& layer = spec.layers(i);
     std::string name = layer.name();
@@ -141,8 +161,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
           model->layers_.push_back(
               std::make_unique<ReLU>(backend, absl::StrCat(name, "/relu")));
         }
+        image.reset();
         model->summary_rows_.push_back(
-            {name, "Dense", width, params});
+            {name, "Dense", absl::StrCat("(None, ", width, ")"), params});
         model->num_parameters_ += params;
         break;
       }
@@ -156,8 +177,103 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
           model->layer_devices_.push_back(where.device);
           model->layers_.push_back(std::make_unique<ReLU>(*where.backend, name));
         }
-        model->summary_rows_.push_back({name, "ReLU", width, 0});
+        model->summary_rows_.push_back(
+            {name, "ReLU",
+             image ? image->ShapeString() : absl::StrCat("(None, ", width, ")"), 0});
         break;
+      case v1::LayerSpec::CONV2D:
+      case v1::LayerSpec::MAX_POOL2D:
+      case v1::LayerSpec::AVG_POOL2D:
+      case v1::LayerSpec::GLOBAL_AVG_POOL2D:
+      case v1::LayerSpec::FLATTEN: {
+        const v1::LayerSpec::Type type = layer.type();
+        if (!image && type == v1::LayerSpec::FLATTEN) image = ImageDims{width, 1, 1};
+        if (!image) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              label, ": ", v1::LayerSpec::Type_Name(type), " needs an image input, but ",
+              i == 0 ? "model.input_shape is unset"
+                     : "the layer before it outputs plain features (DENSE or FLATTEN)"));
+        }
+        if (layer.strides() < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(label, ": strides must be >= 0 (0: the default), got ",
+                           layer.strides()));
+        }
+        if (layer.padding() != v1::LayerSpec::PADDING_VALID &&
+            layer.padding() != v1::LayerSpec::PADDING_SAME) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              label, ": unknown padding ", static_cast<int>(layer.padding())));
+        }
+        const Padding padding =
+            layer.padding() == v1::LayerSpec::PADDING_SAME ? Padding::kSame : Padding::kValid;
+        const char* default_name = type == v1::LayerSpec::CONV2D       ? "conv2d"
+                                   : type == v1::LayerSpec::MAX_POOL2D ? "max_pooling2d"
+                                   : type == v1::LayerSpec::AVG_POOL2D ? "average_pooling2d"
+                                   : type == v1::LayerSpec::FLATTEN    ? "flatten"
+                                                                       : "global_average_pooling2d";
+        if (name.empty()) {
+          name = UniqueName(default_name, used);
+          used.insert(name);
+        }
+        if (type == v1::LayerSpec::CONV2D) {
+          if (layer.kernel_size() <= 0 || layer.kernel_w() < 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                label, ": CONV2D kernel_size must be > 0 and kernel_w >= 0, got ",
+                layer.kernel_size(), " and ", layer.kernel_w()));
+          }
+          if (layer.activation() != v1::ACTIVATION_NONE && layer.activation() != v1::RELU) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                label, ": unknown activation ", static_cast<int>(layer.activation())));
+          }
+        }
+        TOWERPS_ASSIGN_OR_RETURN(LayerPlacement where, placer(name, layer.device()));
+        Backend& backend = *where.backend;
+        std::unique_ptr<ImageLayer> built;
+        const std::string where_label = absl::StrCat(model_label, ": layer ", i);
+        if (type == v1::LayerSpec::CONV2D) {
+          Conv2D::Options o;
+          o.filters = layer.filters();
+          o.kernel_h = layer.kernel_size();
+          o.kernel_w = layer.kernel_w() == 0 ? layer.kernel_size() : layer.kernel_w();
+          o.stride = layer.strides() == 0 ? 1 : layer.strides();
+          o.padding = padding;
+          o.use_bias = !layer.no_bias();
+          auto conv = Conv2D::Create(backend, name, *image, o);
+          if (!conv.ok()) return common::Annotate(conv.status(), where_label);
+          built = std::move(*conv);
+        } else if (type == v1::LayerSpec::FLATTEN) {
+          built = std::make_unique<Flatten>(backend, name, *image);
+        } else {
+          Pool2D::Options o;
+          o.kind = type == v1::LayerSpec::MAX_POOL2D   ? Pool2D::Kind::kMax
+                   : type == v1::LayerSpec::AVG_POOL2D ? Pool2D::Kind::kAvg
+                                                       : Pool2D::Kind::kGlobalAvg;
+          o.pool_size = layer.pool_size() == 0 ? 2 : layer.pool_size();
+          o.stride = layer.strides();
+          o.padding = padding;
+          auto pool = Pool2D::Create(backend, name, *image, o);
+          if (!pool.ok()) return common::Annotate(pool.status(), where_label);
+          built = std::move(*pool);
+        }
+        model->layer_devices_.push_back(where.device);
+        const int64_t params = built->num_params();
+        const std::string type_name = built->TypeName();
+        const ImageDims out = built->output_image();
+        width = out.size();
+        model->layers_.push_back(std::move(built));
+        if (type == v1::LayerSpec::CONV2D && layer.activation() == v1::RELU) {
+          model->layers_.push_back(std::make_unique<ReLU>(backend, absl::StrCat(name, "/relu")));
+        }
+        // GlobalAveragePooling2D and Flatten end the image.
+        if (type == v1::LayerSpec::FLATTEN || type == v1::LayerSpec::GLOBAL_AVG_POOL2D) {
+          image.reset();
+        } else {
+          image = out;
+        }
+        model->summary_rows_.push_back({name, type_name, out.ShapeString(), params});
+        model->num_parameters_ += params;
+        break;
+      }
       case v1::LayerSpec::LAYER_UNSPECIFIED:
         return absl::InvalidArgumentError(
             absl::StrCat(label, ": type is unset (LAYER_UNSPECIFIED)"));
@@ -555,7 +671,7 @@ std::string Model::Summary() const {
   for (const SummaryRow& r : summary_rows_) {
     out +=
         row(absl::StrCat(r.name, " (", r.type, ")"),
-            absl::StrCat("(None, ", r.output_dim, ")"), absl::StrCat(r.params));
+            r.output_shape, absl::StrCat(r.params));
   }
   out += std::string(kWidth, '=') + "\n";
   out += absl::StrCat("Total params: ", WithThousands(num_parameters_), "\n");

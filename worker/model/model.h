@@ -37,10 +37,23 @@ class Model {
   // layer with activation RELU becomes a Dense layer followed by a ReLU layer
   // ("<name>/relu"); Summary() shows them as one row, as Keras does.
   //
+  // Image layers (CONV2D, MAX_POOL2D, AVG_POOL2D, GLOBAL_AVG_POOL2D,
+  // FLATTEN; worker/model/conv_layers.h) keep activations as rows [n, C*H*W]
+  // in CHW order; the image shape flows from spec.input_shape through them
+  // and ends at FLATTEN, GLOBAL_AVG_POOL2D or a DENSE (which takes the
+  // flattened width). Default names as Keras' ("conv2d", "max_pooling2d",
+  // "average_pooling2d", "global_average_pooling2d", "flatten"); a CONV2D
+  // with activation RELU gets a "<name>/relu" layer, one summary row.
+  // Summary() shows image outputs channels first: "(None, 32, 26, 26)".
+  //
   // Returns InvalidArgument, naming the layer (index and name) and the field,
-  // when: input_dim <= 0; there are no layers; a layer type is unset or
-  // unknown; a DENSE layer has units <= 0 or an unknown activation; two layers
-  // share a name or a name contains '/'; the loss type is unknown.
+  // when: input_dim <= 0; input_shape is set but not positive or its
+  // C*H*W is not input_dim; there are no layers; a layer type is unset or
+  // unknown; a DENSE layer has units <= 0 or an unknown activation; an image
+  // layer has no image input (input_shape unset, or after a DENSE/FLATTEN);
+  // a CONV2D or pooling field is out of range, its kernel does not fit, or
+  // its SAME padding would be uneven; two layers share a name or a name
+  // contains '/'; the loss type is unknown.
   // `backend` must outlive the model.
   static absl::StatusOr<std::unique_ptr<Model>> Create(
       const v1::ModelSpec& spec, Backend& backend);
@@ -182,7 +195,7 @@ class Model {
   struct SummaryRow {
     std::string name;
     std::string type;
-    int64_t output_dim;
+    std::string output_shape;  // "(None, 10)"; images "(None, C, H, W)".
     int64_t params;
   };
 
