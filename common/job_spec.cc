@@ -47,8 +47,39 @@ absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name) {
     job.set_epochs(10);
     return job;
   }
+  if (name == "cnn_small") {
+    // Keras: Conv2D(32, 3, relu) -> MaxPooling2D(2) -> Flatten -> Dense(64,
+    // relu) -> Dense(10) on 1x28x28 Fashion-MNIST images.
+    m->set_input_dim(28 * 28);
+    m->mutable_input_shape()->set_channels(1);
+    m->mutable_input_shape()->set_height(28);
+    m->mutable_input_shape()->set_width(28);
+    v1::LayerSpec* l = m->add_layers();
+    l->set_type(v1::LayerSpec::CONV2D);
+    l->set_filters(32);
+    l->set_kernel_size(3);
+    l->set_activation(v1::RELU);
+    l = m->add_layers();
+    l->set_type(v1::LayerSpec::MAX_POOL2D);
+    l->set_pool_size(2);
+    m->add_layers()->set_type(v1::LayerSpec::FLATTEN);
+    l = m->add_layers();
+    l->set_type(v1::LayerSpec::DENSE);
+    l->set_units(64);
+    l->set_activation(v1::RELU);
+    l = m->add_layers();
+    l->set_type(v1::LayerSpec::DENSE);
+    l->set_units(10);
+    m->set_loss(v1::SOFTMAX_CROSS_ENTROPY);
+    job.mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+    job.mutable_optimizer()->set_learning_rate(1e-3f);
+    job.mutable_data()->set_source(v1::DataSpec::FASHION_MNIST);
+    job.set_global_batch_size(64);
+    job.set_epochs(1);
+    return job;
+  }
   return absl::NotFoundError(
-      absl::StrCat("unknown model \"", name, "\" (known: mlp, dense_stack)"));
+      absl::StrCat("unknown model \"", name, "\" (known: mlp, dense_stack, cnn_small)"));
 }
 
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {

@@ -39,7 +39,7 @@
 #include "worker/train/trainer.h"
 #include "worker/train/worker_service.h"
 
-ABSL_FLAG(std::string, model, "mlp", "Built-in job: mlp or dense_stack (ignored with --job_spec).");
+ABSL_FLAG(std::string, model, "mlp", "Built-in job: mlp, dense_stack or cnn_small (ignored with --job_spec).");
 ABSL_FLAG(std::string, job_spec, "", "JobSpec file, JSON or protobuf text format.");
 ABSL_FLAG(std::string, mode, "", "Override: sync or async.");
 ABSL_FLAG(int, epochs, 0, "Override: epochs.");

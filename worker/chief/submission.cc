@@ -39,6 +39,16 @@ absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers) {
           "job spec: model.input_dim = ", (*model)->input_dim(), " but ", name, " examples have ",
           features, " features", cifar ? " (3x32x32)" : ""));
     }
+    if (job.model().has_input_shape()) {
+      const v1::ImageShape& in = job.model().input_shape();
+      const int channels = cifar ? 3 : 1, side = cifar ? 32 : 28;
+      if (in.channels() != channels || in.height() != side || in.width() != side) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job spec: model.input_shape = ", in.channels(), "x", in.height(), "x", in.width(),
+            " but ", name, " images are ", channels, "x", side, "x", side,
+            " (channels x height x width)"));
+      }
+    }
     if (job.model().loss() == v1::SOFTMAX_CROSS_ENTROPY && (*model)->output_dim() != kClasses) {
       return absl::InvalidArgumentError(absl::StrCat(
           "job spec: model.layers[", job.model().layers_size() - 1, "].units = ",

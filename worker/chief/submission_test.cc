@@ -26,6 +26,24 @@ TEST(ValidateSubmissionTest, TheBuiltInJobsAreValid) {
   EXPECT_TRUE(ValidateSubmission(Mlp(), 2).ok()) << ValidateSubmission(Mlp(), 2);
   auto stack = JobWithDefaults(*BuiltinJob("dense_stack"));
   EXPECT_TRUE(ValidateSubmission(stack, 2).ok()) << ValidateSubmission(stack, 2);
+  auto cnn = JobWithDefaults(*BuiltinJob("cnn_small"));
+  EXPECT_TRUE(ValidateSubmission(cnn, 2).ok()) << ValidateSubmission(cnn, 2);
+}
+
+TEST(ValidateSubmissionTest, ImageShapeMustBeTheDataSets) {
+  v1::JobSpec j = JobWithDefaults(*BuiltinJob("cnn_small"));
+  // 784 elements, so the model builds, but not Fashion-MNIST's image.
+  j.mutable_model()->mutable_input_shape()->set_height(14);
+  j.mutable_model()->mutable_input_shape()->set_width(56);
+  ExpectRejected(j, "model.input_shape = 1x14x56 but Fashion-MNIST images are 1x28x28");
+
+  j = JobWithDefaults(*BuiltinJob("cnn_small"));
+  j.mutable_model()->mutable_input_shape()->set_channels(3);
+  ExpectRejected(j, "input_dim is 784");
+
+  j = JobWithDefaults(*BuiltinJob("cnn_small"));
+  j.mutable_model()->clear_input_shape();
+  ExpectRejected(j, "input_shape is unset");
 }
 
 TEST(ValidateSubmissionTest, EachBadFieldIsNamed) {

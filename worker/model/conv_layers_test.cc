@@ -632,7 +632,9 @@ TEST(ConvModelTest, SgdStepsOnAFixedBatchLowerTheLoss) {
       auto result = model.ComputeGradients(batch);
       ASSERT_TRUE(result.ok()) << result.status();
       if (step == 0) first = result->loss_sum;
-      if (step > 0) EXPECT_LT(result->loss_sum, last) << "step " << step;
+      if (step > 0) {
+        EXPECT_LT(result->loss_sum, last) << "step " << step;
+      }
       last = result->loss_sum;
       const auto weights = model.weights();
       const auto grads = model.gradients();
