@@ -12,7 +12,7 @@
 // and return InvalidArgument naming the layer and the field. Forward and
 // Backward follow the Layer contract (worker/model/layers.h); an input whose
 // width is not C*H*W is an InvalidArgument naming the layer. On a backend
-// without convolution kernels (CUDA for now) Forward and Backward return the
+// without convolution kernels (the GPU backend, for now) Forward and Backward return the
 // backend's Unimplemented error.
 //
 // Not thread-safe, as every Layer.
