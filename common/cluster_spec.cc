@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -78,7 +79,27 @@ absl::StatusOr<std::vector<std::string>> StringList(
   return out;
 }
 
+// The host part of "host:port" or "[v6]:port", with every loopback name as
+// "loopback".
+std::string HostOf(const std::string& addr) {
+  std::string host = addr;
+  if (!addr.empty() && addr[0] == '[') {
+    host = addr.substr(1, addr.find(']') - 1);
+  } else if (size_t colon = addr.rfind(':'); colon != std::string::npos) {
+    host = addr.substr(0, colon);
+  }
+  if (host == "localhost" || host == "::1" || absl::StartsWith(host, "127.")) return "loopback";
+  return host;
+}
+
 }  // namespace
+
+int ClusterSpec::WorkersOnSameHost() const {
+  const std::string self = HostOf(self_address());
+  int n = 0;
+  for (const std::string& w : worker) n += HostOf(w) == self ? 1 : 0;
+  return n;
+}
 
 std::string ClusterSpec::TaskName() const {
   return absl::StrCat("/job:", job_name, "/replica:0/task:", task_index);

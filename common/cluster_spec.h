@@ -25,6 +25,11 @@ struct ClusterSpec {
   }
   // "/job:worker/replica:0/task:1".
   std::string TaskName() const;
+  // Worker tasks (this one included, if it is a worker) whose address names
+  // the same host as this task's: the processes that share this machine's
+  // cores. Loopback names (localhost, 127.0.0.0/8, ::1) are one host. Hosts
+  // are compared by name: two names of one machine count as two hosts.
+  int WorkersOnSameHost() const;
 };
 
 // Builds a spec from --ps_hosts/--worker_hosts (comma-separated host:port),

@@ -42,6 +42,18 @@ TEST(ClusterSpecTest, BadFlagsAreRejectedWithTheirProblemNamed) {
   ExpectRejected(ClusterSpecFromFlags("a:1", "a:1", "ps", 0), "duplicate address \"a:1\"");
 }
 
+TEST(ClusterSpecTest, WorkersOnSameHostCountsWorkersByHostWithLoopbackAsOne) {
+  auto spec = ClusterSpecFromFlags("127.0.0.1:1,10.0.0.9:2",
+                                   "localhost:3,127.0.0.2:4,10.0.0.9:5,[::1]:6,w7:7", "worker", 1);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->WorkersOnSameHost(), 3);  // localhost, 127.0.0.2, ::1
+  spec->task_index = 4;
+  EXPECT_EQ(spec->WorkersOnSameHost(), 1);  // w7 alone
+  spec->job_name = "ps";
+  spec->task_index = 1;
+  EXPECT_EQ(spec->WorkersOnSameHost(), 1);  // a ps beside worker 10.0.0.9:5
+}
+
 TEST(ClusterSpecTest, TfConfigParses) {
   auto s = ClusterSpecFromTfConfig(
       R"({"cluster": {"ps": ["p:1"], "worker": ["w0:1", "w1:1"]},

@@ -54,7 +54,9 @@ def _system_libs_impl(ctx):
         ))
     # oneDNN (Debian's libdnnl-dev 2.6) ships no pkg-config file; its headers
     # are in /usr/include/oneapi/dnnl, which the toolchain already searches.
-    build.append('cc_library(name = "dnnl", linkopts = ["-ldnnl"])')
+    # Its threads are OpenMP (libgomp), whose API worker/device/cpu_threads
+    # calls to size oneDNN's teams.
+    build.append('cc_library(name = "dnnl", linkopts = ["-ldnnl", "-lgomp"])')
     build.append('cc_library(name = "gtest", linkopts = ["-lgmock", "-lgtest", "-pthread"])')
     build.append('cc_library(name = "gtest_main", linkopts = ["-lgmock", "-lgtest_main", "-lgtest", "-pthread"])')
     ctx.symlink(_which(ctx, "protoc"), "protoc")

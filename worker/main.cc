@@ -70,7 +70,8 @@ ABSL_FLAG(bool, allow_soft_placement, false,
 ABSL_FLAG(std::string, layout, "",
           "\"classic\": first layer on device 0, hidden layer i on min(i+1, last), output on the last.");
 ABSL_FLAG(int, blas_threads, 0,
-          "BLAS threads per tower (0: cores / towers, so towers never oversubscribe).");
+          "CPU math threads (BLAS and oneDNN) per tower (0: cores / (towers x workers on this "
+          "host), so towers and workers never oversubscribe the cores).");
 ABSL_FLAG(double, wait_timeout_s, 600,
           "Longest wait for a step (while every peer is alive) before failing.");
 ABSL_FLAG(double, peer_timeout_s, 0,

@@ -1,16 +1,22 @@
-// Worker compute throughput: forward + backward (ComputeGradients) of the MLP
-// and the dense stack on CPU and, where there is a GPU, on GPU, with 1..N
+// Worker compute throughput: forward + backward (ComputeGradients) of the MLP,
+// the dense stack and the image models (cnn_small, resnet18) on CPU and, where there is a GPU, on GPU, with 1..N
 // towers, and the achieved GEMM FLOP/s as a fraction of a plain SGEMM of the
 // same shapes (cblas_sgemm on CPU, one cublasSgemm per GEMM on GPU) measured
 // in the same run. No parameter server: this isolates the worker's math. On
 // GPU, one more row: the dense stack split layer by layer over 12 virtual
 // devices of GPU 0 (the classic layout).
 //
-//   bazel run -c opt //tests/bench:worker_throughput [-- --seconds=2 --towers=1,2 --devices=cpu,gpu]
+//   bazel run -c opt //tests/bench:worker_throughput [-- --seconds=2 --towers=1,2 --devices=cpu,gpu
+//       --models=mlp,dense_stack,cnn_small --threads=0]
+//
+// Image models run at the batch the issue that added them measures at:
+// cnn_small 64, resnet18 32 on CPU and 256 on GPU (their own job's batch
+// otherwise). Their GEMM columns are "-": most of their work is convolution,
+// which the backend runs through oneDNN (CPU) or cuDNN (GPU), named in the
+// device column.
 //
 // Correctness in the same run: the reduced gradient with N towers must match
 // one tower's (the `wrong` column counts elements off by more than 1e-4 rel).
-#include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
@@ -33,6 +39,7 @@
 #include "common/job_spec.h"
 #include "proto/job.pb.h"
 #include "worker/device/backend.h"
+#include "worker/device/cpu_threads.h"
 #include "worker/device/gpu_info.h"
 #include "worker/model/device_placer.h"
 #include "worker/train/towers.h"
@@ -40,6 +47,9 @@
 ABSL_FLAG(double, seconds, 2.0, "Timed seconds per row (after warm-up).");
 ABSL_FLAG(std::string, towers, "1,2", "Tower counts to sweep.");
 ABSL_FLAG(std::string, devices, "cpu,gpu", "Backends to measure (gpu is skipped, saying why, without one).");
+ABSL_FLAG(std::string, models, "mlp,dense_stack,cnn_small", "Builtin models to measure.");
+ABSL_FLAG(std::string, threads, "0",
+          "CPU math threads per tower (BLAS and oneDNN) to sweep; 0: cores / towers.");
 
 namespace towerps::worker {
 namespace {
@@ -59,6 +69,21 @@ Batch RandomBatch(const v1::ModelSpec& spec, int64_t rows, int64_t out_dim) {
     b.targets.Fill(1.0f);
   }
   return b;
+}
+
+// Whether every layer is Dense: the GEMM columns describe the whole step.
+bool AllDense(const v1::ModelSpec& spec) {
+  for (const auto& l : spec.layers()) {
+    if (l.type() != v1::LayerSpec::DENSE) return false;
+  }
+  return true;
+}
+
+// The batch a row runs at (see the file comment).
+int64_t BenchBatch(const std::string& name, const std::string& device, const v1::JobSpec& job) {
+  if (name == "cnn_small") return 64;
+  if (name == "resnet18") return device == "cpu" ? 32 : 256;
+  return job.global_batch_size();
 }
 
 // GEMM flops of one ComputeGradients: forward x*W, backward dW and dx (no dx
@@ -115,6 +140,7 @@ struct Row {
   std::string device;
   std::string model;
   int towers;
+  int threads;  // CPU math threads per tower; 0 on GPU rows.
   int64_t batch;
   double examples_per_s;
   double gflops;
@@ -127,14 +153,16 @@ using BackendMaker = std::function<std::unique_ptr<Backend>()>;
 // `split_devices` > 0: one tower, its layers over that many backends from
 // `make` in the classic layout.
 Row Measure(const std::string& device, const BackendMaker& make, const std::string& name,
-            int towers, int split_devices, double seconds,
+            int towers, int threads_flag, int split_devices, double seconds,
             const std::vector<common::Tensor>* reference_grads,
             std::vector<common::Tensor>* grads_out) {
   v1::JobSpec job = *BuiltinJob(name);
   v1::ModelSpec spec = job.model();
-  const int64_t batch = job.global_batch_size();
+  const int64_t batch = BenchBatch(name, device, job);
+  const bool dense = AllDense(spec);
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  openblas_set_num_threads(BlasThreadsPerTower(cores, towers));
+  const int threads = threads_flag > 0 ? threads_flag : CpuThreadsPerTower(cores, towers);
+  SetCpuMathThreads(threads);
   std::vector<std::unique_ptr<Backend>> split;
   absl::StatusOr<std::unique_ptr<Towers>> t;
   if (split_devices > 0) {
@@ -177,12 +205,14 @@ Row Measure(const std::string& device, const BackendMaker& make, const std::stri
     elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   }
   Row row{device, split_devices > 0 ? name + "/split" + std::to_string(split_devices) : name,
-          towers, batch, steps * batch / elapsed, 0, 0, 0};
-  row.gflops = GemmFlops(spec, batch) * steps / elapsed / 1e9;
-  openblas_set_num_threads(cores);  // the ceiling uses the whole machine
-  std::unique_ptr<Backend> ref = make();
-  const double ref_s = ReferenceGemmSeconds(*ref, spec, batch, std::max<int64_t>(3, steps / 2));
-  row.ref_gflops = GemmFlops(spec, batch) / ref_s / 1e9;
+          towers, device == "cpu" ? threads : 0, batch, steps * batch / elapsed, 0, 0, 0};
+  if (dense) {
+    row.gflops = GemmFlops(spec, batch) * steps / elapsed / 1e9;
+    SetCpuMathThreads(cores);  // the ceiling uses the whole machine
+    std::unique_ptr<Backend> ref = make();
+    const double ref_s = ReferenceGemmSeconds(*ref, spec, batch, std::max<int64_t>(3, steps / 2));
+    row.ref_gflops = GemmFlops(spec, batch) / ref_s / 1e9;
+  }
   std::vector<common::Tensor> grads;
   for (common::Tensor* g : (*t)->gradients()) grads.push_back(*g);
   if (reference_grads != nullptr) {
@@ -211,16 +241,26 @@ int main(int argc, char** argv) {
     }
     tower_counts.push_back(n);
   }
+  std::vector<int> thread_counts;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_threads), ',')) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n < 0) {
+      std::fprintf(stderr, "--threads: bad count \"%.*s\"\n", static_cast<int>(s.size()), s.data());
+      return 2;
+    }
+    thread_counts.push_back(n);
+  }
   std::printf("worker_throughput: ComputeGradients (forward + loss + backward), no ps\n");
-  std::printf("  cores: %u; CPU: BLAS threads per tower = cores / towers; %.1f s timed per row after 3 warm-up steps\n",
+  std::printf("  cores: %u; CPU: BLAS and oneDNN threads per tower = --threads, or cores / towers;\n"
+              "  %.1f s timed per row after 3 warm-up steps\n",
               std::thread::hardware_concurrency(), absl::GetFlag(FLAGS_seconds));
   std::printf("  gemm GFLOP/s counts forward, dW and dx GEMMs; ref = the same GEMMs through the backend's plain\n"
               "  SGEMM (cblas_sgemm with all cores; cublasSgemm), measured now; wrong = gradient elements that\n"
               "  differ from the CPU's first row of the model (rel 1e-4)\n");
   const towerps::worker::GpuInfo gpus = towerps::worker::QueryGpus();
   std::printf("  %s\n\n", towerps::worker::DescribeGpus(gpus).c_str());
-  std::printf("%-6s %-20s %6s %6s %12s %11s %11s %8s %7s\n", "device", "model", "towers", "batch",
-              "examples/s", "gemm_GF/s", "ref_GF/s", "of_ref", "wrong");
+  std::printf("%-6s %-20s %6s %7s %6s %12s %11s %11s %8s %7s\n", "device", "model", "towers",
+              "threads", "batch", "examples/s", "gemm_GF/s", "ref_GF/s", "of_ref", "wrong");
   int64_t total_wrong = 0;
   const std::string which = absl::GetFlag(FLAGS_devices);
   const bool want_cpu = which.find("cpu") != std::string::npos;
@@ -256,25 +296,38 @@ int main(int argc, char** argv) {
   };
   auto print = [&](const towerps::worker::Row& r) {
     total_wrong += r.wrong;
-    std::printf("%-6s %-20s %6d %6lld %12.0f %11.2f %11.2f %8.3f %7lld\n", r.device.c_str(),
-                r.model.c_str(), r.towers, static_cast<long long>(r.batch), r.examples_per_s,
-                r.gflops, r.ref_gflops, r.gflops / r.ref_gflops, static_cast<long long>(r.wrong));
+    if (r.ref_gflops > 0) {
+      std::printf("%-6s %-20s %6d %7d %6lld %12.0f %11.2f %11.2f %8.3f %7lld\n", r.device.c_str(),
+                  r.model.c_str(), r.towers, r.threads, static_cast<long long>(r.batch),
+                  r.examples_per_s,
+                  r.gflops, r.ref_gflops, r.gflops / r.ref_gflops,
+                  static_cast<long long>(r.wrong));
+    } else {
+      std::printf("%-6s %-20s %6d %7d %6lld %12.0f %11s %11s %8s %7lld\n", r.device.c_str(),
+                  r.model.c_str(), r.towers, r.threads, static_cast<long long>(r.batch),
+                  r.examples_per_s,
+                  "-", "-", "-", static_cast<long long>(r.wrong));
+    }
     std::fflush(stdout);
   };
   const double secs = absl::GetFlag(FLAGS_seconds);
-  for (const std::string name : {"mlp", "dense_stack"}) {
+  const std::vector<std::string> models =
+      absl::StrSplit(absl::GetFlag(FLAGS_models), ',', absl::SkipEmpty());
+  for (const std::string& name : models) {
     std::vector<towerps::common::Tensor> one;
     bool have_one = false;
     for (const auto& [device, make] : {std::make_pair(std::string("cpu"), cpu),
                                        std::make_pair(std::string("gpu"), gpu)}) {
       if (device == "cpu" ? !want_cpu : !(want_gpu && have_gpu)) continue;
       for (int towers : tower_counts) {
-        print(towerps::worker::Measure(device, make, name, towers, 0, secs,
-                                       have_one ? &one : nullptr, have_one ? nullptr : &one));
-        have_one = true;
+        for (int threads : device == "cpu" ? thread_counts : std::vector<int>{0}) {
+          print(towerps::worker::Measure(device, make, name, towers, threads, 0, secs,
+                                         have_one ? &one : nullptr, have_one ? nullptr : &one));
+          have_one = true;
+        }
       }
       if (device == "gpu" && name == "dense_stack") {
-        print(towerps::worker::Measure(device, make, name, 1, 12, secs, &one, nullptr));
+        print(towerps::worker::Measure(device, make, name, 1, 0, 12, secs, &one, nullptr));
       }
     }
   }

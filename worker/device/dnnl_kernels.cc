@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "oneapi/dnnl/dnnl.hpp"
+#include "worker/device/cpu_threads.h"
 
 namespace towerps::worker {
 namespace {
@@ -28,27 +29,31 @@ enum class Op : int64_t {
   kAvgPoolBackward,
 };
 
-// The direction and every shape field: one cached primitive per key.
-using Key = std::array<int64_t, 12>;
+// The direction, every shape field and the thread count (oneDNN splits the
+// work for the team size it sees when it creates a primitive): one cached
+// primitive per key.
+using Key = std::array<int64_t, 13>;
 
 Key ConvKey(Op op, const Conv2DShape& s) {
   return {static_cast<int64_t>(op), s.n, s.c, s.h, s.w, s.k, s.r, s.s,
-          s.stride_h, s.stride_w, s.pad_h, s.pad_w};
+          s.stride_h, s.stride_w, s.pad_h, s.pad_w, CpuMathThreads()};
 }
 
 Key PoolKey(Op op, const Pool2DShape& s) {
   return {static_cast<int64_t>(op), s.n, s.c, s.h, s.w, /*k=*/0, s.r, s.s,
-          s.stride_h, s.stride_w, s.pad_h, s.pad_w};
+          s.stride_h, s.stride_w, s.pad_h, s.pad_w, CpuMathThreads()};
 }
 
 // oneDNN's memory objects take non-const handles even for inputs; it does
 // not write inputs.
 void* In(const float* p) { return const_cast<float*>(p); }
 
-// Runs `f`, turning oneDNN's (and the standard library's) exceptions into a
-// Status: none may cross the Backend interface.
+// Runs `f` with the calling thread's OpenMP team sized as the worker set it
+// (worker/device/cpu_threads.h), turning oneDNN's (and the standard
+// library's) exceptions into a Status: none may cross the Backend interface.
 template <typename F>
 absl::Status Guard(const char* op, F&& f) {
+  ApplyCpuMathThreadsToThisThread();
   try {
     return f();
   } catch (const dnnl::error& e) {

@@ -1,7 +1,5 @@
 #include "worker/train/job_runner.h"
 
-#include <cblas.h>
-
 #include <memory>
 #include <thread>
 
@@ -12,6 +10,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/device/backend.h"
+#include "worker/device/cpu_threads.h"
 #include "worker/device/gpu_info.h"
 #include "worker/model/dataset.h"
 #include "worker/model/device_placer.h"
@@ -131,18 +130,23 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   if (env.log_device_placement) Log(hooks, "devices:\n" + devices.Describe());
   TLOG(INFO) << spec.TaskName() << ": " << DescribeGpus(QueryGpus());
   Model* model = &towers->primary();
-  // Towers on CPU share the cores: never more BLAS threads in all than cores.
-  if (env.blas_threads > 0 || num_towers > 1) {
-    const int threads = env.blas_threads > 0
-                            ? env.blas_threads
-                            : BlasThreadsPerTower(
-                                  static_cast<int>(std::thread::hardware_concurrency()),
-                                  num_towers * (job.micro_batches() > 1
-                                                    ? towers->primary().num_stages()
-                                                    : 1));
-    openblas_set_num_threads(threads);
-    Log(hooks, absl::StrCat(num_towers, " tower(s), ", threads,
-                            " BLAS thread(s) each; reduction: ", towers->reducer().Name()));
+  // The CPU math (BLAS and oneDNN) of every tower of every worker on this
+  // host shares its cores: never more threads in all than cores (spinning
+  // teams of the two libraries, or of two processes, starve each other).
+  {
+    const int parallel = num_towers * (job.micro_batches() > 1 ? towers->primary().num_stages() : 1);
+    const int on_host = spec.WorkersOnSameHost();
+    const int threads =
+        env.blas_threads > 0
+            ? env.blas_threads
+            : CpuThreadsPerTower(static_cast<int>(std::thread::hardware_concurrency()), parallel,
+                                 on_host);
+    SetCpuMathThreads(threads);
+    Log(hooks, absl::StrCat(num_towers, " tower(s), ", threads, " CPU math thread(s) each",
+                            env.blas_threads > 0 ? " (--blas_threads)"
+                                                 : absl::StrCat(" (", on_host,
+                                                                " worker(s) on this host)"),
+                            "; reduction: ", towers->reducer().Name()));
   }
 
   // Data: every worker reads the set and trains on its slices of each batch.

@@ -32,7 +32,7 @@ struct WorkerEnv {
   DeviceManager* devices = nullptr;     // REQUIRED.
   int64_t chunk_bytes = 1 << 20;
   absl::Duration wait_timeout = absl::Minutes(10);
-  int blas_threads = 0;          // 0: cores / towers.
+  int blas_threads = 0;          // CPU math threads per tower; 0: cores / (towers x workers on this host).
   bool log_device_placement = false;
   std::string layout;            // "" or "classic".
 };

@@ -185,10 +185,6 @@ std::unique_ptr<GradientReducer> NewReducer(
   return std::make_unique<DeviceReducer>(name, use_nccl);
 }
 
-int BlasThreadsPerTower(int cores, int towers) {
-  return std::max(1, cores / std::max(1, towers));
-}
-
 absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(
     const v1::ModelSpec& spec, int num_towers,
     const std::function<std::unique_ptr<Backend>()>& make_backend) {

@@ -101,9 +101,6 @@ class Towers {
   std::vector<Batch> parts_;  // reused per step
 };
 
-// BLAS threads per tower so that all towers together use at most `cores`.
-int BlasThreadsPerTower(int cores, int towers);
-
 }  // namespace towerps::worker
 
 #endif  // TOWERPS_WORKER_TRAIN_TOWERS_H_

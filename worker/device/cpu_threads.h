@@ -1,0 +1,37 @@
+// How many threads the CPU backend's math libraries use.
+//
+// Two libraries compute on the CPU: OpenBLAS (GEMM and the vector kernels;
+// its own thread pool, one setting for the whole process) and oneDNN
+// (convolution and pooling; an OpenMP team per calling thread, sized by that
+// thread's OpenMP setting). They must agree: threads of one library that
+// spin waiting for work while the other's run take the cores from them (two
+// towers' or two worker processes' teams on two cores ran cnn_small 10x
+// slower than one thread each). So the worker sets one count for both, and
+// the CPU backend applies it to the thread that calls oneDNN, before each
+// call (towers and pipeline stages call from their own threads).
+//
+// Thread-safe.
+#ifndef TOWERPS_WORKER_DEVICE_CPU_THREADS_H_
+#define TOWERPS_WORKER_DEVICE_CPU_THREADS_H_
+
+namespace towerps::worker {
+
+// Sets OpenBLAS's thread count now and oneDNN's for every later call of a CPU
+// backend's convolution or pooling, on any thread. `threads` < 1 counts as 1.
+void SetCpuMathThreads(int threads);
+
+// What SetCpuMathThreads last set; 0 before the first call (each library's
+// own default: every core).
+int CpuMathThreads();
+
+// Makes the calling thread's OpenMP team (oneDNN's) the size set by
+// SetCpuMathThreads, if one was set. Cheap when it already is.
+void ApplyCpuMathThreadsToThisThread();
+
+// Threads per tower so that every tower of every worker on this host
+// together use at most `cores`: max(1, cores / (towers * workers_on_host)).
+int CpuThreadsPerTower(int cores, int towers, int workers_on_host = 1);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_DEVICE_CPU_THREADS_H_
