@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/device/device_manager.h"
 #include "worker/device/dnnl_kernels.h"
+#include "worker/device/dropout_mask.h"
 #include "worker/device/loss_kernels.h"
 
 namespace towerps::worker {
@@ -207,6 +208,34 @@ class CpuBackend : public Backend {
     absl::StatusOr<DnnlKernels*> k = Dnnl();
     if (!k.ok()) return k.status();
     return (*k)->AvgPool2DBackward(shape, dy, dx);
+  }
+
+  absl::Status BatchNormForwardTraining(const BatchNormShape& shape, const float*, const float*,
+                                        const float*, float*, float*, float*) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return absl::UnimplementedError("BatchNormForwardTraining on CPU: not yet");
+  }
+  absl::Status BatchNormForwardInference(const BatchNormShape& shape, const float*, const float*,
+                                         const float*, const float*, const float*,
+                                         float*) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return absl::UnimplementedError("BatchNormForwardInference on CPU: not yet");
+  }
+  absl::Status BatchNormBackward(const BatchNormShape& shape, const float*, const float*,
+                                 const float*, const float*, const float*, float*, float*,
+                                 float*) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return absl::UnimplementedError("BatchNormBackward on CPU: not yet");
+  }
+
+  void DropoutForward(int64_t n, float rate, uint64_t seed, const float* x, float* y,
+                      float* mask) override {
+    for (int64_t i = 0; i < n; ++i) mask[i] = DropoutMaskValue(seed, static_cast<uint64_t>(i), rate);
+    Mul(n, x, mask, y);
+  }
+
+  void Mul(int64_t n, const float* a, const float* b, float* out) override {
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
   }
 
  private:

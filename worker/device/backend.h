@@ -168,6 +168,45 @@ class Backend {
   virtual absl::Status AvgPool2DBackward(const Pool2DShape& shape,
                                          const float* dy, float* dx) = 0;
 
+  // ---- Batch normalization and dropout -----------------------------------
+  //
+  // Batch norm: shapes in worker/device/conv_shape.h (x, y, dx [n, c,
+  // spatial]; gamma, beta, mean, var, dgamma, dbeta [c]). Outputs are
+  // overwritten. Errors as the convolution kernels' (InvalidArgument from
+  // shape.Validate() before any buffer is touched, Internal from the kernel
+  // library, Unimplemented where a backend has no kernel yet).
+
+  // Training mode: mean[c] and var[c] are this batch's per-channel mean and
+  // BIASED variance (divided by n * spatial, as Keras' moving statistics
+  // take it), and y = gamma * (x - mean) / sqrt(var + epsilon) + beta.
+  virtual absl::Status BatchNormForwardTraining(const BatchNormShape& shape, const float* x,
+                                                const float* gamma, const float* beta,
+                                                float* y, float* mean, float* var) = 0;
+  // Inference mode: y as above with the given mean and var (the moving
+  // statistics).
+  virtual absl::Status BatchNormForwardInference(const BatchNormShape& shape, const float* x,
+                                                 const float* gamma, const float* beta,
+                                                 const float* mean, const float* var,
+                                                 float* y) = 0;
+  // The gradients of training mode (the batch statistics depend on x):
+  // given the forward's x, gamma and the mean and var it wrote, and dy,
+  // writes dx, dgamma and dbeta.
+  virtual absl::Status BatchNormBackward(const BatchNormShape& shape, const float* x,
+                                         const float* dy, const float* gamma,
+                                         const float* mean, const float* var, float* dx,
+                                         float* dgamma, float* dbeta) = 0;
+
+  // Inverted dropout, training mode: mask[i] = 0 with probability `rate`, else
+  // 1 / (1 - rate), and y[i] = x[i] * mask[i]. The mask is a function of
+  // (seed, i) alone (a counter-based generator), so a seed gives the same
+  // mask on every call and every backend. REQUIRES: 0 <= rate < 1. `y` may
+  // alias `x`.
+  virtual void DropoutForward(int64_t n, float rate, uint64_t seed, const float* x, float* y,
+                              float* mask) = 0;
+  // out[i] = a[i] * b[i] (dropout's backward: dx = dy * mask). `out` may
+  // alias `a` or `b`.
+  virtual void Mul(int64_t n, const float* a, const float* b, float* out) = 0;
+
   // ---- Losses -----------------------------------------------------------
 
   // The loss of predictions `pred` [n, d] (device), Keras semantics (see

@@ -120,6 +120,26 @@ class CudaBackend final : public Backend {
                                   const float* targets, float* dpred,
                                   int64_t grad_count) override;
 
+  // Batch norm comes with cuDNN (the GPU step of issue 13).
+  absl::Status BatchNormForwardTraining(const BatchNormShape&, const float*, const float*,
+                                        const float*, float*, float*, float*) override {
+    return NoConvYet("BatchNormForwardTraining");
+  }
+  absl::Status BatchNormForwardInference(const BatchNormShape&, const float*, const float*,
+                                         const float*, const float*, const float*,
+                                         float*) override {
+    return NoConvYet("BatchNormForwardInference");
+  }
+  absl::Status BatchNormBackward(const BatchNormShape&, const float*, const float*,
+                                 const float*, const float*, const float*, float*, float*,
+                                 float*) override {
+    return NoConvYet("BatchNormBackward");
+  }
+  void DropoutForward(int64_t, float, uint64_t, const float*, float*, float*) override {
+    Record(NoConvYet("DropoutForward"));
+  }
+  void Mul(int64_t, const float*, const float*, float*) override { Record(NoConvYet("Mul")); }
+
   // Convolution and pooling come with cuDNN (the GPU step of issue 13).
   absl::Status Conv2DForward(const Conv2DShape&, const float*, const float*,
                              const float*, float*) override {

@@ -1,5 +1,7 @@
 #include "worker/device/conv_shape.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace towerps::worker {
@@ -51,6 +53,25 @@ std::string Conv2DShape::DebugString() const {
   return absl::StrCat("n=", n, " c=", c, " h=", h, " w=", w, " k=", k,
                       " r=", r, " s=", s, " stride=", stride_h, "x", stride_w,
                       " pad=", pad_h, "x", pad_w);
+}
+
+absl::Status BatchNormShape::Validate() const {
+  const struct {
+    const char* name;
+    int64_t value;
+  } positive[] = {{"n", n}, {"c", c}, {"spatial", spatial}};
+  for (const auto& f : positive) {
+    if (f.value < 1) return Bad("BatchNormShape", f.name, f.value, ">= 1");
+  }
+  if (!(epsilon > 0.0f) || !std::isfinite(epsilon)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BatchNormShape.epsilon = ", epsilon, ": must be > 0 and finite"));
+  }
+  return absl::OkStatus();
+}
+
+std::string BatchNormShape::DebugString() const {
+  return absl::StrCat("n=", n, " c=", c, " spatial=", spatial, " epsilon=", epsilon);
 }
 
 absl::Status Pool2DShape::Validate() const {

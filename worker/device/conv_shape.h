@@ -64,6 +64,20 @@ struct Pool2DShape {
   std::string DebugString() const;
 };
 
+// Batch normalization of x [n, c, spatial]: NCHW with spatial = h * w, or
+// dense rows [n, c] with spatial = 1. Each channel is normalized over its
+// n * spatial values, with per-channel scale (gamma) and shift (beta).
+struct BatchNormShape {
+  int64_t n = 0, c = 0, spatial = 1;
+  float epsilon = 1e-3f;  // Added to the variance (Keras' default).
+
+  int64_t x_size() const { return n * c * spatial; }
+  // OK, or InvalidArgument naming the first bad field: n, c, spatial >= 1,
+  // epsilon > 0 and finite.
+  absl::Status Validate() const;
+  std::string DebugString() const;
+};
+
 }  // namespace towerps::worker
 
 #endif  // TOWERPS_WORKER_DEVICE_CONV_SHAPE_H_

@@ -188,6 +188,60 @@ class FakeBackend : public Backend {
     }
     return cpu_->AvgPool2DBackward(sh, dy, dx);
   }
+  absl::Status BatchNormForwardTraining(const BatchNormShape& sh, const float* x,
+                                        const float* gamma, const float* beta, float* y,
+                                        float* mean, float* var) override {
+    if (sh.Validate().ok()) {
+      Check("BatchNormForwardTraining x", x, sh.x_size());
+      Check("BatchNormForwardTraining gamma", gamma, sh.c);
+      Check("BatchNormForwardTraining beta", beta, sh.c);
+      Check("BatchNormForwardTraining y", y, sh.x_size());
+      Check("BatchNormForwardTraining mean", mean, sh.c);
+      Check("BatchNormForwardTraining var", var, sh.c);
+    }
+    return cpu_->BatchNormForwardTraining(sh, x, gamma, beta, y, mean, var);
+  }
+  absl::Status BatchNormForwardInference(const BatchNormShape& sh, const float* x,
+                                         const float* gamma, const float* beta, const float* mean,
+                                         const float* var, float* y) override {
+    if (sh.Validate().ok()) {
+      Check("BatchNormForwardInference x", x, sh.x_size());
+      Check("BatchNormForwardInference gamma", gamma, sh.c);
+      Check("BatchNormForwardInference beta", beta, sh.c);
+      Check("BatchNormForwardInference mean", mean, sh.c);
+      Check("BatchNormForwardInference var", var, sh.c);
+      Check("BatchNormForwardInference y", y, sh.x_size());
+    }
+    return cpu_->BatchNormForwardInference(sh, x, gamma, beta, mean, var, y);
+  }
+  absl::Status BatchNormBackward(const BatchNormShape& sh, const float* x, const float* dy,
+                                 const float* gamma, const float* mean, const float* var,
+                                 float* dx, float* dgamma, float* dbeta) override {
+    if (sh.Validate().ok()) {
+      Check("BatchNormBackward x", x, sh.x_size());
+      Check("BatchNormBackward dy", dy, sh.x_size());
+      Check("BatchNormBackward gamma", gamma, sh.c);
+      Check("BatchNormBackward mean", mean, sh.c);
+      Check("BatchNormBackward var", var, sh.c);
+      Check("BatchNormBackward dx", dx, sh.x_size());
+      Check("BatchNormBackward dgamma", dgamma, sh.c);
+      Check("BatchNormBackward dbeta", dbeta, sh.c);
+    }
+    return cpu_->BatchNormBackward(sh, x, dy, gamma, mean, var, dx, dgamma, dbeta);
+  }
+  void DropoutForward(int64_t n, float rate, uint64_t seed, const float* x, float* y,
+                      float* mask) override {
+    Check("DropoutForward x", x, n);
+    Check("DropoutForward y", y, n);
+    Check("DropoutForward mask", mask, n);
+    cpu_->DropoutForward(n, rate, seed, x, y, mask);
+  }
+  void Mul(int64_t n, const float* a, const float* b, float* out) override {
+    Check("Mul a", a, n);
+    Check("Mul b", b, n);
+    Check("Mul out", out, n);
+    cpu_->Mul(n, a, b, out);
+  }
 
  private:
   // Records a violation unless [p, p + n) lies in one allocation of this
