@@ -9,6 +9,51 @@
 #include "google/protobuf/util/json_util.h"
 
 namespace towerps::worker {
+namespace {
+
+void SetImage(v1::ModelSpec* m, int channels, int height, int width) {
+  m->set_input_dim(channels * height * width);
+  m->mutable_input_shape()->set_channels(channels);
+  m->mutable_input_shape()->set_height(height);
+  m->mutable_input_shape()->set_width(width);
+}
+
+void AddConv(v1::ModelSpec* m, int filters, int kernel, int stride,
+             v1::LayerSpec::Padding padding, bool relu) {
+  v1::LayerSpec* l = m->add_layers();
+  l->set_type(v1::LayerSpec::CONV2D);
+  l->set_filters(filters);
+  l->set_kernel_size(kernel);
+  l->set_strides(stride);
+  l->set_padding(padding);
+  if (relu) l->set_activation(v1::RELU);
+}
+
+void AddBatchNorm(v1::ModelSpec* m, float momentum, float epsilon, bool relu) {
+  v1::LayerSpec* l = m->add_layers();
+  l->set_type(v1::LayerSpec::BATCH_NORM);
+  l->set_momentum(momentum);
+  l->set_epsilon(epsilon);
+  if (relu) l->set_activation(v1::RELU);
+}
+
+void AddResidual(v1::ModelSpec* m, int filters, int stride, float momentum, float epsilon) {
+  v1::LayerSpec* l = m->add_layers();
+  l->set_type(v1::LayerSpec::RESIDUAL_BLOCK);
+  l->set_filters(filters);
+  l->set_strides(stride);
+  l->set_momentum(momentum);
+  l->set_epsilon(epsilon);
+}
+
+void AddDense(v1::ModelSpec* m, int units, bool relu) {
+  v1::LayerSpec* l = m->add_layers();
+  l->set_type(v1::LayerSpec::DENSE);
+  l->set_units(units);
+  if (relu) l->set_activation(v1::RELU);
+}
+
+}  // namespace
 
 absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name) {
   v1::JobSpec job;
@@ -78,8 +123,80 @@ absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name) {
     job.set_epochs(1);
     return job;
   }
-  return absl::NotFoundError(
-      absl::StrCat("unknown model \"", name, "\" (known: mlp, dense_stack, cnn_small)"));
+  if (name == "lenet") {
+    // LeNet-5 as d2l builds it, with ReLU for its sigmoids: Conv2D(6, 5x5,
+    // SAME) -> AvgPool(2) -> Conv2D(16, 5x5) -> AvgPool(2) -> Flatten ->
+    // Dense(120) -> Dense(84) -> Dense(10).
+    SetImage(m, 1, 28, 28);
+    AddConv(m, 6, 5, 1, v1::LayerSpec::PADDING_SAME, true);
+    m->add_layers()->set_type(v1::LayerSpec::AVG_POOL2D);
+    AddConv(m, 16, 5, 1, v1::LayerSpec::PADDING_VALID, true);
+    m->add_layers()->set_type(v1::LayerSpec::AVG_POOL2D);
+    m->add_layers()->set_type(v1::LayerSpec::FLATTEN);
+    AddDense(m, 120, true);
+    AddDense(m, 84, true);
+    AddDense(m, 10, false);
+    m->set_loss(v1::SOFTMAX_CROSS_ENTROPY);
+    job.mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+    job.mutable_optimizer()->set_learning_rate(1e-3f);
+    job.mutable_data()->set_source(v1::DataSpec::FASHION_MNIST);
+    job.set_global_batch_size(256);
+    job.set_epochs(10);
+    return job;
+  }
+  if (name == "resnet18") {
+    // d2l's ResNet-18 for small 1-channel images: a 3x3 stem (stride 1,
+    // batch norm, ReLU, no max-pool), four stages of two residual blocks
+    // (64, 128, 256, 512 channels; stages 2-4 start at stride 2 with a 1x1
+    // projection), global average pooling, Dense(10). Batch norm as
+    // PyTorch's: moving statistics' momentum 0.9, epsilon 1e-5.
+    SetImage(m, 1, 28, 28);
+    AddConv(m, 64, 3, 1, v1::LayerSpec::PADDING_SAME, false);
+    AddBatchNorm(m, 0.9f, 1e-5f, true);
+    for (int stage = 0; stage < 4; ++stage) {
+      const int filters = 64 << stage;
+      AddResidual(m, filters, stage == 0 ? 1 : 2, 0.9f, 1e-5f);
+      AddResidual(m, filters, 1, 0.9f, 1e-5f);
+    }
+    m->add_layers()->set_type(v1::LayerSpec::GLOBAL_AVG_POOL2D);
+    AddDense(m, 10, false);
+    m->set_loss(v1::SOFTMAX_CROSS_ENTROPY);
+    job.mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
+    job.mutable_optimizer()->set_learning_rate(0.1f);
+    job.mutable_data()->set_source(v1::DataSpec::FASHION_MNIST);
+    job.set_global_batch_size(256);
+    job.set_epochs(10);
+    return job;
+  }
+  if (name == "resnet_cifar") {
+    // ResNet-20 for 3x32x32 CIFAR-10 (He et al. 2015, section 4.2, with 1x1
+    // projections): a 3x3 stem of 16 channels, three stages of three
+    // residual blocks (16, 32, 64 channels; stages 2-3 start at stride 2),
+    // global average pooling, Dense(10); SGD with momentum 0.9, lr 0.1,
+    // weight decay 1e-4, batch 128.
+    SetImage(m, 3, 32, 32);
+    AddConv(m, 16, 3, 1, v1::LayerSpec::PADDING_SAME, false);
+    AddBatchNorm(m, 0.9f, 1e-5f, true);
+    for (int stage = 0; stage < 3; ++stage) {
+      for (int b = 0; b < 3; ++b) {
+        AddResidual(m, 16 << stage, stage > 0 && b == 0 ? 2 : 1, 0.9f, 1e-5f);
+      }
+    }
+    m->add_layers()->set_type(v1::LayerSpec::GLOBAL_AVG_POOL2D);
+    AddDense(m, 10, false);
+    m->set_loss(v1::SOFTMAX_CROSS_ENTROPY);
+    job.mutable_optimizer()->set_type(v1::OptimizerSpec::MOMENTUM);
+    job.mutable_optimizer()->set_learning_rate(0.1f);
+    job.mutable_optimizer()->set_momentum(0.9f);
+    job.mutable_optimizer()->set_weight_decay(1e-4f);
+    job.mutable_data()->set_source(v1::DataSpec::CIFAR10);
+    job.set_global_batch_size(128);
+    job.set_epochs(10);
+    return job;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "unknown model \"", name,
+      "\" (known: mlp, dense_stack, cnn_small, lenet, resnet18, resnet_cifar)"));
 }
 
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {

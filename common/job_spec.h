@@ -18,6 +18,15 @@ namespace towerps::worker {
 // "cnn_small": input_shape 1x28x28, Conv2D(32, 3x3, relu) -> MaxPool(2) ->
 // Flatten -> Dense(64, relu) -> Dense(10) (347,146 parameters), softmax
 // cross-entropy, Adam 1e-3, global batch 64, 1 epoch of Fashion-MNIST.
+// "lenet": LeNet-5 (d2l's, ReLU for sigmoid) on Fashion-MNIST, Adam 1e-3,
+// batch 256, 10 epochs.
+// "resnet18": d2l's ResNet-18 for 1x28x28 images (3x3 stem with batch norm,
+// no max-pool, four stages of two residual blocks of 64-512 channels, global
+// average pooling, Dense(10)) on Fashion-MNIST, SGD 0.1, batch 256, 10
+// epochs.
+// "resnet_cifar": ResNet-20 (three stages of three residual blocks of
+// 16-64 channels) on CIFAR-10, momentum SGD 0.1, weight decay 1e-4, batch
+// 128, 10 epochs.
 // NotFound lists the known names.
 absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name);
 

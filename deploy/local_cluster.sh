@@ -4,7 +4,8 @@
 # towerctl, follows it, and stops everything.
 #
 #   deploy/local_cluster.sh [--ps=2] [--workers=2] [--mode=sync|async]
-#                           [--model=mlp|dense_stack|cnn_small] [--base_port=PORT]
+#                           [--model=mlp|dense_stack|cnn_small|lenet|resnet18|resnet_cifar]
+#                           [--base_port=PORT]
 #                           [--state_dir=DIR] [--serve]
 #                           [-- job flags for the submitted job, e.g. --epochs=1,
 #                               or worker flags such as --virtual_devices=CPU=4]

@@ -39,7 +39,9 @@
 #include "worker/train/trainer.h"
 #include "worker/train/worker_service.h"
 
-ABSL_FLAG(std::string, model, "mlp", "Built-in job: mlp, dense_stack or cnn_small (ignored with --job_spec).");
+ABSL_FLAG(std::string, model, "mlp",
+          "Built-in job: mlp, dense_stack, cnn_small, lenet, resnet18 or resnet_cifar (ignored "
+          "with --job_spec).");
 ABSL_FLAG(std::string, job_spec, "", "JobSpec file, JSON or protobuf text format.");
 ABSL_FLAG(std::string, mode, "", "Override: sync or async.");
 ABSL_FLAG(int, epochs, 0, "Override: epochs.");

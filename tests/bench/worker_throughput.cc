@@ -1,13 +1,13 @@
 // Worker compute throughput: forward + backward (ComputeGradients) of the MLP,
-// the dense stack and the image models (cnn_small, resnet18) on CPU and, where there is a GPU, on GPU, with 1..N
-// towers, and the achieved GEMM FLOP/s as a fraction of a plain SGEMM of the
-// same shapes (cblas_sgemm on CPU, one cublasSgemm per GEMM on GPU) measured
-// in the same run. No parameter server: this isolates the worker's math. On
+// the dense stack and the image models (cnn_small, resnet18) on CPU and,
+// where there is a GPU, on GPU, with 1..N towers, and the achieved GEMM
+// FLOP/s as a fraction of a plain SGEMM of the same shapes (cblas_sgemm on
+// CPU, one cublasSgemm per GEMM on GPU) measured in the same run. No parameter server: this isolates the worker's math. On
 // GPU, one more row: the dense stack split layer by layer over 12 virtual
 // devices of GPU 0 (the classic layout).
 //
 //   bazel run -c opt //tests/bench:worker_throughput [-- --seconds=2 --towers=1,2 --devices=cpu,gpu
-//       --models=mlp,dense_stack,cnn_small --threads=0]
+//       --models=mlp,dense_stack,cnn_small,resnet18 --threads=0]
 //
 // Image models run at the batch the issue that added them measures at:
 // cnn_small 64, resnet18 32 on CPU and 256 on GPU (their own job's batch
@@ -47,7 +47,7 @@
 ABSL_FLAG(double, seconds, 2.0, "Timed seconds per row (after warm-up).");
 ABSL_FLAG(std::string, towers, "1,2", "Tower counts to sweep.");
 ABSL_FLAG(std::string, devices, "cpu,gpu", "Backends to measure (gpu is skipped, saying why, without one).");
-ABSL_FLAG(std::string, models, "mlp,dense_stack,cnn_small", "Builtin models to measure.");
+ABSL_FLAG(std::string, models, "mlp,dense_stack,cnn_small,resnet18", "Builtin models to measure.");
 ABSL_FLAG(std::string, threads, "0",
           "CPU math threads per tower (BLAS and oneDNN) to sweep; 0: cores / towers.");
 

@@ -82,7 +82,9 @@ absl::StatusOr<std::unique_ptr<Conv2D>> Conv2D::Create(Backend& backend, std::st
         absl::StrCat(label, ": strides must be > 0, got ", options.stride));
   }
   int pad_h = 0, pad_w = 0;
-  if (options.padding == Padding::kSame) {
+  if (options.explicit_pad >= 0) {
+    pad_h = pad_w = options.explicit_pad;
+  } else if (options.padding == Padding::kSame) {
     TOWERPS_ASSIGN_OR_RETURN(pad_h, SamePadding(input.height, options.kernel_h, options.stride,
                                                 label, "rows"));
     TOWERPS_ASSIGN_OR_RETURN(pad_w, SamePadding(input.width, options.kernel_w, options.stride,

@@ -64,14 +64,36 @@ class Layer {
     enum class Init {
       kGlorotUniform,  // fan_in and fan_out are set
       kZeros,
+      kOnes,
     };
     std::string name;  // e.g. "kernel", "bias"
     std::vector<int64_t> shape;
     Init init = Init::kZeros;
     int64_t fan_in = 0;
     int64_t fan_out = 0;
+    // Not trainable (batch norm's moving statistics): the matching grads()
+    // entry holds this step's batch statistic, weighted so that micro-batches
+    // add up to the whole batch's (like gradients), and the servers keep
+    // value = decay * value + (1 - decay) * pushed (VariableDef
+    // MOVING_AVERAGE).
+    bool moving_average = false;
+    float decay = 0.0f;
   };
   virtual std::vector<ParamSpec> param_specs() const { return {}; }
+  // Called by the Model before every pass (a training step or an
+  // evaluation), before any Forward of it: `training` selects batch
+  // statistics and dropout (true) or moving statistics and the identity
+  // (false); `batch_rows` is the whole batch's size (micro-batches are
+  // parts of it); `seed` is new for every pass (dropout masks). Layers that
+  // keep state from a Forward for its Backward forget the previous pass's
+  // here. Composite layers pass it on to their parts.
+  virtual void BeginPass(bool training, int64_t batch_rows, uint64_t seed) {
+    training_ = training;
+    batch_rows_ = batch_rows;
+    pass_seed_ = seed;
+  }
+  bool training() const { return training_; }
+
   // Shapes of params(), in order (from param_specs()).
   std::vector<std::vector<int64_t>> param_shapes() const;
   // Elements of all params() together (from param_specs()).
@@ -84,6 +106,9 @@ class Layer {
       : backend_(backend), name_(std::move(name)) {}
 
   Backend& backend_;
+  bool training_ = true;
+  int64_t batch_rows_ = 0;
+  uint64_t pass_seed_ = 0;
 
  private:
   const std::string name_;

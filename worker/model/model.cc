@@ -11,7 +11,9 @@
 #include "common/status.h"
 #include "worker/model/conv_layers.h"
 #include "worker/model/losses.h"
+#include "worker/model/norm_layers.h"
 #include "worker/model/pipeline_scheduler.h"
+#include "worker/model/residual.h"
 
 namespace towerps::worker {
 namespace {
@@ -274,6 +276,76 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
         model->num_parameters_ += params;
         break;
       }
+      case v1::LayerSpec::BATCH_NORM:
+      case v1::LayerSpec::DROPOUT:
+      case v1::LayerSpec::RESIDUAL_BLOCK: {
+        const v1::LayerSpec::Type type = layer.type();
+        // Batch norm and dropout also take plain features, as a d x 1 x 1
+        // image; a residual block needs an image.
+        if (type == v1::LayerSpec::RESIDUAL_BLOCK && !image) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              label, ": RESIDUAL_BLOCK needs an image input, but ",
+              i == 0 ? "model.input_shape is unset"
+                     : "the layer before it outputs plain features (DENSE or FLATTEN)"));
+        }
+        const ImageDims in = image ? *image : ImageDims{width, 1, 1};
+        if (layer.activation() != v1::ACTIVATION_NONE && layer.activation() != v1::RELU) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              label, ": unknown activation ", static_cast<int>(layer.activation())));
+        }
+        BatchNorm::Options bn;
+        bn.momentum = layer.momentum() == 0.0f ? 0.99f : layer.momentum();
+        bn.epsilon = layer.epsilon() == 0.0f ? 1e-3f : layer.epsilon();
+        const char* default_name = type == v1::LayerSpec::BATCH_NORM ? "batch_normalization"
+                                   : type == v1::LayerSpec::DROPOUT  ? "dropout"
+                                                                     : "residual";
+        if (name.empty()) {
+          name = UniqueName(default_name, used);
+          used.insert(name);
+        }
+        TOWERPS_ASSIGN_OR_RETURN(LayerPlacement where, placer(name, layer.device()));
+        Backend& backend = *where.backend;
+        const std::string where_label = absl::StrCat(model_label, ": layer ", i);
+        std::unique_ptr<ImageLayer> built;
+        if (type == v1::LayerSpec::BATCH_NORM) {
+          auto made = BatchNorm::Create(backend, name, in, bn);
+          if (!made.ok()) return common::Annotate(made.status(), where_label);
+          built = std::move(*made);
+        } else if (type == v1::LayerSpec::DROPOUT) {
+          auto made = Dropout::Create(backend, name, in, layer.rate());
+          if (!made.ok()) return common::Annotate(made.status(), where_label);
+          built = std::move(*made);
+        } else {
+          if (layer.strides() < 0) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(label, ": strides must be >= 0 (0: the default, 1), got ",
+                             layer.strides()));
+          }
+          ResidualBlock::Options o;
+          o.filters = layer.filters();
+          o.stride = layer.strides() == 0 ? 1 : layer.strides();
+          o.use_bias = !layer.no_bias();
+          o.batch_norm = bn;
+          auto made = ResidualBlock::Create(backend, name, in, o);
+          if (!made.ok()) return common::Annotate(made.status(), where_label);
+          built = std::move(*made);
+        }
+        model->layer_devices_.push_back(where.device);
+        const int64_t params = built->num_params();
+        const std::string type_name = built->TypeName();
+        const ImageDims out = built->output_image();
+        width = out.size();
+        model->layers_.push_back(std::move(built));
+        if (layer.activation() == v1::RELU) {
+          model->layers_.push_back(std::make_unique<ReLU>(backend, absl::StrCat(name, "/relu")));
+        }
+        if (image) image = out;
+        model->summary_rows_.push_back(
+            {name, type_name, image ? out.ShapeString() : absl::StrCat("(None, ", width, ")"),
+             params});
+        model->num_parameters_ += params;
+        break;
+      }
       case v1::LayerSpec::LAYER_UNSPECIFIED:
         return absl::InvalidArgumentError(
             absl::StrCat(label, ": type is unset (LAYER_UNSPECIFIED)"));
@@ -283,6 +355,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
     }
   }
   model->output_dim_ = width;
+  for (const auto& l : model->layers_) {
+    for (const Layer::ParamSpec& p : l->param_specs()) {
+      if (p.moving_average) continue;
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      model->num_trainable_ += n;
+    }
+  }
 
   // Host weights and gradients, and their homes in the layers: a view for
   // layers on host memory, a device buffer otherwise (allocated now, so a
@@ -345,6 +425,14 @@ std::vector<v1::VariableDef> Model::VariableDefs() const {
         case Layer::ParamSpec::Init::kZeros:
           init->set_type(v1::Initializer::ZEROS);
           break;
+        case Layer::ParamSpec::Init::kOnes:
+          init->set_type(v1::Initializer::CONSTANT);
+          init->set_value(1.0f);
+          break;
+      }
+      if (p.moving_average) {
+        def.set_update(v1::VariableDef::MOVING_AVERAGE);
+        def.set_moving_average_decay(p.decay);
       }
       defs.push_back(std::move(def));
     }
@@ -587,6 +675,9 @@ absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train) {
     begin += flows_[k].rows;
   }
   const int64_t grad_count = train ? n : 0;
+  const uint64_t seed = VariableSeed(init_seed_ ^ VariableSeed(random_stream_, 0),
+                                     static_cast<int64_t>(passes_++));
+  for (const auto& layer : layers_) layer->BeginPass(train, n, seed);
   // The scheduler decides when each stage runs which micro-batch (and on
   // which thread); the stages' steps are ours.
   PipelineScheduler pipeline(static_cast<int>(stages_.size()), m);
@@ -675,9 +766,9 @@ std::string Model::Summary() const {
   }
   out += std::string(kWidth, '=') + "\n";
   out += absl::StrCat("Total params: ", WithThousands(num_parameters_), "\n");
-  out +=
-      absl::StrCat("Trainable params: ", WithThousands(num_parameters_), "\n");
-  out += "Non-trainable params: 0\n";
+  out += absl::StrCat("Trainable params: ", WithThousands(num_trainable_), "\n");
+  out += absl::StrCat("Non-trainable params: ", WithThousands(num_parameters_ - num_trainable_),
+                      "\n");
   out += std::string(kWidth, '_') + "\n";
   return out;
 }

@@ -174,8 +174,14 @@ class Model {
   v1::LossType loss() const { return loss_; }
   int64_t input_dim() const { return input_dim_; }
   int64_t output_dim() const { return output_dim_; }
-  // Total number of weight elements.
+  // Total number of weight elements, and those trained by the optimizer (all
+  // but batch norm's moving statistics).
   int64_t num_parameters() const { return num_parameters_; }
+  int64_t num_trainable_parameters() const { return num_trainable_; }
+
+  // Dropout masks differ between passes and between models with different
+  // streams (give each tower of each worker its own); default 0.
+  void set_random_stream(uint64_t stream) { random_stream_ = stream; }
   const std::vector<std::unique_ptr<Layer>>& layers() const { return layers_; }
 
   // A Keras-like table:
@@ -252,6 +258,9 @@ class Model {
   int64_t output_dim_ = 0;
   std::vector<std::string> layer_devices_;
   int64_t num_parameters_ = 0;
+  int64_t num_trainable_ = 0;
+  uint64_t random_stream_ = 0;
+  uint64_t passes_ = 0;  // Runs so far: each gets its own seed.
   std::vector<Stage> stages_;
   int micro_batches_ = 1;
 

@@ -103,6 +103,11 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   });
   if (!towers_or.ok()) return common::Annotate(towers_or.status(), "model");
   std::unique_ptr<Towers> towers = std::move(*towers_or);
+  // Dropout masks: a stream of its own for every tower of every worker.
+  for (int t = 0; t < num_towers; ++t) {
+    towers->tower(t).set_random_stream((static_cast<uint64_t>(spec.task_index) << 16) |
+                                       static_cast<uint64_t>(t));
+  }
   if (job.micro_batches() > 1) {
     towers->set_micro_batches(job.micro_batches());
     Log(hooks, absl::StrCat(job.micro_batches(), " micro-batches per tower step, ",
