@@ -157,6 +157,37 @@ class Adam : public Optimizer {
   std::vector<float> m_, v_;
 };
 
+// Batch norm's moving statistics: value = d * value + (1 - d) * pushed, the
+// pushed statistic already averaged over the workers like a gradient. No
+// learning rate, weight decay or slots.
+class MovingAverage : public Optimizer {
+ public:
+  explicit MovingAverage(float decay)
+      : decay_(decay),
+        // 1 - d is exact in float for d in [0.5, 1) (the usual decays);
+        // below that it is the nearest float.
+        one_minus_decay_(static_cast<float>(1.0 - static_cast<double>(decay))) {}
+  void Apply(absl::Span<float> value, absl::Span<const float> pushed,
+             int64_t /*step*/) override {
+    const int n = static_cast<int>(value.size());
+    if (decay_ == 0.0f) {
+      // Exactly the pushed value (not 1 * x + 0 * y, which turns a pushed
+      // -0 into +0 and depends on the BLAS special-casing beta = 0).
+      cblas_scopy(n, pushed.data(), 1, value.data(), 1);
+      return;
+    }
+    cblas_saxpby(n, one_minus_decay_, pushed.data(), 1, decay_, value.data(), 1);
+  }
+  int64_t slot_bytes() const override { return 0; }
+  std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
+    return {};
+  }
+
+ private:
+  const float decay_;
+  const float one_minus_decay_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Optimizer>> NewOptimizer(
@@ -171,6 +202,40 @@ absl::StatusOr<std::unique_ptr<Optimizer>> NewOptimizer(
     default:
       return std::unique_ptr<Optimizer>(new Sgd(s, num_elements));
   }
+}
+
+absl::Status ValidateVariableUpdate(const v1::VariableDef& def) {
+  const std::string var = absl::StrCat("variable \"", def.name(), "\"");
+  const float d = def.moving_average_decay();
+  switch (def.update()) {
+    case v1::VariableDef::OPTIMIZER:
+      if (d != 0.0f) {  // NaN included.
+        return absl::InvalidArgumentError(absl::StrCat(
+            var, ": moving_average_decay = ", d,
+            " is set but update is OPTIMIZER (set update = MOVING_AVERAGE for a "
+            "moving statistic)"));
+      }
+      return absl::OkStatus();
+    case v1::VariableDef::MOVING_AVERAGE:
+      if (!(d >= 0.0f && d < 1.0f)) {  // NaN fails both.
+        return absl::InvalidArgumentError(absl::StrCat(
+            var, ": moving_average_decay = ", d, " for MOVING_AVERAGE (want finite, in [0, 1))"));
+      }
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(var, ": update = ", static_cast<int>(def.update()),
+                       " is unknown (want OPTIMIZER or MOVING_AVERAGE)"));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> NewVariableUpdater(
+    const v1::VariableDef& def, const v1::OptimizerSpec& spec, int64_t num_elements) {
+  TOWERPS_RETURN_IF_ERROR(ValidateVariableUpdate(def));
+  if (def.update() == v1::VariableDef::MOVING_AVERAGE) {
+    return std::unique_ptr<Optimizer>(new MovingAverage(def.moving_average_decay()));
+  }
+  return NewOptimizer(spec, num_elements);
 }
 
 }  // namespace towerps::ps

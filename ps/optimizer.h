@@ -1,5 +1,7 @@
-// Server-side optimizers: each instance updates one variable and owns its
-// slots (momentum's velocity, Adam's moments).
+// Server-side update rules: each instance updates one variable and owns its
+// slots (momentum's velocity, Adam's moments). A variable's rule is the job's
+// optimizer, or, for a VariableDef with update MOVING_AVERAGE (batch norm's
+// moving statistics), an exponential moving average of what workers push.
 //
 // Thread-compatible: the caller serializes Apply() on one instance.
 #ifndef TOWERPS_PS_OPTIMIZER_H_
@@ -11,10 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/optimizer_spec.h"
 #include "proto/job.pb.h"
+#include "proto/tensor.pb.h"
 
 namespace towerps::ps {
 
@@ -25,6 +29,9 @@ class Optimizer {
   // update, 2 for the next... The update uses the gradient
   // g + weight_decay * w and the learning rate
   // common::LearningRateAt(spec, step - 1); Adam's bias correction uses `step`.
+  // The moving average (NewVariableUpdater) takes the averaged statistic in
+  // `grad` instead and ignores `step`: value = decay * value + (1 - decay) *
+  // grad, with no learning rate and no weight decay.
   // REQUIRES: value.size() == grad.size() == the size given at creation;
   // step >= 1.
   virtual void Apply(absl::Span<float> value, absl::Span<const float> grad,
@@ -33,7 +40,8 @@ class Optimizer {
   // small scratch block for weight decay).
   virtual int64_t slot_bytes() const = 0;
   // The optimizer's state by name, for checkpoints: SGD none, MOMENTUM
-  // {"velocity"}, ADAM {"m", "v"}, always in that order. Each span views the
+  // {"velocity"}, ADAM {"m", "v"}, always in that order; the moving average
+  // none. Each span views the
   // optimizer's own memory, has one float per element of the variable, and
   // stays valid for the optimizer's lifetime. Save by reading the spans;
   // restore by copying into them before the next Apply(). The slots and the
@@ -51,6 +59,21 @@ using common::ValidateOptimizer;
 // An optimizer for a variable of `num_elements` floats. Defaults are applied.
 absl::StatusOr<std::unique_ptr<Optimizer>> NewOptimizer(
     const v1::OptimizerSpec& spec, int64_t num_elements);
+
+// Checks `def`'s update fields: `update` a known value; for MOVING_AVERAGE,
+// moving_average_decay finite and in [0, 1); for OPTIMIZER, no
+// moving_average_decay (0), so that a statistic registered without its
+// update is not silently trained as a weight. InvalidArgument naming the
+// variable and the field. Does not check name, shape or dtype.
+absl::Status ValidateVariableUpdate(const v1::VariableDef& def);
+
+// The update rule of variable `def` of `num_elements` floats: for
+// MOVING_AVERAGE, the moving average with def.moving_average_decay (no
+// slots; `spec` is not used); for OPTIMIZER, NewOptimizer(spec,
+// num_elements). InvalidArgument as ValidateVariableUpdate, or for a bad
+// `spec` when it is used.
+absl::StatusOr<std::unique_ptr<Optimizer>> NewVariableUpdater(
+    const v1::VariableDef& def, const v1::OptimizerSpec& spec, int64_t num_elements);
 
 }  // namespace towerps::ps
 

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "common/lr_schedule.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
+#include "proto/tensor.pb.h"
 
 namespace towerps::ps {
 namespace {
@@ -341,6 +344,151 @@ TEST(OptimizerTest, ValidatesWeightDecayAndSchedule) {
   cosine.mutable_schedule()->set_type(v1::LearningRateSchedule::COSINE);
   cosine.set_weight_decay(1e-4f);
   EXPECT_TRUE(ValidateOptimizer(cosine).ok());
+}
+
+// Batch norm's moving statistics (VariableDef.update = MOVING_AVERAGE).
+
+v1::VariableDef MovingDef(float decay, const std::string& name = "bn/moving_mean") {
+  v1::VariableDef def;
+  def.set_name(name);
+  def.set_dtype(v1::DT_FLOAT32);
+  def.set_update(v1::VariableDef::MOVING_AVERAGE);
+  def.set_moving_average_decay(decay);
+  return def;
+}
+
+std::unique_ptr<Optimizer> MakeMoving(float decay, int64_t n,
+                                      const v1::OptimizerSpec& spec = v1::OptimizerSpec()) {
+  auto o = NewVariableUpdater(MovingDef(decay), spec, n);
+  EXPECT_TRUE(o.ok()) << o.status();
+  return o.ok() ? std::move(o).value() : nullptr;
+}
+
+// |got - want| within a few float roundings of the terms d * w and
+// (1 - d) * p: the rule is two products and a sum (and 1 - d rounded to
+// float when d < 0.5), each within half an ulp.
+void ExpectMovingAverage(float got, double w, double p, float decay, const std::string& what) {
+  const double d = decay;
+  const double want = d * w + (1.0 - d) * p;
+  const double tol =
+      4 * std::numeric_limits<float>::epsilon() * (std::abs(d * w) + std::abs((1.0 - d) * p));
+  EXPECT_NEAR(got, want, tol) << what << ": w " << w << ", pushed " << p << ", decay " << decay;
+}
+
+TEST(MovingAverageTest, HandComputedExact) {
+  // Every number here is exact in float: 0.75 * 4 + 0.25 * 8 = 5.
+  auto o = MakeMoving(0.75f, 3);
+  std::vector<float> w = {4.0f, -2.0f, 0.0f};
+  o->Apply(absl::MakeSpan(w), std::vector<float>{8.0f, 2.0f, -16.0f}, 1);
+  EXPECT_EQ(w, (std::vector<float>{5.0f, -1.0f, -4.0f}));
+}
+
+TEST(MovingAverageTest, FollowsTheRuleOverManyStepsAndMagnitudes) {
+  const int64_t n = 1031;  // Past any BLAS unrolling, not a multiple of it.
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  for (float decay : {0.99f, 0.9f, 0.5f, 0.3f, 1e-3f}) {
+    auto o = MakeMoving(decay, n);
+    std::vector<float> w(n);
+    for (int64_t i = 0; i < n; ++i) w[i] = std::ldexp(normal(rng), static_cast<int>(i % 41) - 20);
+    for (int step = 1; step <= 5; ++step) {
+      std::vector<float> p(n);
+      for (int64_t i = 0; i < n; ++i) p[i] = std::ldexp(normal(rng), static_cast<int>(i % 37) - 18);
+      const std::vector<float> before = w;
+      o->Apply(absl::MakeSpan(w), p, step);
+      for (int64_t i = 0; i < n; ++i) {
+        ExpectMovingAverage(w[i], before[i], p[i], decay,
+                            "element " + std::to_string(i) + " step " + std::to_string(step));
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST(MovingAverageTest, DecayZeroGivesExactlyThePushedValue) {
+  auto o = MakeMoving(0.0f, 6);
+  std::vector<float> w = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  const std::vector<float> p = {-0.0f, std::numeric_limits<float>::denorm_min(), 3e38f, -1e-30f,
+                                0.1f, 7.0f};
+  o->Apply(absl::MakeSpan(w), p, 1);
+  EXPECT_EQ(std::memcmp(w.data(), p.data(), sizeof(float) * p.size()), 0);  // Bit for bit.
+  EXPECT_TRUE(std::signbit(w[0]));
+}
+
+// The job's optimizer settings (learning rate, its schedule, weight decay,
+// momentum) do not touch a moving statistic, and neither does the step.
+TEST(MovingAverageTest, IgnoresLearningRateWeightDecayScheduleAndStep) {
+  v1::OptimizerSpec spec;
+  spec.set_type(v1::OptimizerSpec::MOMENTUM);
+  spec.set_learning_rate(3.0f);
+  spec.set_weight_decay(0.5f);
+  spec.mutable_schedule()->set_type(v1::LearningRateSchedule::STEP_DECAY);
+  spec.mutable_schedule()->set_decay_steps(1);
+  spec.mutable_schedule()->set_decay_rate(0.5f);
+  auto with_spec = MakeMoving(0.9f, 4, spec);
+  auto plain = MakeMoving(0.9f, 4);
+  std::vector<float> a = {1.0f, -3.0f, 10.0f, 0.5f}, b = a;
+  const std::vector<float> p = {2.0f, 2.0f, -1.0f, 0.25f};
+  with_spec->Apply(absl::MakeSpan(a), p, 1000);
+  plain->Apply(absl::MakeSpan(b), p, 1);
+  EXPECT_EQ(a, b);
+  for (int i = 0; i < 4; ++i) {
+    ExpectMovingAverage(a[i], i == 0 ? 1.0 : i == 1 ? -3.0 : i == 2 ? 10.0 : 0.5, p[i], 0.9f,
+                        "element " + std::to_string(i));
+  }
+}
+
+TEST(MovingAverageTest, HasNoSlots) {
+  auto o = MakeMoving(0.99f, 128);
+  EXPECT_TRUE(o->Slots().empty());
+  EXPECT_EQ(o->slot_bytes(), 0);
+}
+
+TEST(MovingAverageTest, OptimizerVariablesGetTheJobsOptimizer) {
+  v1::VariableDef def;
+  def.set_name("dense/kernel");
+  v1::OptimizerSpec spec;
+  spec.set_type(v1::OptimizerSpec::ADAM);
+  auto o = NewVariableUpdater(def, spec, 5);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ((*o)->Slots().size(), 2u);  // Adam's m and v.
+  EXPECT_EQ((*o)->slot_bytes(), 2 * 5 * 4);
+  // SGD with lr 0.1: w - 0.1 g (not the moving average).
+  spec.set_type(v1::OptimizerSpec::SGD);
+  spec.set_learning_rate(0.1f);
+  auto sgd = NewVariableUpdater(def, spec, 1);
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  std::vector<float> w = {1.0f};
+  (*sgd)->Apply(absl::MakeSpan(w), std::vector<float>{2.0f}, 1);
+  EXPECT_FLOAT_EQ(w[0], 0.8f);
+}
+
+TEST(MovingAverageTest, BadDefinitionsAreInvalidArgumentNamingVariableAndField) {
+  auto expect_bad = [](const v1::VariableDef& def, const std::string& field) {
+    const absl::Status s = ValidateVariableUpdate(def);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("\"" + def.name() + "\""), std::string::npos) << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+    EXPECT_EQ(NewVariableUpdater(def, v1::OptimizerSpec(), 3).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  };
+  expect_bad(MovingDef(1.0f, "bn1/mean"), "moving_average_decay");
+  expect_bad(MovingDef(-0.1f, "bn2/var"), "moving_average_decay");
+  expect_bad(MovingDef(std::numeric_limits<float>::quiet_NaN(), "bn3/mean"),
+             "moving_average_decay");
+  expect_bad(MovingDef(std::numeric_limits<float>::infinity(), "bn4/mean"),
+             "moving_average_decay");
+  expect_bad(MovingDef(1.5f, "bn5/mean"), "moving_average_decay");
+  v1::VariableDef unknown = MovingDef(0.9f, "bn6/mean");
+  unknown.set_update(static_cast<v1::VariableDef::Update>(7));
+  expect_bad(unknown, "update = 7");
+  v1::VariableDef trained_with_decay = MovingDef(0.9f, "dense/bias");
+  trained_with_decay.set_update(v1::VariableDef::OPTIMIZER);
+  expect_bad(trained_with_decay, "moving_average_decay");
+
+  EXPECT_TRUE(ValidateVariableUpdate(MovingDef(0.0f)).ok());
+  EXPECT_TRUE(ValidateVariableUpdate(MovingDef(std::nextafter(1.0f, 0.0f))).ok());
+  EXPECT_TRUE(ValidateVariableUpdate(v1::VariableDef()).ok());
 }
 
 }  // namespace

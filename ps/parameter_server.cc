@@ -59,6 +59,8 @@ class Job {
   const absl::Time registered_at = absl::Now();
   // Set once at creation, never resized afterwards.
   std::vector<int64_t> sizes;
+  // VariableDef.update by var_index, read without the lock like `sizes`.
+  std::vector<v1::VariableDef::Update> update_kinds;
 
   absl::Mutex mu;
   std::vector<Variable> vars ABSL_GUARDED_BY(mu);
@@ -149,7 +151,8 @@ class Job {
     return out;
   }
 
-  // Applies `grads` (one mean gradient) to every variable and advances the step.
+  // Applies `grads` (one mean gradient, or mean statistic for a MOVING_AVERAGE
+  // variable) to every variable with its update rule and advances the step.
   void ApplyLocked(std::vector<std::vector<float>>& grads)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (size_t i = 0; i < vars.size(); ++i) {
@@ -220,6 +223,8 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "register: variable \"", v.name(), "\" has unsupported dtype ", v.dtype()));
     }
+    // Before anything is created: a bad update rule must never reach CreateJob.
+    TOWERPS_RETURN_IF_ERROR(common::Annotate(ValidateVariableUpdate(v), "register"));
     int64_t n = 1;
     for (int64_t d : v.shape()) {
       if (d <= 0 || d > max_bytes) {
@@ -377,8 +382,9 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::CreateJob(
     int64_t n = 1;
     for (int64_t d : def.shape()) n *= d;
     v.value.resize(n);
-    TOWERPS_ASSIGN_OR_RETURN(v.optimizer, NewOptimizer(config.optimizer(), n));
+    TOWERPS_ASSIGN_OR_RETURN(v.optimizer, NewVariableUpdater(def, config.optimizer(), n));
     job->sizes.push_back(n);
+    job->update_kinds.push_back(def.update());
     job->acc.emplace_back(n, 0.0f);
     job->vars.push_back(std::move(v));
   }
@@ -390,8 +396,9 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::CreateJob(
     return job;
   }
   // Restore: the shard must describe exactly the variables registered here
-  // (names, shapes) and the optimizer's slots; anything else is refused and
-  // nothing is created.
+  // (names, shapes, update rule) and the optimizer's slots; anything else is
+  // refused and nothing is created. A MOVING_AVERAGE variable has no slots; its
+  // decay may differ from the saved one (it is the registration's to choose).
   const int num_ps = std::max(1, request.num_ps());
   const std::string path = absl::StrCat(request.restore_from(), "/",
                                         common::ShardFileName(options_.task_index, num_ps));
@@ -414,6 +421,16 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::CreateJob(
       return mismatch(absl::StrCat("variable ", i, " is \"", saved.def.name(), "\" ",
                                    absl::StrJoin(saved.def.shape(), "x"), ", the job has \"",
                                    v.def.name(), "\" ", absl::StrJoin(v.def.shape(), "x")));
+    }
+    if (saved.def.update() != v.def.update()) {
+      // The file's value is not validated: a number where no name exists.
+      auto name = [](v1::VariableDef::Update u) {
+        return v1::VariableDef::Update_IsValid(u) ? v1::VariableDef::Update_Name(u)
+                                                  : absl::StrCat(static_cast<int>(u));
+      };
+      return mismatch(absl::StrCat("variable \"", v.def.name(), "\" has update ",
+                                   name(saved.def.update()), ", the job registers it with update ",
+                                   name(v.def.update())));
     }
     auto slots = v.optimizer->Slots();
     if (slots.size() != saved.slots.size()) {
@@ -522,9 +539,12 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
           job.sizes[v], " elements; nothing applied"));
     }
     if (!AllFinite(s->grads_[v])) {
+      // A MOVING_AVERAGE variable's push is a batch statistic: a NaN would
+      // stay in the average forever, so it is refused like a gradient.
+      const bool statistic = job.update_kinds[v] == v1::VariableDef::MOVING_AVERAGE;
       return absl::InvalidArgumentError(absl::StrCat(
-          "push: gradient of variable ", v, " from worker ", h.worker_task(),
-          " contains NaN or Inf; nothing applied"));
+          "push: ", statistic ? "batch statistic" : "gradient", " of variable ", v,
+          " from worker ", h.worker_task(), " contains NaN or Inf; nothing applied"));
     }
   }
   v1::PushResponse response;

@@ -2,6 +2,13 @@
 // optimizer slots and the global step of that shard. No gRPC here; see
 // ps_service.h for the adapter.
 //
+// Update rules: an OPTIMIZER variable (VariableDef.update) is trained by the
+// job's optimizer. A MOVING_AVERAGE variable (batch norm's moving mean and
+// variance) receives a batch statistic in the gradient's place; it is
+// averaged over workers exactly like a gradient (below), then applied as
+// value = decay * value + (1 - decay) * mean, with no learning rate, weight
+// decay or slots. Both kinds are pulled and checkpointed alike.
+//
 // Thread-safe. Each job has its own mutex; no lock is held while the caller
 // reads from or writes to the network.
 //
@@ -94,7 +101,11 @@ class ParameterServer {
 
   // Creates the job's variables (initialized from their Initializer) or, if it
   // exists, checks that the request matches it (FailedPrecondition if not).
-  // InvalidArgument for a malformed request; ResourceExhausted if too large.
+  // InvalidArgument for a malformed request (naming the variable and field
+  // for a bad dtype, shape, update or moving_average_decay; nothing is
+  // created then); ResourceExhausted if too large. On restore_from,
+  // FailedPrecondition if the shard's variables (names, shapes, update rule,
+  // optimizer slots) do not match.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
 
   // NotFound for an unknown job; InvalidArgument for a bad header.

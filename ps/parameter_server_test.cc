@@ -1,5 +1,6 @@
 #include "ps/parameter_server.h"
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -456,6 +457,215 @@ TEST(CheckpointTest, RestoreRefusesAShardOfAnotherModel) {
   missing.set_restore_from(dir + "/nope");
   missing.set_num_ps(1);
   EXPECT_EQ(b.Register(missing).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Batch norm's moving statistics beside a trained variable in one job:
+// "a" [2x3] (OPTIMIZER, 1.0) and "b" [2] (MOVING_AVERAGE, 2.0). The job's
+// SGD has learning rate kLr and weight decay kWd.
+constexpr float kWd = 0.1f;
+constexpr float kDecay = 0.9f;
+
+v1::RegisterRequest MovingJob(v1::Mode mode, int workers, float decay = kDecay) {
+  v1::RegisterRequest r = TwoVarJob(mode, workers);
+  r.mutable_config()->mutable_optimizer()->set_weight_decay(kWd);
+  v1::VariableDef* b = r.mutable_variables(1);
+  b->set_name("bn/moving_mean");
+  b->set_update(v1::VariableDef::MOVING_AVERAGE);
+  b->set_moving_average_decay(decay);
+  b->mutable_initializer()->set_type(v1::Initializer::CONSTANT);
+  b->mutable_initializer()->set_value(2.0f);
+  return r;
+}
+
+// Pushes gradient `g` (everywhere) for "a" and the statistic `stat` for "b".
+absl::StatusOr<v1::PushResponse> PushMoving(ParameterServer& ps, const v1::PushHeader& h,
+                                            float g, std::vector<float> stat) {
+  auto s = ps.BeginPush(h);
+  if (!s.ok()) return s.status();
+  auto st = (*s)->AddSlice(Slice(0, 0, std::vector<float>(6, g)));
+  if (!st.ok()) return st;
+  st = (*s)->AddSlice(Slice(1, 0, std::move(stat)));
+  if (!st.ok()) return st;
+  return ps.FinishPush(std::move(*s));
+}
+
+// A few float roundings of the magnitudes of the terms summed.
+double Ulps(double a, double b) {
+  return 4 * std::numeric_limits<float>::epsilon() * (std::abs(a) + std::abs(b));
+}
+
+// value = d * w + (1 - d) * pushed, d the float decay, in double.
+void ExpectMoving(float got, double w, double pushed, const std::string& what) {
+  const double d = kDecay;
+  EXPECT_NEAR(got, d * w + (1 - d) * pushed, Ulps(d * w, (1 - d) * pushed))
+      << what << ": w " << w << ", pushed " << pushed;
+}
+
+// SGD with weight decay: w - lr * (g + wd * w), in double.
+void ExpectSgd(float got, double w, double g, const std::string& what) {
+  const double lr = kLr, wd = kWd;
+  EXPECT_NEAR(got, w - lr * (g + wd * w), Ulps(w, lr * (std::abs(g) + std::abs(wd * w))))
+      << what << ": w " << w << ", g " << g;
+}
+
+TEST(MovingAverageServerTest, SyncAveragesTheWorkersPushesThenAppliesTheRule) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(MovingJob(v1::SYNC, 2)).ok());
+  // Step 0, weighted like gradients by examples (3 and 1): mean statistic
+  // (3 * 4 + 8) / 4 = 5 and (3 * -8 + 0) / 4 = -6; mean gradient 2.
+  ASSERT_EQ(PushMoving(ps, Header(0, 1, 0, 3), 1.0f, {4.0f, -8.0f})->global_step(), 0);
+  auto snap = PullNow(ps);
+  EXPECT_EQ(snap->values[1], (std::vector<float>{2.0f, 2.0f}));  // Nothing before the step.
+  ASSERT_EQ(PushMoving(ps, Header(1, 1, 0, 1), 5.0f, {8.0f, 0.0f})->global_step(), 1);
+  snap = PullNow(ps, 1);
+  ExpectMoving(snap->values[1][0], 2.0, 5.0, "step 1 [0]");   // 2.3
+  ExpectMoving(snap->values[1][1], 2.0, -6.0, "step 1 [1]");  // 1.2
+  // The trained variable beside it gets SGD with weight decay: 1 - 0.5 * 2.1.
+  for (float v : snap->values[0]) ExpectSgd(v, 1.0, 2.0, "a, step 1");
+  // Step 1, equal examples: the plain mean (1 + 3) / 2 = 2 and (-1 + -5) / 2 = -3.
+  const std::vector<float> before = snap->values[1];
+  ASSERT_TRUE(PushMoving(ps, Header(1, 2, 1, 2), 0.0f, {1.0f, -1.0f}).ok());
+  ASSERT_EQ(PushMoving(ps, Header(0, 2, 1, 2), 0.0f, {3.0f, -5.0f})->global_step(), 2);
+  snap = PullNow(ps, 2);
+  ExpectMoving(snap->values[1][0], before[0], 2.0, "step 2 [0]");
+  ExpectMoving(snap->values[1][1], before[1], -3.0, "step 2 [1]");
+  // No slots for the statistic; SGD has none either.
+  EXPECT_EQ(ps.Status({}).jobs(0).slot_bytes(), 0);
+}
+
+TEST(MovingAverageServerTest, AsyncAppliesEachPushAlone) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(MovingJob(v1::ASYNC, 2)).ok());
+  ASSERT_EQ(PushMoving(ps, Header(0, 1, 0, 1), 1.0f, {10.0f, 20.0f})->global_step(), 1);
+  auto s1 = PullNow(ps, 1);
+  ExpectMoving(s1->values[1][0], 2.0, 10.0, "push 1 [0]");  // 2.8
+  ExpectMoving(s1->values[1][1], 2.0, 20.0, "push 1 [1]");  // 3.8
+  for (float v : s1->values[0]) ExpectSgd(v, 1.0, 1.0, "a, push 1");
+  ASSERT_EQ(PushMoving(ps, Header(1, 1, 0, 5), -2.0f, {0.0f, -10.0f})->global_step(), 2);
+  auto s2 = PullNow(ps, 2);
+  ExpectMoving(s2->values[1][0], s1->values[1][0], 0.0, "push 2 [0]");
+  ExpectMoving(s2->values[1][1], s1->values[1][1], -10.0, "push 2 [1]");
+  for (size_t i = 0; i < 6; ++i) ExpectSgd(s2->values[0][i], s1->values[0][i], -2.0, "a, push 2");
+}
+
+// Adam beside a moving statistic: slots only for the trained variable, in
+// Status, DeleteJob and checkpoints.
+TEST(MovingAverageServerTest, OnlyTrainedVariablesHoldSlots) {
+  ParameterServer ps({});
+  v1::RegisterRequest r = MovingJob(v1::SYNC, 1);
+  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+  ASSERT_TRUE(ps.Register(r).ok());
+  const v1::JobStatus st = ps.Status({}).jobs(0);
+  EXPECT_EQ(st.slot_bytes(), 2 * 6 * 4);  // Adam's m and v of "a" only.
+  EXPECT_EQ(st.bytes_held(), (6 + 2) * 4);
+  v1::DeleteJobRequest d;
+  d.set_job_id("j");
+  EXPECT_EQ(ps.DeleteJob(d).bytes_freed(), (6 + 2) * 4 + 2 * 6 * 4);
+}
+
+TEST(MovingAverageServerTest, NonFiniteStatisticIsRefused) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(MovingJob(v1::ASYNC, 1)).ok());
+  auto r = PushMoving(ps, Header(0, 1, 0, 1), 1.0f,
+                      {1.0f, std::numeric_limits<float>::infinity()});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("batch statistic of variable 1"), std::string::npos)
+      << r.status();
+  EXPECT_EQ(PullNow(ps)->values[1], (std::vector<float>{2.0f, 2.0f}));
+}
+
+TEST(MovingAverageServerTest, RegisterRefusesBadDecayOrUpdateNamingTheVariable) {
+  ParameterServer ps({});
+  auto expect_refused = [&](const v1::RegisterRequest& r, const std::string& field) {
+    const absl::Status s = ps.Register(r).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("variable \"bn/moving_mean\""), std::string::npos) << s;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+    EXPECT_EQ(ps.Status({}).jobs_size(), 0) << "a job was created for " << s;
+  };
+  for (float decay : {1.0f, -0.1f, std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity()}) {
+    SCOPED_TRACE(decay);
+    expect_refused(MovingJob(v1::SYNC, 2, decay), "moving_average_decay");
+  }
+  v1::RegisterRequest unknown = MovingJob(v1::SYNC, 2);
+  unknown.mutable_variables(1)->set_update(static_cast<v1::VariableDef::Update>(3));
+  expect_refused(unknown, "update = 3");
+  v1::RegisterRequest decay_on_trained = MovingJob(v1::SYNC, 2);
+  decay_on_trained.mutable_variables(1)->set_update(v1::VariableDef::OPTIMIZER);
+  expect_refused(decay_on_trained, "moving_average_decay");
+
+  // A good one registers; the same job with another decay does not match it.
+  ASSERT_TRUE(ps.Register(MovingJob(v1::SYNC, 2)).ok());
+  EXPECT_EQ(ps.Register(MovingJob(v1::SYNC, 2, 0.5f)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A bad definition is a bad request even when the job exists: validated
+  // before anything is looked up or created.
+  const absl::Status s = ps.Register(MovingJob(v1::SYNC, 2, 1.0f)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("variable \"bn/moving_mean\": moving_average_decay = 1"),
+            std::string::npos) << s;
+}
+
+TEST(MovingAverageServerTest, CheckpointRoundTripsTheStatistic) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/moving";
+  auto adam_job = [](float decay = kDecay) {
+    v1::RegisterRequest r = MovingJob(v1::SYNC, 1, decay);
+    r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+    r.mutable_config()->mutable_optimizer()->set_learning_rate(0.1f);
+    return r;
+  };
+  ParameterServer a({});
+  ASSERT_TRUE(a.Register(adam_job()).ok());
+  ASSERT_TRUE(PushMoving(a, Header(0, 1, 0, 4), 0.5f, {7.0f, -3.0f}).ok());
+  ASSERT_TRUE(PushMoving(a, Header(0, 2, 1, 4), -0.25f, {6.0f, -1.0f}).ok());
+  const std::vector<std::vector<float>> at_save = PullValues(a, 2);
+  ASSERT_NE(at_save[1], (std::vector<float>{2.0f, 2.0f}));  // It has moved.
+  v1::SaveRequest save;
+  save.set_job_id("j");
+  save.set_checkpoint_dir(dir);
+  save.set_num_ps(1);
+  auto saved = a.Save(save);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->bytes(), 4 * (6 + 2 + 2 * 6));  // Values, and Adam's slots of "a" only.
+  ASSERT_TRUE(PushMoving(a, Header(0, 3, 2, 4), 0.75f, {1.0f, 1.0f}).ok());
+
+  ParameterServer b({});
+  v1::RegisterRequest r = adam_job();
+  r.set_restore_from(dir);
+  r.set_num_ps(1);
+  auto reg = b.Register(r);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(reg->restored_step(), 2);
+  EXPECT_EQ(PullValues(b, 2), at_save);  // Exactly the saved values.
+  ASSERT_TRUE(PushMoving(b, Header(0, 1, 2, 4, /*incarnation=*/9), 0.75f, {1.0f, 1.0f}).ok());
+  EXPECT_EQ(PullValues(a, 3), PullValues(b, 3));  // And the same next step, bit for bit.
+
+  // The statistic registered as trained, or the job with another optimizer
+  // (its slots differ), is refused, and nothing is created.
+  ParameterServer c({});
+  v1::RegisterRequest trained = adam_job(0.0f);
+  trained.mutable_variables(1)->set_update(v1::VariableDef::OPTIMIZER);
+  trained.set_restore_from(dir);
+  trained.set_num_ps(1);
+  absl::Status st = c.Register(trained).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("\"bn/moving_mean\" has update MOVING_AVERAGE"), std::string::npos)
+      << st;
+  v1::RegisterRequest momentum = adam_job();
+  momentum.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::MOMENTUM);
+  momentum.set_restore_from(dir);
+  momentum.set_num_ps(1);
+  st = c.Register(momentum).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("optimizer slots"), std::string::npos) << st;
+  EXPECT_EQ(c.Status({}).jobs_size(), 0);
+  // Another decay is the registration's choice: restored from the same values.
+  v1::RegisterRequest other_decay = adam_job(0.5f);
+  other_decay.set_restore_from(dir);
+  other_decay.set_num_ps(1);
+  ASSERT_TRUE(c.Register(other_decay).ok());
+  EXPECT_EQ(PullValues(c, 2), at_save);
 }
 
 TEST(DeleteJobTest, FreesTheJobAndWakesWaitingPulls) {

@@ -3,6 +3,7 @@
 #include "ps/ps_service.h"
 
 #include <cstring>
+#include <limits>
 
 #include "common/rpc.h"
 #include "grpcpp/client_context.h"
@@ -126,6 +127,35 @@ TEST_F(PsServiceTest, MalformedStreamsAreRejectedAndChangeNothing) {
   grpc::ClientContext ctx;
   ASSERT_TRUE(stub_->GetStatus(&ctx, v1::StatusRequest(), &st).ok());
   EXPECT_EQ(st.jobs(0).global_step(), 0);
+}
+
+// A bad moving-average definition (a wire value the server must not trust)
+// is INVALID_ARGUMENT over the wire; the server keeps serving.
+TEST_F(PsServiceTest, BadMovingAverageDecayIsInvalidArgument) {
+  for (float decay : {1.0f, -0.1f, std::numeric_limits<float>::quiet_NaN()}) {
+    SCOPED_TRACE(decay);
+    v1::RegisterRequest r;
+    r.set_job_id("bn");
+    r.mutable_config()->set_num_workers(1);
+    auto* v = r.add_variables();
+    v->set_name("bn/moving_var");
+    v->add_shape(4);
+    v->set_dtype(v1::DT_FLOAT32);
+    v->set_update(v1::VariableDef::MOVING_AVERAGE);
+    v->set_moving_average_decay(decay);
+    v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub_->RegisterVariables(&ctx, r, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_NE(s.error_message().find("\"bn/moving_var\": moving_average_decay"),
+              std::string::npos)
+        << s.error_message();
+  }
+  v1::StatusResponse st;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::StatusRequest(), &st).ok());
+  ASSERT_EQ(st.jobs_size(), 1);  // Only "j".
+  EXPECT_EQ(st.jobs(0).job_id(), "j");
 }
 
 TEST_F(PsServiceTest, UnknownJobIsNotFound) {

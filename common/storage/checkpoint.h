@@ -55,7 +55,9 @@ struct VariableState {
   v1::VariableDef def;        // dtype DT_FLOAT32; shape dims >= 0.
   std::vector<float> value;   // Product of def.shape() elements.
   int64_t updates = 0;
-  std::vector<SlotValues> slots;  // In the optimizer's order; names unique.
+  // In the optimizer's order; names unique. None for a MOVING_AVERAGE
+  // variable (def.update), whose state is its value alone.
+  std::vector<SlotValues> slots;
 };
 
 // One ps task's part of a job at one global step.

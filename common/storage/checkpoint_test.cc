@@ -237,6 +237,35 @@ TEST(CheckpointTest, EmptyShardAndEmptyTensorsRoundTrip) {
   ExpectSameState(state, *read);
 }
 
+// A batch norm statistic (VariableDef.update MOVING_AVERAGE) has a value and
+// no slots; its def, with the update rule and decay, comes back as written.
+TEST(CheckpointTest, MovingAverageVariableRoundTrips) {
+  const std::string dir = TestDir();
+  ShardState state;
+  state.job_id = "bn";
+  VariableState kernel;
+  kernel.def = Def("conv/kernel", {2, 2});
+  kernel.value = Ramp(4, -1.0f);
+  kernel.slots = {{"velocity", Ramp(4, 0.5f)}};
+  VariableState mean;
+  mean.def = Def("bn/moving_mean", {3});
+  mean.def.set_update(v1::VariableDef::MOVING_AVERAGE);
+  mean.def.set_moving_average_decay(0.99f);
+  mean.value = {0.125f, -3.5f, 1e-20f};
+  mean.updates = 7;
+  state.vars = {kernel, mean};
+  absl::StatusOr<std::string> path = WriteShard(dir, state);
+  ASSERT_TRUE(path.ok()) << path.status();
+  absl::StatusOr<ShardState> read = ReadShard(*path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSameState(state, *read);
+  ASSERT_EQ(read->vars.size(), 2u);
+  EXPECT_EQ(read->vars[1].def.update(), v1::VariableDef::MOVING_AVERAGE);
+  EXPECT_EQ(read->vars[1].def.moving_average_decay(), 0.99f);
+  EXPECT_TRUE(read->vars[1].slots.empty());
+  EXPECT_EQ(read->vars[0].slots.size(), 1u);
+}
+
 TEST(CheckpointTest, EveryFlippedByteIsDataLoss) {
   const std::string dir = TestDir();
   ShardWriteOptions options;
