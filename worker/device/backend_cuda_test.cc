@@ -17,6 +17,7 @@
 #include "worker/device/backend.h"
 #include "worker/device/cuda_memory.h"
 #include "worker/device/device_manager.h"
+#include "worker/device/float_bounds_testing.h"
 #include "worker/device/gpu_info.h"
 #include "worker/device/gpu_test_util.h"
 
@@ -24,15 +25,6 @@ namespace towerps::worker {
 namespace {
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> RandomVector(int64_t n, uint64_t seed, float lo = -1.0f,
-                                float hi = 1.0f) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 // Class indices as floats, as Backend::Loss takes them.
 std::vector<float> RandomLabels(int64_t n, int64_t classes, uint64_t seed) {
