@@ -210,37 +210,56 @@ class CpuBackend : public Backend {
     return (*k)->AvgPool2DBackward(shape, dy, dx);
   }
 
-  absl::Status BatchNormForwardTraining(const BatchNormShape& shape, const float*, const float*,
-                                        const float*, float*, float*, float*) override {
-    if (absl::Status st = shape.Validate(); !st.ok()) return st;
-    return absl::UnimplementedError("BatchNormForwardTraining on CPU: not yet");
-  }
-  absl::Status BatchNormForwardInference(const BatchNormShape& shape, const float*, const float*,
-                                         const float*, const float*, const float*,
-                                         float*) override {
-    if (absl::Status st = shape.Validate(); !st.ok()) return st;
-    return absl::UnimplementedError("BatchNormForwardInference on CPU: not yet");
-  }
-  absl::Status BatchNormBackward(const BatchNormShape& shape, const float*, const float*,
-                                 const float*, const float*, const float*, float*, float*,
-                                 float*) override {
-    if (absl::Status st = shape.Validate(); !st.ok()) return st;
-    return absl::UnimplementedError("BatchNormBackward on CPU: not yet");
+  absl::Status BatchNormForwardTraining(const BatchNormShape& shape,
+                                        const float* x, const float* gamma,
+                                        const float* beta, float* y,
+                                        float* mean, float* var) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->BatchNormForwardTraining(shape, x, gamma, beta, y, mean, var);
   }
 
-  void DropoutForward(int64_t n, float rate, uint64_t seed, const float* x, float* y,
-                      float* mask) override {
-    for (int64_t i = 0; i < n; ++i) mask[i] = DropoutMaskValue(seed, static_cast<uint64_t>(i), rate);
-    Mul(n, x, mask, y);
+  absl::Status BatchNormForwardInference(const BatchNormShape& shape,
+                                         const float* x, const float* gamma,
+                                         const float* beta, const float* mean,
+                                         const float* var, float* y) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->BatchNormForwardInference(shape, x, gamma, beta, mean, var,
+                                           y);
   }
 
+  absl::Status BatchNormBackward(const BatchNormShape& shape, const float* x,
+                                 const float* dy, const float* gamma,
+                                 const float* mean, const float* var,
+                                 float* dx, float* dgamma,
+                                 float* dbeta) override {
+    absl::StatusOr<DnnlKernels*> k = Dnnl();
+    if (!k.ok()) return k.status();
+    return (*k)->BatchNormBackward(shape, x, dy, gamma, mean, var, dx, dgamma,
+                                   dbeta);
+  }
+
+  // One pass: each mask value is drawn, stored and applied before the next
+  // element is read, so `y` may alias `x`.
+  void DropoutForward(int64_t n, float rate, uint64_t seed, const float* x,
+                      float* y, float* mask) override {
+    for (int64_t i = 0; i < n; ++i) {
+      const float m = DropoutMaskValue(seed, static_cast<uint64_t>(i), rate);
+      mask[i] = m;
+      y[i] = x[i] * m;
+    }
+  }
+
+  // Element i reads a[i] and b[i] before writing out[i], so aliasing is
+  // safe; the compiler vectorizes it behind a run-time overlap check.
   void Mul(int64_t n, const float* a, const float* b, float* out) override {
     for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
   }
 
  private:
-  // Created on the first convolution or pooling call, so backends of models
-  // without them (every MLP) never start oneDNN.
+  // Created on the first convolution, pooling or batch-norm call, so
+  // backends of models without them (every MLP) never start oneDNN.
   absl::StatusOr<DnnlKernels*> Dnnl() {
     if (dnnl_ == nullptr) {
       absl::StatusOr<std::unique_ptr<DnnlKernels>> k = NewDnnlKernels();

@@ -14,7 +14,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -24,22 +23,10 @@
 #include "worker/device/conv_shape.h"
 #include "worker/device/dnnl_kernels.h"
 #include "worker/device/fake_device_backend.h"
+#include "worker/device/float_bounds_testing.h"
 
 namespace towerps::worker {
 namespace {
-
-double FloatGamma(int64_t n) {
-  const double u = std::ldexp(1.0, -24);
-  return n * u / (1.0 - n * u);
-}
-
-std::vector<float> RandomVector(int64_t n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 // A reference result: exact value and magnitude per element.
 struct Ref {

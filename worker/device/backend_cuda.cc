@@ -120,25 +120,32 @@ class CudaBackend final : public Backend {
                                   const float* targets, float* dpred,
                                   int64_t grad_count) override;
 
-  // Batch norm comes with cuDNN (the GPU step of issue 13).
-  absl::Status BatchNormForwardTraining(const BatchNormShape&, const float*, const float*,
-                                        const float*, float*, float*, float*) override {
+  // Batch norm comes with cuDNN (the GPU step of issue 13). A bad shape is
+  // still InvalidArgument, as on every backend.
+  absl::Status BatchNormForwardTraining(const BatchNormShape& shape,
+                                        const float*, const float*,
+                                        const float*, float*, float*,
+                                        float*) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
     return NoConvYet("BatchNormForwardTraining");
   }
-  absl::Status BatchNormForwardInference(const BatchNormShape&, const float*, const float*,
-                                         const float*, const float*, const float*,
-                                         float*) override {
+  absl::Status BatchNormForwardInference(const BatchNormShape& shape,
+                                         const float*, const float*,
+                                         const float*, const float*,
+                                         const float*, float*) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
     return NoConvYet("BatchNormForwardInference");
   }
-  absl::Status BatchNormBackward(const BatchNormShape&, const float*, const float*,
-                                 const float*, const float*, const float*, float*, float*,
+  absl::Status BatchNormBackward(const BatchNormShape& shape, const float*,
+                                 const float*, const float*, const float*,
+                                 const float*, float*, float*,
                                  float*) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
     return NoConvYet("BatchNormBackward");
   }
-  void DropoutForward(int64_t, float, uint64_t, const float*, float*, float*) override {
-    Record(NoConvYet("DropoutForward"));
-  }
-  void Mul(int64_t, const float*, const float*, float*) override { Record(NoConvYet("Mul")); }
+  void DropoutForward(int64_t n, float rate, uint64_t seed, const float* x,
+                      float* y, float* mask) override;
+  void Mul(int64_t n, const float* a, const float* b, float* out) override;
 
   // Convolution and pooling come with cuDNN (the GPU step of issue 13).
   absl::Status Conv2DForward(const Conv2DShape&, const float*, const float*,
@@ -479,6 +486,19 @@ void CudaBackend::ReluGrad(int64_t n, const float* y, const float* dy,
   if (n == 0 || !SetDevice()) return;
   RecordLaunch(internal::LaunchReluGrad(stream_.get(), n, y, dy, dx),
                "ReluGrad");
+}
+
+void CudaBackend::DropoutForward(int64_t n, float rate, uint64_t seed,
+                                 const float* x, float* y, float* mask) {
+  if (n == 0 || !SetDevice()) return;
+  RecordLaunch(
+      internal::LaunchDropout(stream_.get(), n, rate, seed, x, y, mask),
+      "DropoutForward");
+}
+
+void CudaBackend::Mul(int64_t n, const float* a, const float* b, float* out) {
+  if (n == 0 || !SetDevice()) return;
+  RecordLaunch(internal::LaunchMul(stream_.get(), n, a, b, out), "Mul");
 }
 
 void CudaBackend::Axpy(int64_t n, float alpha, const float* x, float* y) {

@@ -17,6 +17,7 @@
 #include "worker/device/backend.h"
 #include "worker/device/cuda_memory.h"
 #include "worker/device/device_manager.h"
+#include "worker/device/float_bounds_testing.h"
 #include "worker/device/gpu_info.h"
 #include "worker/device/gpu_test_util.h"
 
@@ -24,15 +25,6 @@ namespace towerps::worker {
 namespace {
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> RandomVector(int64_t n, uint64_t seed, float lo = -1.0f,
-                                float hi = 1.0f) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 // Class indices as floats, as Backend::Loss takes them.
 std::vector<float> RandomLabels(int64_t n, int64_t classes, uint64_t seed) {
@@ -351,6 +343,61 @@ TEST_F(CudaBackendTest, ReluGradMatchesCpuIncludingAliasing) {
   ExpectNearRelative(ToHost(ddx, n), want, 1e-6, "ReluGrad");
   gpu_->ReluGrad(n, dyv, ddy, ddy);  // dx aliases dy.
   ExpectNearRelative(ToHost(ddy, n), want, 1e-6, "ReluGrad in place");
+}
+
+// One float product per element, as on the CPU: bit for bit.
+TEST_F(CudaBackendTest, MulMatchesCpuIncludingAliasing) {
+  const int64_t n = (int64_t{1} << 20) + 3;
+  const auto a = RandomVector(n, 53);
+  const auto b = RandomVector(n, 54);
+  std::vector<float> want(n);
+  cpu_->Mul(n, a.data(), b.data(), want.data());
+  float* da = ToDevice(a);
+  float* db = ToDevice(b);
+  float* dout = DeviceBuffer(n);
+  gpu_->Mul(n, da, db, dout);
+  EXPECT_EQ(ToHost(dout, n), want) << "Mul";
+  gpu_->Mul(n, da, db, da);  // out aliases a
+  EXPECT_EQ(ToHost(da, n), want) << "Mul into a";
+  float* db2 = ToDevice(a);
+  gpu_->Mul(n, db2, db, db);  // out aliases b
+  EXPECT_EQ(ToHost(db, n), want) << "Mul into b";
+}
+
+// The mask is DropoutMaskValue(seed, i, rate) on both (the same header), so
+// mask and output agree bit for bit, in and out of place.
+TEST_F(CudaBackendTest, DropoutMatchesCpuBitForBit) {
+  const int64_t n = (int64_t{1} << 20) + 3;
+  const auto x = RandomVector(n, 55);
+  for (float rate : {0.0f, 0.3f, 0.5f}) {
+    std::vector<float> want_y(n), want_mask(n);
+    cpu_->DropoutForward(n, rate, 1234, x.data(), want_y.data(),
+                         want_mask.data());
+    float* dx = ToDevice(x);
+    float* dy = DeviceBuffer(n);
+    float* dmask = DeviceBuffer(n);
+    gpu_->DropoutForward(n, rate, 1234, dx, dy, dmask);
+    EXPECT_EQ(ToHost(dmask, n), want_mask) << "rate " << rate;
+    EXPECT_EQ(ToHost(dy, n), want_y) << "rate " << rate;
+    gpu_->DropoutForward(n, rate, 1234, dx, dx, dmask);  // y aliases x
+    EXPECT_EQ(ToHost(dx, n), want_y) << "in place, rate " << rate;
+    FreeAll();
+  }
+}
+
+TEST_F(CudaBackendTest, BatchNormIsUnimplementedButChecksTheShape) {
+  BatchNormShape s;
+  s.n = 2, s.c = 3, s.spatial = 4;
+  float* p = nullptr;
+  EXPECT_EQ(gpu_->BatchNormForwardTraining(s, p, p, p, p, p, p).code(),
+            absl::StatusCode::kUnimplemented);
+  s.n = 0;
+  EXPECT_EQ(gpu_->BatchNormForwardTraining(s, p, p, p, p, p, p).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->BatchNormForwardInference(s, p, p, p, p, p, p).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->BatchNormBackward(s, p, p, p, p, p, p, p, p).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(CudaBackendTest, AxpyMatchesCpu) {

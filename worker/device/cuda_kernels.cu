@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "worker/device/cuda_kernels.h"
+#include "worker/device/dropout_mask.h"
 #include "worker/device/loss_rows.h"
 
 namespace towerps::worker::internal {
@@ -94,6 +95,22 @@ __global__ void ReluGradKernel(int64_t n, const float* y, const float* dy,
   }
 }
 
+__global__ void MulKernel(int64_t n, const float* a, const float* b,
+                          float* out) {
+  for (int64_t i = GlobalIndex(); i < n; i += GridStride()) {
+    out[i] = a[i] * b[i];
+  }
+}
+
+__global__ void DropoutKernel(int64_t n, float rate, uint64_t seed,
+                              const float* x, float* y, float* mask) {
+  for (int64_t i = GlobalIndex(); i < n; i += GridStride()) {
+    const float m = DropoutMaskValue(seed, static_cast<uint64_t>(i), rate);
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
 __global__ void AxpyKernel(int64_t n, float alpha, const float* x, float* y) {
   for (int64_t i = GlobalIndex(); i < n; i += GridStride()) {
     y[i] += alpha * x[i];
@@ -176,6 +193,24 @@ int LaunchReluGrad(void* stream, int64_t n, const float* y, const float* dy,
   ClearStaleError();
   ReluGradKernel<<<Blocks(n, kThreads), kThreads, 0, AsStream(stream)>>>(
       n, y, dy, dx);
+  return LaunchError();
+}
+
+int LaunchMul(void* stream, int64_t n, const float* a, const float* b,
+              float* out) {
+  if (n <= 0) return cudaSuccess;
+  ClearStaleError();
+  MulKernel<<<Blocks(n, kThreads), kThreads, 0, AsStream(stream)>>>(n, a, b,
+                                                                    out);
+  return LaunchError();
+}
+
+int LaunchDropout(void* stream, int64_t n, float rate, uint64_t seed,
+                  const float* x, float* y, float* mask) {
+  if (n <= 0) return cudaSuccess;
+  ClearStaleError();
+  DropoutKernel<<<Blocks(n, kThreads), kThreads, 0, AsStream(stream)>>>(
+      n, rate, seed, x, y, mask);
   return LaunchError();
 }
 

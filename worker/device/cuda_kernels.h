@@ -42,6 +42,16 @@ int LaunchAxpy(void* stream, int64_t n, float alpha, const float* x, float* y);
 // x[i] *= alpha.
 int LaunchScale(void* stream, int64_t n, float alpha, float* x);
 
+// out[i] = a[i] * b[i]. `out` may equal `a` or `b`.
+int LaunchMul(void* stream, int64_t n, const float* a, const float* b,
+              float* out);
+
+// Inverted dropout: mask[i] = DropoutMaskValue(seed, i, rate)
+// (worker/device/dropout_mask.h, the CPU backend's mask bit for bit) and
+// y[i] = x[i] * mask[i]. `y` may equal `x`.
+int LaunchDropout(void* stream, int64_t n, float rate, uint64_t seed,
+                  const float* x, float* y, float* mask);
+
 // Softmax cross-entropy, one thread per row of logits [n, d]: row_loss[i] =
 // log(sum_j exp(z_ij - max_i)) - (z_i,label - max_i); row_correct[i] = 1 if
 // the row's first maximum is at the label, else 0, and -1 if labels[i] is not

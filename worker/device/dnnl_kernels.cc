@@ -1,11 +1,13 @@
 #include "worker/device/dnnl_kernels.h"
 
 #include <array>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <new>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -27,6 +29,9 @@ enum class Op : int64_t {
   kMaxPoolBackward,
   kAvgPoolForward,
   kAvgPoolBackward,
+  kBatchNormTraining,
+  kBatchNormInference,
+  kBatchNormBackward,
 };
 
 // The direction, every shape field and the thread count (oneDNN splits the
@@ -47,6 +52,15 @@ Key PoolKey(Op op, const Pool2DShape& s) {
 // oneDNN's memory objects take non-const handles even for inputs; it does
 // not write inputs.
 void* In(const float* p) { return const_cast<float*>(p); }
+
+// Batch norm's key holds epsilon's bits: the primitive bakes epsilon in.
+Key BatchNormKey(Op op, const BatchNormShape& s) {
+  uint32_t epsilon_bits;
+  static_assert(sizeof(epsilon_bits) == sizeof(s.epsilon));
+  std::memcpy(&epsilon_bits, &s.epsilon, sizeof(epsilon_bits));
+  return {static_cast<int64_t>(op), s.n, s.c, s.spatial, epsilon_bits,
+          0, 0, 0, 0, 0, 0, 0, CpuMathThreads()};
+}
 
 // Runs `f` with the calling thread's OpenMP team sized as the worker set it
 // (worker/device/cpu_threads.h), turning oneDNN's (and the standard
@@ -179,6 +193,71 @@ class DnnlKernelsImpl final : public DnnlKernels {
     });
   }
 
+  absl::Status BatchNormForwardTraining(const BatchNormShape& shape,
+                                        const float* x, const float* gamma,
+                                        const float* beta, float* y,
+                                        float* mean, float* var) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("BatchNormForwardTraining", [&]() {
+      const Entry& e = BatchNorm(Op::kBatchNormTraining, shape);
+      return Run(e, {
+          {DNNL_ARG_SRC, dnnl::memory(XDesc(shape), engine_, In(x))},
+          {DNNL_ARG_SCALE, dnnl::memory(CDesc(shape), engine_, In(gamma))},
+          {DNNL_ARG_SHIFT, dnnl::memory(CDesc(shape), engine_, In(beta))},
+          {DNNL_ARG_DST, dnnl::memory(XDesc(shape), engine_, y)},
+          {DNNL_ARG_MEAN, dnnl::memory(CDesc(shape), engine_, mean)},
+          {DNNL_ARG_VARIANCE, dnnl::memory(CDesc(shape), engine_, var)},
+      });
+    });
+  }
+
+  absl::Status BatchNormForwardInference(const BatchNormShape& shape,
+                                         const float* x, const float* gamma,
+                                         const float* beta, const float* mean,
+                                         const float* var, float* y) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("BatchNormForwardInference", [&]() {
+      const Entry& e = BatchNorm(Op::kBatchNormInference, shape);
+      return Run(e, {
+          {DNNL_ARG_SRC, dnnl::memory(XDesc(shape), engine_, In(x))},
+          {DNNL_ARG_SCALE, dnnl::memory(CDesc(shape), engine_, In(gamma))},
+          {DNNL_ARG_SHIFT, dnnl::memory(CDesc(shape), engine_, In(beta))},
+          {DNNL_ARG_MEAN, dnnl::memory(CDesc(shape), engine_, In(mean))},
+          {DNNL_ARG_VARIANCE, dnnl::memory(CDesc(shape), engine_, In(var))},
+          {DNNL_ARG_DST, dnnl::memory(XDesc(shape), engine_, y)},
+      });
+    });
+  }
+
+  absl::Status BatchNormBackward(const BatchNormShape& shape, const float* x,
+                                 const float* dy, const float* gamma,
+                                 const float* mean, const float* var,
+                                 float* dx, float* dgamma,
+                                 float* dbeta) override {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    return Guard("BatchNormBackward", [&]() {
+      const Entry& e = BatchNorm(Op::kBatchNormBackward, shape);
+      // oneDNN 2.6's backward with use_shift (for diff_shift) requires a
+      // shift argument although the gradients do not depend on it (no fused
+      // ReLU here); the Backend call has no beta, so it gets zeros.
+      if (static_cast<int64_t>(zero_shift_.size()) < shape.c) {
+        zero_shift_.assign(shape.c, 0.0f);
+      }
+      return Run(e, {
+          {DNNL_ARG_SRC, dnnl::memory(XDesc(shape), engine_, In(x))},
+          {DNNL_ARG_DIFF_DST, dnnl::memory(XDesc(shape), engine_, In(dy))},
+          {DNNL_ARG_SCALE, dnnl::memory(CDesc(shape), engine_, In(gamma))},
+          {DNNL_ARG_SHIFT,
+           dnnl::memory(CDesc(shape), engine_, zero_shift_.data())},
+          {DNNL_ARG_MEAN, dnnl::memory(CDesc(shape), engine_, In(mean))},
+          {DNNL_ARG_VARIANCE, dnnl::memory(CDesc(shape), engine_, In(var))},
+          {DNNL_ARG_DIFF_SRC, dnnl::memory(XDesc(shape), engine_, dx)},
+          {DNNL_ARG_DIFF_SCALE, dnnl::memory(CDesc(shape), engine_, dgamma)},
+          {DNNL_ARG_DIFF_SHIFT, dnnl::memory(CDesc(shape), engine_, dbeta)},
+      });
+    });
+  }
+
   int64_t cached_primitives() const override { return cache_.size(); }
 
  private:
@@ -206,6 +285,15 @@ class DnnlKernelsImpl final : public DnnlKernels {
   }
   static dnnl::memory::desc YDesc(const Pool2DShape& s) {
     return {{s.n, s.c, s.out_h(), s.out_w()}, dt::f32, tag::nchw};
+  }
+
+  // Batch norm's x [n, c, spatial] as NCHW with w = 1; per-channel vectors
+  // (gamma, beta, mean, variance and their gradients) as [c].
+  static dnnl::memory::desc XDesc(const BatchNormShape& s) {
+    return {{s.n, s.c, s.spatial, 1}, dt::f32, tag::nchw};
+  }
+  static dnnl::memory::desc CDesc(const BatchNormShape& s) {
+    return {{s.c}, dt::f32, tag::x};
   }
 
   absl::Status Run(const Entry& e,
@@ -313,12 +401,59 @@ class DnnlKernelsImpl final : public DnnlKernels {
     return cache_.emplace(key, std::move(e)).first->second;
   }
 
+  // The cached primitive for a batch-norm direction. oneDNN's training
+  // forward writes the batch mean and the BIASED variance (divided by
+  // n * spatial), the backend's contract; the backward takes them back with
+  // gamma (use_scale) and gives diff_src, diff_scale and diff_shift.
+  const Entry& BatchNorm(Op op, const BatchNormShape& s) {
+    const Key key = BatchNormKey(op, s);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+
+    const dnnl::normalization_flags scale_shift =
+        dnnl::normalization_flags::use_scale |
+        dnnl::normalization_flags::use_shift;
+    Entry e;
+    if (op == Op::kBatchNormInference) {
+      const dnnl::batch_normalization_forward::desc d(
+          dnnl::prop_kind::forward_inference, XDesc(s), s.epsilon,
+          scale_shift | dnnl::normalization_flags::use_global_stats);
+      e.primitive = dnnl::batch_normalization_forward(
+          dnnl::batch_normalization_forward::primitive_desc(d, engine_));
+      return cache_.emplace(key, std::move(e)).first->second;
+    }
+    const dnnl::batch_normalization_forward::desc fwd_desc(
+        dnnl::prop_kind::forward_training, XDesc(s), s.epsilon, scale_shift);
+    const dnnl::batch_normalization_forward::primitive_desc fwd_pd(fwd_desc,
+                                                                   engine_);
+    switch (op) {
+      case Op::kBatchNormTraining:
+        e.primitive = dnnl::batch_normalization_forward(fwd_pd);
+        break;
+      case Op::kBatchNormBackward: {
+        const dnnl::batch_normalization_backward::desc d(
+            dnnl::prop_kind::backward, XDesc(s), XDesc(s), s.epsilon,
+            scale_shift);
+        e.primitive = dnnl::batch_normalization_backward(
+            dnnl::batch_normalization_backward::primitive_desc(d, engine_,
+                                                               fwd_pd));
+        break;
+      }
+      default:
+        throw dnnl::error(dnnl_runtime_error, "not a batch-norm op");
+    }
+    return cache_.emplace(key, std::move(e)).first->second;
+  }
+
   // Constant after construction.
   dnnl::engine engine_;
   dnnl::stream stream_;
   // Every primitive created, by direction and shape. Grows with the number
   // of distinct layer shapes (a handful per model).
   std::map<Key, Entry> cache_;
+  // Zeros for the batch-norm backward's shift argument; grows to the most
+  // channels seen.
+  std::vector<float> zero_shift_;
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The CPU backend's convolution and pooling: oneDNN primitives on host
+// The CPU backend's convolution, pooling and batch normalization: oneDNN
+// primitives on host
 // buffers, with the contracts of the Backend methods of the same names
 // (worker/device/backend.h). The CPU backend owns one and forwards to it.
 //
@@ -42,6 +43,19 @@ class DnnlKernels {
                                         const float* x, float* y) = 0;
   virtual absl::Status AvgPool2DBackward(const Pool2DShape& shape,
                                          const float* dy, float* dx) = 0;
+  virtual absl::Status BatchNormForwardTraining(const BatchNormShape& shape,
+                                                const float* x,
+                                                const float* gamma,
+                                                const float* beta, float* y,
+                                                float* mean, float* var) = 0;
+  virtual absl::Status BatchNormForwardInference(
+      const BatchNormShape& shape, const float* x, const float* gamma,
+      const float* beta, const float* mean, const float* var, float* y) = 0;
+  virtual absl::Status BatchNormBackward(const BatchNormShape& shape,
+                                         const float* x, const float* dy,
+                                         const float* gamma, const float* mean,
+                                         const float* var, float* dx,
+                                         float* dgamma, float* dbeta) = 0;
 
   // Primitives created so far (each shape and direction once), for tests.
   virtual int64_t cached_primitives() const = 0;

@@ -5,8 +5,8 @@
 //    sum of N float products (or quotients) computed in some order, so
 //    |computed - exact| <= gamma_N * magnitude, where magnitude is the same
 //    sum over absolute values and gamma_N = N u / (1 - N u), u = 2^-24
-//    (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1; as in
-//    worker/device/backend_conv_test.cc). N is counted per check.
+//    (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1;
+//    worker/device/float_bounds_testing.h). N is counted per check.
 //
 // 2. Central differences of L = sum_i dy_i * y_i (summed in double from the
 //    layer's float outputs) against the layer's own gradient. Every layer
@@ -38,24 +38,12 @@
 #include "worker/device/backend.h"
 #include "worker/device/conv_shape.h"
 #include "worker/device/device_tensor.h"
+#include "worker/device/float_bounds_testing.h"
 #include "worker/model/batch.h"
 #include "worker/model/model.h"
 
 namespace towerps::worker {
 namespace {
-
-double Gamma(int64_t n) {
-  const double u = std::ldexp(1.0, -24);
-  return n * u / (1.0 - n * u);
-}
-
-std::vector<float> Random(int64_t n, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 // Distinct values spaced 1/16 apart, shuffled: no max-pool window has a
 // near-tie, so a step h < 1/32 never changes a winner.
@@ -89,7 +77,7 @@ struct Ref {
 void ExpectWithin(const std::vector<float>& got, const Ref& ref, int64_t roundings,
                   const std::string& what) {
   ASSERT_EQ(got.size(), ref.value.size()) << what;
-  const double gamma = Gamma(roundings);
+  const double gamma = FloatGamma(roundings);
   int64_t nonzero = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_LE(std::fabs(got[i] - ref.value[i]), gamma * ref.magnitude[i])
@@ -233,7 +221,7 @@ void CheckCentralDifference(const std::function<std::vector<float>()>& forward,
     for (size_t i = 0; i < y.size(); ++i) {
       sum += static_cast<double>(dy[i]) * y[i];
       abs_sum += std::fabs(static_cast<double>(dy[i]) * y[i]);
-      error += std::fabs(dy[i]) * Gamma(roundings) * ref.magnitude[i];
+      error += std::fabs(dy[i]) * FloatGamma(roundings) * ref.magnitude[i];
     }
     // The double sum's own rounding (y.size() terms, u = 2^-53).
     error += abs_sum * y.size() * std::ldexp(1.0, -52);
@@ -281,8 +269,8 @@ struct ConvFixture {
     EXPECT_TRUE(made.ok()) << made.status();
     layer = std::move(*made);
     shape = layer->ShapeFor(c.n);
-    kernel = Random(shape.w_size(), 2);
-    bias = Random(shape.k, 3);
+    kernel = RandomVector(shape.w_size(), 2);
+    bias = RandomVector(shape.k, 3);
     kernel_grad.assign(kernel.size(), std::numeric_limits<float>::quiet_NaN());
     bias_grad.assign(bias.size(), std::numeric_limits<float>::quiet_NaN());
     layer->params()[0]->ViewHost({shape.k, shape.c, shape.r, shape.s}, kernel.data());
@@ -291,8 +279,8 @@ struct ConvFixture {
       layer->params()[1]->ViewHost({shape.k}, bias.data());
       layer->grads()[1]->ViewHost({shape.k}, bias_grad.data());
     }
-    x = Random(shape.x_size(), 4);
-    dy = Random(shape.y_size(), 5);
+    x = RandomVector(shape.x_size(), 4);
+    dy = RandomVector(shape.y_size(), 5);
   }
   const std::vector<float>* b() const { return layer->params().size() > 1 ? &bias : nullptr; }
   std::vector<float> Forward() {
@@ -392,18 +380,18 @@ TEST(Conv2DTest, GradientsMatchCentralDifferences) {
     constexpr float kStep = 0.25f;
     for (int64_t i : {int64_t{0}, s.x_size() / 2, s.x_size() - 1}) {
       CheckCentralDifference(forward, reference, f.dy, &f.x[i], kStep, n_fwd, dx[i],
-                             Gamma(s.k * s.r * s.s) * dx_ref.magnitude[i],
+                             FloatGamma(s.k * s.r * s.s) * dx_ref.magnitude[i],
                              absl::StrCat("dx[", i, "] ", CaseName(c)));
     }
     for (int64_t i : {int64_t{0}, s.w_size() / 3, s.w_size() - 1}) {
       CheckCentralDifference(forward, reference, f.dy, &f.kernel[i], kStep, n_fwd,
-                             f.kernel_grad[i], Gamma(pixels) * dw_ref.magnitude[i],
+                             f.kernel_grad[i], FloatGamma(pixels) * dw_ref.magnitude[i],
                              absl::StrCat("dkernel[", i, "] ", CaseName(c)));
     }
     if (c.options.use_bias) {
       const Ref db_ref = ConvDb(s, f.dy);
       CheckCentralDifference(forward, reference, f.dy, &f.bias[s.k - 1], kStep, n_fwd,
-                             f.bias_grad[s.k - 1], Gamma(pixels) * db_ref.magnitude[s.k - 1],
+                             f.bias_grad[s.k - 1], FloatGamma(pixels) * db_ref.magnitude[s.k - 1],
                              absl::StrCat("dbias ", CaseName(c)));
     }
   }
@@ -465,8 +453,8 @@ void CheckPool(const PoolCase& c, int64_t n) {
   EXPECT_EQ(layer.num_params(), 0);
   const Pool2DShape s = layer.ShapeFor(n);
   const bool max = c.options.kind == Pool2D::Kind::kMax;
-  std::vector<float> x = max ? Spaced(s.x_size(), 7) : Random(s.x_size(), 7);
-  std::vector<float> dy = Random(s.y_size(), 8);
+  std::vector<float> x = max ? Spaced(s.x_size(), 7) : RandomVector(s.x_size(), 7);
+  std::vector<float> dy = RandomVector(s.y_size(), 8);
   const int64_t in = c.input.size(), out = c.want_output.size();
 
   auto forward = [&]() {
@@ -484,7 +472,7 @@ void CheckPool(const PoolCase& c, int64_t n) {
 
   // Backward twice: the workspace must not matter (micro-batches run every
   // forward before the backwards), so run another forward in between.
-  std::vector<float> other = Random(s.x_size(), 9);
+  std::vector<float> other = RandomVector(s.x_size(), 9);
   DeviceTensor scratch(backend.get());
   ASSERT_TRUE(layer.Forward(View(*backend, {n, in}, other), &scratch).ok());
   DeviceTensor dx_t(backend.get());
@@ -506,7 +494,7 @@ void CheckPool(const PoolCase& c, int64_t n) {
   const float step = max ? 1.0f / 64 : 0.25f;
   for (int64_t i : {int64_t{0}, s.x_size() / 2, s.x_size() - 1}) {
     CheckCentralDifference(forward, reference, dy, &x[i], step, n_fwd, dx[i],
-                           Gamma(std::max<int64_t>(n_bwd, 1)) * dx_ref.magnitude[i],
+                           FloatGamma(std::max<int64_t>(n_bwd, 1)) * dx_ref.magnitude[i],
                            absl::StrCat("dx[", i, "] ", what));
   }
 }
@@ -543,7 +531,7 @@ TEST(FlattenTest, IsTheIdentityOnRowsBothWays) {
   Flatten layer(*backend, "flatten", {2, 3, 5});
   EXPECT_EQ(layer.output_image(), (ImageDims{30, 1, 1}));
   EXPECT_EQ(layer.OutputDim(30), 30);
-  std::vector<float> x = Random(60, 1), dy = Random(60, 2);
+  std::vector<float> x = RandomVector(60, 1), dy = RandomVector(60, 2);
   DeviceTensor y(backend.get()), dx(backend.get());
   ASSERT_TRUE(layer.Forward(View(*backend, {2, 30}, x), &y).ok());
   EXPECT_EQ(ToVector(y), x);
