@@ -48,7 +48,7 @@ TEST(ValidateSubmissionTest, ImageShapeMustBeTheDataSets) {
 
 TEST(ValidateSubmissionTest, EachBadFieldIsNamed) {
   v1::JobSpec j = Mlp();
-  j.mutable_model()->mutable_layers(1)->set_type(static_cast<v1::LayerSpec::Type>(9));
+  j.mutable_model()->mutable_layers(1)->set_type(static_cast<v1::LayerSpec::Type>(99));
   ExpectRejected(j, "layer 1");
 
   j = Mlp();

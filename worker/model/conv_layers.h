@@ -88,11 +88,11 @@ class Conv2D : public ImageLayer {
     int64_t kernel_w = 0;  // REQUIRED > 0.
     int stride = 1;        // Both directions; >= 1.
     Padding padding = Padding::kValid;
+    bool use_bias = true;
     // >= 0: this many zero rows and columns on every side instead of
     // `padding` (PyTorch's `padding=`; e.g. 1 for a 3x3 kernel at stride 2,
     // where Keras' SAME would be uneven). -1: use `padding`.
     int explicit_pad = -1;
-    bool use_bias = true;
   };
   // InvalidArgument naming the layer and the field when an option is out of
   // range, the input image is empty, the kernel does not fit the (padded)

@@ -236,8 +236,8 @@ TEST(ModelTest, RejectsInvalidSpecsNamingTheProblem) {
   }
   {
     v1::ModelSpec s = MlpSpec();
-    s.mutable_layers(2)->set_type(static_cast<v1::LayerSpec::Type>(9));
-    cases.push_back({"unknown type", s, "layer 2: unknown layer type 9"});
+    s.mutable_layers(2)->set_type(static_cast<v1::LayerSpec::Type>(99));
+    cases.push_back({"unknown type", s, "layer 2: unknown layer type 99"});
   }
   {
     v1::ModelSpec s = MlpSpec();
