@@ -13,7 +13,7 @@
 // Backward follow the Layer contract (worker/model/layers.h); an input whose
 // width is not C*H*W is an InvalidArgument naming the layer. The backend's
 // kernel errors come back as they are (e.g. Unavailable "cuDNN unavailable:
-// ..." from the CUDA backend on a machine without cuDNN).
+// ..." from the GPU backend on a machine without cuDNN).
 //
 // Not thread-safe, as every Layer.
 #ifndef TOWERPS_WORKER_MODEL_CONV_LAYERS_H_
