@@ -254,11 +254,16 @@ absl::Status CudnnKernelsImpl::FirstSupported(std::initializer_list<Algo> algos,
     size_t bytes = 0;
     status = Check(size(algo, &bytes), absl::StrCat(context, ": workspace size"));
     if (status.ok()) {
-      TOWERPS_ASSIGN_OR_RETURN(void* workspace, Workspace(bytes));
-      status = Check(run(algo, workspace, bytes), context);
+      absl::StatusOr<void*> workspace = Workspace(bytes);
+      status = workspace.status();
+      if (status.ok()) status = Check(run(algo, *workspace, bytes), context);
     }
-    // NOT_SUPPORTED: this algorithm has no kernel for the shape; try the next.
-    if (status.code() != absl::StatusCode::kUnimplemented) return status;
+    // NOT_SUPPORTED (no kernel for this shape) or no memory for its
+    // workspace: the next algorithm may do (the last needs little or none).
+    if (status.code() != absl::StatusCode::kUnimplemented &&
+        status.code() != absl::StatusCode::kResourceExhausted) {
+      return status;
+    }
   }
   return status;
 }
@@ -267,7 +272,11 @@ absl::Status CudnnKernelsImpl::FirstSupported(std::initializer_list<Algo> algos,
 //
 // Fixed algorithms instead of cuDNN's heuristics: implicit GEMM (no FFT or
 // Winograd transforms, whose rounding is far from a plain sum of products)
-// and deterministic (no atomics), with the general one as a fallback.
+// and deterministic (no atomics: the same inputs give the same bits every
+// run). Each has a fallback that cuDNN supports for every 2-D NCHW float
+// configuration and that needs no workspace (forward) or little; the
+// backward ones (ALGO_0) sum with atomics, so they are not deterministic,
+// but they run only where the first choice cannot.
 
 absl::Status CudnnKernelsImpl::Conv2DForward(const Conv2DShape& shape, const float* x,
                                              const float* w, const float* b, float* y) {

@@ -14,9 +14,10 @@
 // thread's current device is the stream's.
 //
 // Numerics: convolutions run in FP32 with CUDNN_FMA_MATH (never TF32 tensor
-// cores) and a fixed, deterministic implicit-GEMM algorithm, so results are
+// cores) and fixed, deterministic implicit-GEMM algorithms (a fallback only
+// where cuDNN has no kernel or no workspace memory for them), so results are
 // reproducible run to run and agree with the CPU backend within float
-// rounding of a sum of products.
+// rounding of a sum of products. Batch norm: CUDNN_BATCHNORM_SPATIAL.
 //
 // CUDA builds only.
 #ifndef TOWERPS_WORKER_DEVICE_CUDNN_KERNELS_H_
