@@ -96,13 +96,13 @@ def _local_cuda_impl(ctx):
         for d in libdirs:
             linkopts += ["-L" + d, "-Wl,-rpath," + d]
 
-        # NCCL is not linked: worker/device/nccl_lib loads it with dlopen, so CUDA
-        # binaries start where it is missing.
+        # NCCL and cuDNN are not linked: worker/device/nccl_lib and cudnn_lib
+        # load them with dlopen, so CUDA binaries start where they are missing.
         linkopts += ["-lcudart", "-lcublas"]
         build.append("cc_library(name = \"cuda_libs\", linkopts = %r)" % linkopts)
 
         # The toolkit's headers for code compiled by the ordinary C++ compiler
-        # (cuda_runtime.h, cublas_v2.h, nccl.h). Only what those include: the
+        # (cuda_runtime.h, cublas_v2.h, nccl.h, cudnn.h). Only what those include: the
         # top-level headers, crt/ and nv/ (cuda_fp16.hpp includes <nv/target>);
         # CCCL (thrust, cub, libcu++: ~1700 files) stays out of the glob.
         ctx.symlink(root + "/include", "include")

@@ -8,7 +8,8 @@
 #   bash tests/gpu/package.sh && du -sh gpu-bundle
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-targets=(//worker/device:backend_cuda_test //worker/device:nccl_reduce_test //worker/device:cuda_memory_test
+targets=(//worker/device:backend_cuda_test //worker/device:backend_cuda_conv_test
+         //worker/device:cudnn_lib_test //worker/device:nccl_reduce_test //worker/device:cuda_memory_test
          //tests/bench:worker_throughput //worker:worker //ps:ps)
 bazel build -c opt "${targets[@]}"
 out=gpu-bundle
@@ -20,7 +21,9 @@ for t in "${targets[@]}"; do
   # driver, and not cudart, cuBLAS or NCCL: the GPU machine has CUDA 13 with
   # them (tests/gpu/run.sh finds them there), and they are 800 MB. (NCCL is
   # loaded with dlopen; without it the NCCL test fails and training falls back
-  # to copies, saying so.)
+  # to copies, saying so. cuDNN too, and it is not bundled either (its engine
+  # libraries alone are over 300 MB): without it on the GPU machine,
+  # cudnn_lib_test and backend_cuda_conv_test fail with "cuDNN unavailable".)
   ldd "$bin" | awk '/=> \//{print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libcudart*|libcublas*|libnccl*) ;;

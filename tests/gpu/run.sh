@@ -8,7 +8,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 B=/tmp/gpu-bundle
 mkdir -p "$B" && tar -C "$B" -xJf gpu-bundle/gpu-bundle.tar.xz
-# cudart, cuBLAS and NCCL from the machine's CUDA toolkit or its pip wheels.
+# cudart, cuBLAS, NCCL and cuDNN from the machine's CUDA toolkit or its pip
+# wheels (nvidia/cudnn/lib).
 cuda_dirs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)))' 2>/dev/null) \
   2>/dev/null | tr '\n' ':')
@@ -31,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
 # skipping (a driver too old for the CUDA runtime, a stub libcuda).
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then export TOWERPS_REQUIRE_GPU=1; fi
 rc=0
-for t in backend_cuda_test nccl_reduce_test cuda_memory_test; do
+for t in cudnn_lib_test backend_cuda_test backend_cuda_conv_test nccl_reduce_test cuda_memory_test; do
   echo "== $t"
   $B/bin/$t || rc=1
 done

@@ -4,9 +4,11 @@
 //
 // Two implementations: the CPU one (CBLAS, and oneDNN for convolution and
 // pooling through worker/device/dnnl_kernels.h; buffers are host memory) and
-// the CUDA one (worker/device/backend_cuda.cc with kernels in
-// worker/device/cuda_kernels.cu: cuBLAS for GEMM, small kernels for the rest, one stream and one cuBLAS
-// handle per backend), which exists only in builds with the CUDA toolkit.
+// the CUDA one (worker/device/backend_cuda.cc: cuBLAS for GEMM, cuDNN for
+// convolution, pooling and batch norm through worker/device/cudnn_kernels.h,
+// small kernels in worker/device/cuda_kernels.cu for the rest, one stream and
+// one cuBLAS and one cuDNN handle per backend), which exists only in builds
+// with the CUDA toolkit.
 // Layers hold a `Backend&` and never touch a math library directly.
 #ifndef TOWERPS_WORKER_DEVICE_BACKEND_H_
 #define TOWERPS_WORKER_DEVICE_BACKEND_H_
@@ -128,8 +130,10 @@ class Backend {
   // Axpy). Errors: InvalidArgument naming the bad shape field (checked
   // before any buffer is touched); Internal with the library's message if
   // the kernel library fails; ResourceExhausted if it cannot allocate;
-  // Unimplemented on backends without these kernels yet (CUDA: they come
-  // with cuDNN). Like the other kernels they may run asynchronously.
+  // Unimplemented where the library has no kernel for the configuration.
+  // The CUDA backend (cuDNN, loaded at run time): Unavailable "cuDNN
+  // unavailable: <why>" where cuDNN cannot be loaded (every other call still
+  // works). Like the other kernels they may run asynchronously.
 
   // y = conv(x, w) + b; `b` may be null (no bias).
   virtual absl::Status Conv2DForward(const Conv2DShape& shape, const float* x,
@@ -148,7 +152,8 @@ class Backend {
 
   // y = the maximum over each window (padding never wins). `workspace`
   // (shape.workspace_size() floats, opaque) records the winners for
-  // MaxPool2DBackward on the same backend with the same shape.
+  // MaxPool2DBackward on the same backend with the same shape (the CUDA
+  // backend leaves it untouched: cuDNN finds the winners from x and y).
   virtual absl::Status MaxPool2DForward(const Pool2DShape& shape,
                                         const float* x, float* y,
                                         float* workspace) = 0;
@@ -240,7 +245,7 @@ std::unique_ptr<Backend> NewCpuBackend(Allocator* allocator = nullptr);
 bool CudaBackendBuilt();
 
 // A CUDA backend on physical GPU `gpu` with its own stream and cuBLAS
-// handle; memory through `allocator` (not owned; its MemoryBackend must hand
+// handle (and cuDNN handle, made on the first call that needs cuDNN); memory through `allocator` (not owned; its MemoryBackend must hand
 // out device memory of that GPU, e.g. NewCudaMemoryBackend), or
 // cudaMalloc directly when null. Unavailable (with the reason) in CPU-only
 // builds; the CUDA error when the GPU cannot be used.

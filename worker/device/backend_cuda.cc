@@ -1,5 +1,7 @@
-// The CUDA backend: cuBLAS for GEMM, worker/device/cuda_kernels.cu for the rest, one
-// non-blocking stream and one cuBLAS handle per backend. Built only where the
+// The CUDA backend: cuBLAS for GEMM, cuDNN for convolution, pooling and batch
+// norm (worker/device/cudnn_kernels.h, loaded at run time), worker/device/cuda_kernels.cu
+// for the rest, one non-blocking stream and one cuBLAS handle (and, once
+// used, one cuDNN handle) per backend. Built only where the
 // toolkit exists (worker/BUILD picks backend_nocuda.cc otherwise).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -23,6 +25,7 @@
 #include "worker/device/backend.h"
 #include "worker/device/cuda_kernels.h"
 #include "worker/device/cuda_util.h"
+#include "worker/device/cudnn_kernels.h"
 #include "worker/device/device_manager.h"
 
 namespace towerps::worker {
@@ -80,11 +83,6 @@ void EnablePeerAccess(int device, int peer) {
 // first failure is kept (first_error_) and returned by every later
 // synchronizing call. Synchronize does not ask cudaGetLastError: that is per
 // host thread, and could hold another backend's error.
-absl::Status NoConvYet(const char* op) {
-  return absl::UnimplementedError(absl::StrCat(
-      op, " on GPU: not yet (cuDNN comes with the GPU step of issue 13)"));
-}
-
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> Create(
@@ -120,63 +118,81 @@ class CudaBackend final : public Backend {
                                   const float* targets, float* dpred,
                                   int64_t grad_count) override;
 
-  // Batch norm comes with cuDNN (the GPU step of issue 13). A bad shape is
-  // still InvalidArgument, as on every backend.
-  absl::Status BatchNormForwardTraining(const BatchNormShape& shape,
-                                        const float*, const float*,
-                                        const float*, float*, float*,
-                                        float*) override {
-    if (absl::Status st = shape.Validate(); !st.ok()) return st;
-    return NoConvYet("BatchNormForwardTraining");
+  // Convolution, pooling and batch norm: cuDNN (worker/device/cudnn_kernels.h),
+  // loaded on first use. The shape is checked first, so a bad shape is
+  // InvalidArgument with or without cuDNN. Their errors are returned, not
+  // kept in first_error_: a refused call has queued nothing.
+  absl::Status BatchNormForwardTraining(const BatchNormShape& shape, const float* x,
+                                        const float* gamma, const float* beta, float* y,
+                                        float* mean, float* var) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    return dnn->BatchNormForwardTraining(shape, x, gamma, beta, y, mean, var);
   }
-  absl::Status BatchNormForwardInference(const BatchNormShape& shape,
-                                         const float*, const float*,
-                                         const float*, const float*,
-                                         const float*, float*) override {
-    if (absl::Status st = shape.Validate(); !st.ok()) return st;
-    return NoConvYet("BatchNormForwardInference");
+  absl::Status BatchNormForwardInference(const BatchNormShape& shape, const float* x,
+                                         const float* gamma, const float* beta,
+                                         const float* mean, const float* var,
+                                         float* y) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    return dnn->BatchNormForwardInference(shape, x, gamma, beta, mean, var, y);
   }
-  absl::Status BatchNormBackward(const BatchNormShape& shape, const float*,
-                                 const float*, const float*, const float*,
-                                 const float*, float*, float*,
-                                 float*) override {
-    if (absl::Status st = shape.Validate(); !st.ok()) return st;
-    return NoConvYet("BatchNormBackward");
+  absl::Status BatchNormBackward(const BatchNormShape& shape, const float* x, const float* dy,
+                                 const float* gamma, const float* /*mean*/,
+                                 const float* /*var*/, float* dx, float* dgamma,
+                                 float* dbeta) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    // cuDNN recomputes the statistics from x (the forward's, by contract).
+    return dnn->BatchNormBackward(shape, x, dy, gamma, dx, dgamma, dbeta);
   }
   void DropoutForward(int64_t n, float rate, uint64_t seed, const float* x,
                       float* y, float* mask) override;
   void Mul(int64_t n, const float* a, const float* b, float* out) override;
 
-  // Convolution and pooling come with cuDNN (the GPU step of issue 13).
-  absl::Status Conv2DForward(const Conv2DShape&, const float*, const float*,
-                             const float*, float*) override {
-    return NoConvYet("Conv2DForward");
+  absl::Status Conv2DForward(const Conv2DShape& shape, const float* x, const float* w,
+                             const float* b, float* y) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    return dnn->Conv2DForward(shape, x, w, b, y);
   }
-  absl::Status Conv2DBackwardData(const Conv2DShape&, const float*,
-                                  const float*, float*) override {
-    return NoConvYet("Conv2DBackwardData");
+  absl::Status Conv2DBackwardData(const Conv2DShape& shape, const float* dy, const float* w,
+                                  float* dx) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    return dnn->Conv2DBackwardData(shape, dy, w, dx);
   }
-  absl::Status Conv2DBackwardWeights(const Conv2DShape&, const float*,
-                                     const float*, float*, float*) override {
-    return NoConvYet("Conv2DBackwardWeights");
+  absl::Status Conv2DBackwardWeights(const Conv2DShape& shape, const float* x, const float* dy,
+                                     float* dw, float* db) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    return dnn->Conv2DBackwardWeights(shape, x, dy, dw, db);
   }
-  absl::Status MaxPool2DForward(const Pool2DShape&, const float*, float*,
-                                float*) override {
-    return NoConvYet("MaxPool2DForward");
+  // cuDNN finds the winners from x and y: the workspace is left untouched.
+  absl::Status MaxPool2DForward(const Pool2DShape& shape, const float* x, float* y,
+                                float* /*workspace*/) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    return dnn->MaxPool2DForward(shape, x, y);
   }
-  absl::Status MaxPool2DBackward(const Pool2DShape&, const float*,
-                                 const float*, const float*, const float*,
-                                 float*) override {
-    return NoConvYet("MaxPool2DBackward");
+  absl::Status MaxPool2DBackward(const Pool2DShape& shape, const float* x, const float* y,
+                                 const float* /*workspace*/, const float* dy,
+                                 float* dx) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    return dnn->MaxPool2DBackward(shape, x, y, dy, dx);
   }
-  absl::Status AvgPool2DForward(const Pool2DShape&, const float*,
-                                float*) override {
-    return NoConvYet("AvgPool2DForward");
+  absl::Status AvgPool2DForward(const Pool2DShape& shape, const float* x, float* y) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    return dnn->AvgPool2DForward(shape, x, y);
   }
-  absl::Status AvgPool2DBackward(const Pool2DShape&, const float*,
-                                 float*) override {
-    return NoConvYet("AvgPool2DBackward");
+  absl::Status AvgPool2DBackward(const Pool2DShape& shape, const float* dy, float* dx) override {
+    TOWERPS_RETURN_IF_ERROR(shape.Validate());
+    TOWERPS_ASSIGN_OR_RETURN(CudnnKernels * dnn, Dnn());
+    return dnn->AvgPool2DBackward(shape, dy, dx);
   }
+
  private:
   CudaBackend(int gpu, Allocator* allocator, CudaStream stream,
               CublasHandle cublas)
@@ -227,6 +243,19 @@ class CudaBackend final : public Backend {
     return FirstError();
   }
 
+  // The cuDNN kernels, created on the first call that needs them (so a
+  // machine without cuDNN runs everything else); Unavailable "cuDNN
+  // unavailable: ..." while it cannot be loaded (tried again on each call).
+  // Also makes gpu_ the calling thread's device.
+  absl::StatusOr<CudnnKernels*> Dnn() {
+    TOWERPS_RETURN_IF_GPU_ERROR(cudaSetDevice(gpu_),
+                                absl::StrCat(memory_space(), ": cudaSetDevice"));
+    if (cudnn_ == nullptr) {
+      TOWERPS_ASSIGN_OR_RETURN(cudnn_, NewCudnnKernels(stream_.get(), memory_space()));
+    }
+    return cudnn_.get();
+  }
+
   // Room for `rows` per-row losses (double) and correct flags (int32) in
   // loss_scratch_.
   absl::Status ReserveLossScratch(int64_t rows);
@@ -239,6 +268,8 @@ class CudaBackend final : public Backend {
   const CublasHandle cublas_;
 
   // Used only by the thread driving this backend.
+  // Bound to stream_ too (and destroyed before it); null until first used.
+  std::unique_ptr<CudnnKernels> cudnn_;
   // Loss's per-row results: cudaMalloc'd directly, not charged to the
   // allocator (12 bytes per row of the largest batch seen; a virtual
   // device's limit is about tensors, and this is far below its rounding).

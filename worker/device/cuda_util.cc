@@ -1,6 +1,7 @@
 #include "worker/device/cuda_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "worker/device/cudnn_lib.h"
 #include "worker/device/nccl_lib.h"
 
 namespace towerps::worker {
@@ -66,6 +67,41 @@ absl::Status GpuStatus(ncclResult_t result, absl::string_view context) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:
       return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+absl::Status GpuStatus(cudnnStatus_t status, absl::string_view context) {
+  if (status == CUDNN_STATUS_SUCCESS) return absl::OkStatus();
+  // As for NCCL: a status can only come from a loaded cuDNN.
+  const CudnnLib* cudnn = Cudnn();
+  const std::string message = absl::StrCat(
+      context, ": cuDNN: ",
+      cudnn != nullptr ? cudnn->GetErrorString(status)
+                       : absl::StrCat("error ", static_cast<int>(status)));
+  switch (status) {
+    case CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED:
+    case CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED:  // ALLOC_FAILED
+      return absl::ResourceExhaustedError(message);
+    // Not this call's fault: the machine cannot run this cuDNN.
+    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER:
+    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART:
+    case CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH:
+    case CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING:
+    case CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE:
+      return absl::FailedPreconditionError(message);
+    default:
+      break;
+  }
+  // cuDNN 9's codes come in families of a thousand (cudnn_graph.h).
+  switch (static_cast<int>(status) / 1000) {
+    case CUDNN_STATUS_NOT_INITIALIZED / 1000:
+      return absl::FailedPreconditionError(message);
+    case CUDNN_STATUS_BAD_PARAM / 1000:
+      return absl::InvalidArgumentError(message);
+    case CUDNN_STATUS_NOT_SUPPORTED / 1000:
+      return absl::UnimplementedError(message);
     default:
       return absl::InternalError(message);
   }

@@ -1,4 +1,4 @@
-// CUDA, cuBLAS and NCCL results as absl::Status, and RAII owners for the
+// CUDA, cuBLAS, cuDNN and NCCL results as absl::Status, and RAII owners for the
 // handles several libraries share (streams, device memory).
 //
 // CUDA builds only: include this from *_cuda.cc files, which common/BUILD and
@@ -9,6 +9,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 #include <nccl.h>
 
 #include <memory>
@@ -23,7 +24,8 @@ namespace towerps::worker {
 // OK for success; otherwise "<context>: <library error name>: <description>"
 // with a code chosen from the error:
 //   ResourceExhausted  out of device memory (cudaErrorMemoryAllocation,
-//                      CUBLAS_STATUS_ALLOC_FAILED);
+//                      CUBLAS_STATUS_ALLOC_FAILED, cuDNN's allocation
+//                      failures);
 //   InvalidArgument    a bad device ordinal or a bad argument we passed;
 //   FailedPrecondition no usable GPU or driver (cudaErrorNoDevice,
 //                      cudaErrorInsufficientDriver, a stub libcuda, a
@@ -32,6 +34,12 @@ namespace towerps::worker {
 absl::Status GpuStatus(cudaError_t err, absl::string_view context);
 absl::Status GpuStatus(cublasStatus_t status, absl::string_view context);
 absl::Status GpuStatus(ncclResult_t result, absl::string_view context);
+// cuDNN's: InvalidArgument for its BAD_PARAM family, Unimplemented for its
+// NOT_SUPPORTED family (a shape or configuration it has no kernel for),
+// FailedPrecondition for NOT_INITIALIZED, version and licence mismatches and
+// a driver, runtime or GPU it cannot use, ResourceExhausted for allocation
+// failures, Internal otherwise.
+absl::Status GpuStatus(cudnnStatus_t status, absl::string_view context);
 
 // Owns a cudaStream_t; destroying it destroys the stream (without waiting:
 // synchronize first if work may be pending).
@@ -49,7 +57,8 @@ using CudaMemory = std::unique_ptr<void, CudaFreeDeleter>;
 
 }  // namespace towerps::worker
 
-// Evaluates `expr` (a cudaError_t, cublasStatus_t or ncclResult_t) and
+// Evaluates `expr` (a cudaError_t, cublasStatus_t, cudnnStatus_t or
+// ncclResult_t) and
 // returns GpuStatus(result, context) from the caller if it is not success.
 #define TOWERPS_RETURN_IF_GPU_ERROR(expr, context) \
   TOWERPS_RETURN_IF_ERROR(::towerps::worker::GpuStatus((expr), (context)))

@@ -11,9 +11,9 @@
 // Layers are built by their Create() factories, which validate the options
 // and return InvalidArgument naming the layer and the field. Forward and
 // Backward follow the Layer contract (worker/model/layers.h); an input whose
-// width is not C*H*W is an InvalidArgument naming the layer. On a backend
-// without convolution kernels (the GPU backend, for now) Forward and Backward return the
-// backend's Unimplemented error.
+// width is not C*H*W is an InvalidArgument naming the layer. The backend's
+// kernel errors come back as they are (e.g. Unavailable "cuDNN unavailable:
+// ..." from the GPU backend on a machine without cuDNN).
 //
 // Not thread-safe, as every Layer.
 #ifndef TOWERPS_WORKER_MODEL_CONV_LAYERS_H_

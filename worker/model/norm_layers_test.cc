@@ -443,7 +443,9 @@ TEST(ResidualBlockTest, MatchesItsPartsComposedByHand) {
     }
     ASSERT_TRUE(bn1->Backward(c1, a1, ga1, &gc1, false).ok());
     ASSERT_TRUE(conv1->Backward(xt, c1, gc1, &hx, false).ok());
-    if (proj) ASSERT_TRUE(proj->Backward(xt, s, gt, &gs, false).ok());
+    if (proj) {
+      ASSERT_TRUE(proj->Backward(xt, s, gt, &gs, false).ok());
+    }
     for (int64_t i = 0; i < dx.num_elements(); ++i) {
       const double want = static_cast<double>(hx.data()[i]) + (proj ? gs.data()[i] : g[i]);
       ASSERT_NEAR(dx.data()[i], want, Gamma(1) * std::fabs(want)) << "dx[" << i << "]";

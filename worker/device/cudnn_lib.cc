@@ -1,0 +1,125 @@
+#include "worker/device/cudnn_lib.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace towerps::worker {
+namespace {
+
+template <typename F>
+bool Resolve(void* handle, const char* name, F* out, std::string* why) {
+  *out = reinterpret_cast<F>(dlsym(handle, name));
+  if (*out == nullptr) {
+    const char* err = dlerror();
+    *why = std::string(name) + ": " + (err != nullptr ? err : "not found");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool LoadCudnnFrom(const std::string& path, CudnnLib* lib, std::string* why) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* err = dlerror();
+    if (why != nullptr) *why = err != nullptr ? err : path + ": cannot be loaded";
+    return false;
+  }
+  CudnnLib l;
+  l.path = path;
+  std::string error;
+  decltype(&cudnnGetVersion) get_version = nullptr;
+  // One chain: the first missing symbol stops it and is named.
+  const bool ok =
+      Resolve(handle, "cudnnGetVersion", &get_version, &error) &&
+      Resolve(handle, "cudnnGetErrorString", &l.GetErrorString, &error) &&
+      Resolve(handle, "cudnnCreate", &l.Create, &error) &&
+      Resolve(handle, "cudnnDestroy", &l.Destroy, &error) &&
+      Resolve(handle, "cudnnSetStream", &l.SetStream, &error) &&
+      Resolve(handle, "cudnnCreateTensorDescriptor", &l.CreateTensorDescriptor, &error) &&
+      Resolve(handle, "cudnnSetTensor4dDescriptor", &l.SetTensor4dDescriptor, &error) &&
+      Resolve(handle, "cudnnDestroyTensorDescriptor", &l.DestroyTensorDescriptor, &error) &&
+      Resolve(handle, "cudnnCreateFilterDescriptor", &l.CreateFilterDescriptor, &error) &&
+      Resolve(handle, "cudnnSetFilter4dDescriptor", &l.SetFilter4dDescriptor, &error) &&
+      Resolve(handle, "cudnnDestroyFilterDescriptor", &l.DestroyFilterDescriptor, &error) &&
+      Resolve(handle, "cudnnCreateConvolutionDescriptor", &l.CreateConvolutionDescriptor,
+              &error) &&
+      Resolve(handle, "cudnnSetConvolution2dDescriptor", &l.SetConvolution2dDescriptor,
+              &error) &&
+      Resolve(handle, "cudnnSetConvolutionMathType", &l.SetConvolutionMathType, &error) &&
+      Resolve(handle, "cudnnDestroyConvolutionDescriptor", &l.DestroyConvolutionDescriptor,
+              &error) &&
+      Resolve(handle, "cudnnCreatePoolingDescriptor", &l.CreatePoolingDescriptor, &error) &&
+      Resolve(handle, "cudnnSetPooling2dDescriptor", &l.SetPooling2dDescriptor, &error) &&
+      Resolve(handle, "cudnnDestroyPoolingDescriptor", &l.DestroyPoolingDescriptor, &error) &&
+      Resolve(handle, "cudnnGetConvolutionForwardWorkspaceSize",
+              &l.GetConvolutionForwardWorkspaceSize, &error) &&
+      Resolve(handle, "cudnnConvolutionForward", &l.ConvolutionForward, &error) &&
+      Resolve(handle, "cudnnGetConvolutionBackwardDataWorkspaceSize",
+              &l.GetConvolutionBackwardDataWorkspaceSize, &error) &&
+      Resolve(handle, "cudnnConvolutionBackwardData", &l.ConvolutionBackwardData, &error) &&
+      Resolve(handle, "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+              &l.GetConvolutionBackwardFilterWorkspaceSize, &error) &&
+      Resolve(handle, "cudnnConvolutionBackwardFilter", &l.ConvolutionBackwardFilter,
+              &error) &&
+      Resolve(handle, "cudnnConvolutionBackwardBias", &l.ConvolutionBackwardBias, &error) &&
+      Resolve(handle, "cudnnAddTensor", &l.AddTensor, &error) &&
+      Resolve(handle, "cudnnScaleTensor", &l.ScaleTensor, &error) &&
+      Resolve(handle, "cudnnPoolingForward", &l.PoolingForward, &error) &&
+      Resolve(handle, "cudnnPoolingBackward", &l.PoolingBackward, &error) &&
+      Resolve(handle, "cudnnBatchNormalizationForwardTraining",
+              &l.BatchNormalizationForwardTraining, &error) &&
+      Resolve(handle, "cudnnBatchNormalizationForwardInference",
+              &l.BatchNormalizationForwardInference, &error) &&
+      Resolve(handle, "cudnnBatchNormalizationBackward", &l.BatchNormalizationBackward,
+              &error);
+  if (ok) {
+    // Needs no GPU. The header's types and enums are cuDNN 9's; another
+    // major version would disagree with them silently.
+    l.version = get_version();
+    if (l.version / 10000 != CUDNN_MAJOR) {
+      error = absl::StrCat("version ", l.version, " is not cuDNN ", CUDNN_MAJOR,
+                           " (built against ", CUDNN_VERSION, ")");
+    }
+  }
+  if (!error.empty()) {
+    dlclose(handle);
+    if (why != nullptr) *why = path + ": " + error;
+    return false;
+  }
+  *lib = std::move(l);
+  return true;
+}
+
+const CudnnLib* Cudnn(std::string* why) {
+  static std::once_flag once;
+  static CudnnLib* lib = nullptr;
+  static std::string* error = new std::string();
+  std::call_once(once, [] {
+    std::vector<std::string> paths = {"libcudnn.so.9"};
+    // Colon-separated, from the toolkit found at build time (worker/device/BUILD).
+    for (absl::string_view dir : absl::StrSplit(TOWERPS_CUDA_LIBDIRS, ':', absl::SkipEmpty())) {
+      paths.push_back(absl::StrCat(dir, "/libcudnn.so.9"));
+    }
+    auto* l = new CudnnLib();
+    for (const std::string& p : paths) {
+      std::string err;
+      if (LoadCudnnFrom(p, l, &err)) {
+        lib = l;
+        return;
+      }
+      if (error->empty()) *error = err;  // the first try's reason is the telling one
+    }
+    delete l;
+  });
+  if (lib == nullptr && why != nullptr) *why = *error;
+  return lib;
+}
+
+}  // namespace towerps::worker
