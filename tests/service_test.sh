@@ -80,7 +80,7 @@ reject() {  # NAME WANT SPEC_TEXT
   if [ "$rc" -eq 2 ] && grep -qF -- "$2" <<<"$out"; then pass "$1"; else fail "$1: exit $rc: $out"; fi
 }
 M='model { input_dim: 784 layers { type: DENSE units: 10 } }'
-reject "unknown layer" "layer 0: unknown layer type 9" 'model { input_dim: 784 layers { type: 9 units: 10 } }'
+reject "unknown layer" "layer 0: unknown layer type 99" 'model { input_dim: 784 layers { type: 99 units: 10 } }'
 reject "shape mismatch" "units = 11" 'model { input_dim: 784 layers { type: DENSE units: 11 } }'
 reject "input width mismatch" "input_dim = 100" 'model { input_dim: 100 layers { type: DENSE units: 10 } }'
 reject "negative batch size" "global_batch_size = -5" "$M global_batch_size: -5"

@@ -14,13 +14,16 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "worker/device/backend.h"
 #include "worker/device/conv_shape.h"
+#include "worker/device/cpu_threads.h"
 #include "worker/device/dnnl_kernels.h"
 #include "worker/device/fake_device_backend.h"
 #include "worker/device/float_bounds_testing.h"
@@ -306,6 +309,68 @@ TEST(BackendConvTest, BackwardWeightsMatchesReferenceWithAndWithoutBias) {
         for (float v : db) EXPECT_TRUE(std::isnan(v)) << "db written";
       }
     }
+  }
+}
+
+// Towers run their backends on their own threads at once, new threads every
+// step. oneDNN's default scratchpad belongs to the thread that created the
+// primitive, so a primitive run later on another thread had none (a crash
+// seen with 2 towers); each backend now brings its own. Each thread must get
+// exactly the bits one backend alone gets.
+TEST(BackendConvTest, BackendsOnSeveralThreadsAtOnceGiveTheSingleThreadBits) {
+  Conv2DShape s;
+  s.n = 8, s.c = 16, s.h = 14, s.w = 14, s.k = 32, s.r = 3, s.s = 3;
+  s.pad_h = s.pad_w = 1;
+  BatchNormShape bs;
+  bs.n = 8, bs.c = 32, bs.spatial = 14 * 14;
+  const auto x = RandomVector(s.x_size(), 51);
+  const auto w = RandomVector(s.w_size(), 52);
+  const auto dy = RandomVector(s.y_size(), 53);
+  const std::vector<float> gamma(bs.c, 1.5f), beta(bs.c, 0.25f);
+  struct Out {
+    std::vector<float> y, dx, dw, bn, dbn;
+  };
+  auto run = [&](Backend& b, Out* o) {
+    o->y.assign(s.y_size(), 0);
+    o->dx.assign(s.x_size(), 0);
+    o->dw.assign(s.w_size(), 0);
+    o->bn.assign(bs.x_size(), 0);
+    o->dbn.assign(bs.x_size(), 0);
+    std::vector<float> mean(bs.c), var(bs.c), dg(bs.c), db(bs.c);
+    for (int rep = 0; rep < 5; ++rep) {
+      ASSERT_TRUE(b.Conv2DForward(s, x.data(), w.data(), nullptr, o->y.data()).ok());
+      ASSERT_TRUE(b.Conv2DBackwardData(s, dy.data(), w.data(), o->dx.data()).ok());
+      ASSERT_TRUE(b.Conv2DBackwardWeights(s, x.data(), dy.data(), o->dw.data(), nullptr).ok());
+      ASSERT_TRUE(b.BatchNormForwardTraining(bs, o->y.data(), gamma.data(), beta.data(),
+                                             o->bn.data(), mean.data(), var.data())
+                      .ok());
+      ASSERT_TRUE(b.BatchNormBackward(bs, o->y.data(), dy.data(), gamma.data(), mean.data(),
+                                      var.data(), o->dbn.data(), dg.data(), db.data())
+                      .ok());
+    }
+  };
+  // One thread per backend, as the worker sets it for towers on few cores.
+  SetCpuMathThreads(1);
+  auto alone = NewCpuBackend();
+  Out want;
+  run(*alone, &want);
+  constexpr int kThreads = 3;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Out> got(kThreads);
+  for (int t = 0; t < kThreads; ++t) backends.push_back(NewCpuBackend());
+  // Two rounds of threads, as towers get new threads every step: the second
+  // round runs primitives the first round's (finished) threads created.
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) threads.emplace_back([&, t] { run(*backends[t], &got[t]); });
+    for (auto& th : threads) th.join();
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(got[t].y, want.y) << "thread " << t;
+    EXPECT_EQ(got[t].dx, want.dx) << "thread " << t;
+    EXPECT_EQ(got[t].dw, want.dw) << "thread " << t;
+    EXPECT_EQ(got[t].bn, want.bn) << "thread " << t;
+    EXPECT_EQ(got[t].dbn, want.dbn) << "thread " << t;
   }
 }
 

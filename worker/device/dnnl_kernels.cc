@@ -1,9 +1,11 @@
 #include "worker/device/dnnl_kernels.h"
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
+#include <memory>
 #include <new>
 #include <unordered_map>
 #include <utility>
@@ -85,7 +87,9 @@ absl::Status Guard(const char* op, F&& f) {
 class DnnlKernelsImpl final : public DnnlKernels {
  public:
   DnnlKernelsImpl()
-      : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+      : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+    attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  }
 
   absl::Status Conv2DForward(const Conv2DShape& shape, const float* x,
                              const float* w, const float* b,
@@ -263,8 +267,17 @@ class DnnlKernelsImpl final : public DnnlKernels {
  private:
   struct Entry {
     dnnl::primitive primitive;
-    dnnl::memory::desc workspace;  // Max pooling only.
+    dnnl::memory::desc workspace;   // Max pooling only.
+    dnnl::memory::desc scratchpad;  // What the primitive needs; may be empty.
   };
+
+  // Caches `e` with its scratchpad's size.
+  const Entry& Store(const Key& key, Entry e) {
+    const dnnl_memory_desc_t* md = dnnl_primitive_desc_query_md(
+        e.primitive.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
+    if (md != nullptr) e.scratchpad = dnnl::memory::desc(*md);
+    return cache_.emplace(key, std::move(e)).first->second;
+  }
 
   // Plain layouts only (nchw, oihw), so the caller's buffers are used in
   // place with no reorder; oneDNN picks its best kernel for these layouts.
@@ -296,8 +309,20 @@ class DnnlKernelsImpl final : public DnnlKernels {
     return {{s.c}, dt::f32, tag::x};
   }
 
-  absl::Status Run(const Entry& e,
-                   const std::unordered_map<int, dnnl::memory>& args) {
+  // Runs `e` with this object's scratchpad. oneDNN's default scratchpad is
+  // the creating thread's: towers get new threads every step, and a primitive
+  // created by one and run by the next had none (a crash seen with 2 towers
+  // of a convolutional model).
+  absl::Status Run(const Entry& e, std::unordered_map<int, dnnl::memory> args) {
+    const size_t need = e.scratchpad.get_size();
+    if (need > 0) {
+      if (need > scratch_bytes_) {
+        scratch_.reset(static_cast<char*>(std::aligned_alloc(64, (need + 63) / 64 * 64)));
+        if (scratch_ == nullptr) throw std::bad_alloc();
+        scratch_bytes_ = need;
+      }
+      args.insert({DNNL_ARG_SCRATCHPAD, dnnl::memory(e.scratchpad, engine_, scratch_.get())});
+    }
     e.primitive.execute(stream_, args);
     stream_.wait();
     return absl::OkStatus();
@@ -323,7 +348,7 @@ class DnnlKernelsImpl final : public DnnlKernels {
                        dnnl::prop_kind::forward_training,
                        dnnl::algorithm::convolution_direct, XDesc(s), WDesc(s),
                        YDesc(s), strides, pad, pad);
-    const dnnl::convolution_forward::primitive_desc fwd_pd(fwd_desc, engine_);
+    const dnnl::convolution_forward::primitive_desc fwd_pd(fwd_desc, attr_, engine_);
     Entry e;
     switch (op) {
       case Op::kConvForward:
@@ -335,7 +360,7 @@ class DnnlKernelsImpl final : public DnnlKernels {
             dnnl::algorithm::convolution_direct, XDesc(s), WDesc(s), YDesc(s),
             strides, pad, pad);
         e.primitive = dnnl::convolution_backward_data(
-            dnnl::convolution_backward_data::primitive_desc(d, engine_,
+            dnnl::convolution_backward_data::primitive_desc(d, attr_, engine_,
                                                             fwd_pd));
         break;
       }
@@ -349,14 +374,14 @@ class DnnlKernelsImpl final : public DnnlKernels {
                            dnnl::algorithm::convolution_direct, XDesc(s),
                            WDesc(s), YDesc(s), strides, pad, pad);
         e.primitive = dnnl::convolution_backward_weights(
-            dnnl::convolution_backward_weights::primitive_desc(d, engine_,
+            dnnl::convolution_backward_weights::primitive_desc(d, attr_, engine_,
                                                                fwd_pd));
         break;
       }
       default:
         throw dnnl::error(dnnl_runtime_error, "not a convolution op");
     }
-    return cache_.emplace(key, std::move(e)).first->second;
+    return Store(key, std::move(e));
   }
 
   // The cached primitive for a pooling direction.
@@ -377,7 +402,7 @@ class DnnlKernelsImpl final : public DnnlKernels {
     const dnnl::pooling_forward::desc fwd_desc(
         dnnl::prop_kind::forward_training, alg, XDesc(s), YDesc(s), strides,
         kernel, pad, pad);
-    const dnnl::pooling_forward::primitive_desc fwd_pd(fwd_desc, engine_);
+    const dnnl::pooling_forward::primitive_desc fwd_pd(fwd_desc, attr_, engine_);
     Entry e;
     if (max) {
       e.workspace = fwd_pd.workspace_desc();
@@ -396,9 +421,9 @@ class DnnlKernelsImpl final : public DnnlKernels {
       const dnnl::pooling_backward::desc d(alg, XDesc(s), YDesc(s), strides,
                                            kernel, pad, pad);
       e.primitive = dnnl::pooling_backward(
-          dnnl::pooling_backward::primitive_desc(d, engine_, fwd_pd));
+          dnnl::pooling_backward::primitive_desc(d, attr_, engine_, fwd_pd));
     }
-    return cache_.emplace(key, std::move(e)).first->second;
+    return Store(key, std::move(e));
   }
 
   // The cached primitive for a batch-norm direction. oneDNN's training
@@ -419,12 +444,12 @@ class DnnlKernelsImpl final : public DnnlKernels {
           dnnl::prop_kind::forward_inference, XDesc(s), s.epsilon,
           scale_shift | dnnl::normalization_flags::use_global_stats);
       e.primitive = dnnl::batch_normalization_forward(
-          dnnl::batch_normalization_forward::primitive_desc(d, engine_));
-      return cache_.emplace(key, std::move(e)).first->second;
+          dnnl::batch_normalization_forward::primitive_desc(d, attr_, engine_));
+      return Store(key, std::move(e));
     }
     const dnnl::batch_normalization_forward::desc fwd_desc(
         dnnl::prop_kind::forward_training, XDesc(s), s.epsilon, scale_shift);
-    const dnnl::batch_normalization_forward::primitive_desc fwd_pd(fwd_desc,
+    const dnnl::batch_normalization_forward::primitive_desc fwd_pd(fwd_desc, attr_,
                                                                    engine_);
     switch (op) {
       case Op::kBatchNormTraining:
@@ -435,19 +460,26 @@ class DnnlKernelsImpl final : public DnnlKernels {
             dnnl::prop_kind::backward, XDesc(s), XDesc(s), s.epsilon,
             scale_shift);
         e.primitive = dnnl::batch_normalization_backward(
-            dnnl::batch_normalization_backward::primitive_desc(d, engine_,
+            dnnl::batch_normalization_backward::primitive_desc(d, attr_, engine_,
                                                                fwd_pd));
         break;
       }
       default:
         throw dnnl::error(dnnl_runtime_error, "not a batch-norm op");
     }
-    return cache_.emplace(key, std::move(e)).first->second;
+    return Store(key, std::move(e));
   }
 
   // Constant after construction.
   dnnl::engine engine_;
   dnnl::stream stream_;
+  // Every primitive's attributes: a scratchpad the caller (Run) provides.
+  dnnl::primitive_attr attr_;
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> scratch_;
+  size_t scratch_bytes_ = 0;
   // Every primitive created, by direction and shape. Grows with the number
   // of distinct layer shapes (a handful per model).
   std::map<Key, Entry> cache_;
