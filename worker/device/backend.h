@@ -1,9 +1,10 @@
 // The worker's math on one device: memory, copies, the handful of dense
-// kernels a multilayer perceptron needs, convolution and pooling (NCHW), and
-// the losses, on raw row-major float32 buffers.
+// kernels a multilayer perceptron needs, convolution, pooling and batch norm
+// (NCHW), dropout, and the losses, on raw row-major float32 buffers.
 //
-// Two implementations: the CPU one (CBLAS, and oneDNN for convolution and
-// pooling through worker/device/dnnl_kernels.h; buffers are host memory) and
+// Two implementations: the CPU one (CBLAS, and oneDNN for convolution,
+// pooling and batch norm through worker/device/dnnl_kernels.h, with threads
+// as worker/device/cpu_threads.h sets them; buffers are host memory) and
 // the CUDA one (worker/device/backend_cuda.cc: cuBLAS for GEMM, cuDNN for
 // convolution, pooling and batch norm through worker/device/cudnn_kernels.h,
 // small kernels in worker/device/cuda_kernels.cu for the rest, one stream and
