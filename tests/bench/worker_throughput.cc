@@ -204,7 +204,9 @@ Row Measure(const std::string& device, const BackendMaker& make, const std::stri
     ++steps;
     elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  Row row{device, split_devices > 0 ? name + "/split" + std::to_string(split_devices) : name,
+  // Image models name the library their convolutions run on.
+  const std::string label = dense ? device : device + (device == "cpu" ? "/onednn" : "/cudnn");
+  Row row{label, split_devices > 0 ? name + "/split" + std::to_string(split_devices) : name,
           towers, device == "cpu" ? threads : 0, batch, steps * batch / elapsed, 0, 0, 0};
   if (dense) {
     row.gflops = GemmFlops(spec, batch) * steps / elapsed / 1e9;
@@ -259,7 +261,7 @@ int main(int argc, char** argv) {
               "  differ from the CPU's first row of the model (rel 1e-4)\n");
   const towerps::worker::GpuInfo gpus = towerps::worker::QueryGpus();
   std::printf("  %s\n\n", towerps::worker::DescribeGpus(gpus).c_str());
-  std::printf("%-6s %-20s %6s %7s %6s %12s %11s %11s %8s %7s\n", "device", "model", "towers",
+  std::printf("%-10s %-20s %6s %7s %6s %12s %11s %11s %8s %7s\n", "device", "model", "towers",
               "threads", "batch", "examples/s", "gemm_GF/s", "ref_GF/s", "of_ref", "wrong");
   int64_t total_wrong = 0;
   const std::string which = absl::GetFlag(FLAGS_devices);
@@ -297,13 +299,13 @@ int main(int argc, char** argv) {
   auto print = [&](const towerps::worker::Row& r) {
     total_wrong += r.wrong;
     if (r.ref_gflops > 0) {
-      std::printf("%-6s %-20s %6d %7d %6lld %12.0f %11.2f %11.2f %8.3f %7lld\n", r.device.c_str(),
+      std::printf("%-10s %-20s %6d %7d %6lld %12.0f %11.2f %11.2f %8.3f %7lld\n", r.device.c_str(),
                   r.model.c_str(), r.towers, r.threads, static_cast<long long>(r.batch),
                   r.examples_per_s,
                   r.gflops, r.ref_gflops, r.gflops / r.ref_gflops,
                   static_cast<long long>(r.wrong));
     } else {
-      std::printf("%-6s %-20s %6d %7d %6lld %12.0f %11s %11s %8s %7lld\n", r.device.c_str(),
+      std::printf("%-10s %-20s %6d %7d %6lld %12.0f %11s %11s %8s %7lld\n", r.device.c_str(),
                   r.model.c_str(), r.towers, r.threads, static_cast<long long>(r.batch),
                   r.examples_per_s,
                   "-", "-", "-", static_cast<long long>(r.wrong));
