@@ -132,13 +132,20 @@ class CpuBackend : public Backend {
                 1.0f, x, ToBlasInt(cols), ones_.data(), 1, 0.0f, out, 1);
   }
 
+  // Selects with every operand loaded unconditionally, which the vectorizer
+  // (-O3, see BUILD) turns into SIMD max and blends: as a branch per element
+  // on activations about half positive, these two loops were 40% of
+  // cnn_small's step (perf, worker_throughput).
   void Relu(int64_t n, const float* in, float* out) override {
-    for (int64_t i = 0; i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+    for (int64_t i = 0; i < n; ++i) out[i] = std::max(in[i], 0.0f);
   }
 
   void ReluGrad(int64_t n, const float* y, const float* dy,
                 float* dx) override {
-    for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = dy[i];
+      dx[i] = y[i] > 0.0f ? g : 0.0f;
+    }
   }
 
   // Axpy and Scale run over whole flattened variables, which may exceed an
