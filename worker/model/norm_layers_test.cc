@@ -27,25 +27,13 @@
 #include "proto/job.pb.h"
 #include "worker/device/backend.h"
 #include "worker/device/device_tensor.h"
+#include "worker/device/float_bounds_testing.h"
 #include "worker/model/batch.h"
 #include "worker/model/model.h"
 #include "worker/model/residual.h"
 
 namespace towerps::worker {
 namespace {
-
-double Gamma(int64_t n) {
-  const double u = std::ldexp(1.0, -24);
-  return n * u / (1.0 - n * u);
-}
-
-std::vector<float> Random(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 // Gives every params() and grads() entry of `layer` host storage from
 // `store`, params filled from `values` (by name) or their initializer.
@@ -65,7 +53,7 @@ void Attach(Layer& layer, Storage* store, uint64_t seed) {
                            ? std::vector<float>(n, 1.0f)
                            : specs[k].init == Layer::ParamSpec::Init::kZeros
                                  ? std::vector<float>(n, 0.0f)
-                                 : Random(n, seed + k, -0.3f, 0.3f);
+                                 : RandomVector(n, seed + k, -0.3f, 0.3f);
     store->grads[k].assign(n, 0.0f);
     params[k]->ViewHost(specs[k].shape, store->params[k].data());
     grads[k]->ViewHost(specs[k].shape, store->grads[k].data());
@@ -145,8 +133,8 @@ double DotDy(const std::vector<double>& y, const std::vector<double>& dy) {
 
 TEST(BatchNormRefTest, GradientMatchesCentralDifferences) {
   const int64_t n = 3, c = 2, s = 5;
-  const auto x = ToDouble(Random(n * c * s, 1, -1.0f, 2.0f));
-  const auto dy = ToDouble(Random(n * c * s, 2));
+  const auto x = ToDouble(RandomVector(n * c * s, 1, -1.0f, 2.0f));
+  const auto dy = ToDouble(RandomVector(n * c * s, 2));
   const std::vector<double> gamma = {1.3, -0.7}, beta = {0.2, 0.5};
   const BnRef r = BatchNormRef(x, gamma, beta, n, c, s, 1e-3, &dy);
   const double h = 1e-5;
@@ -195,16 +183,16 @@ TEST_P(BatchNormLayerTest, TrainingForwardAndBackwardMatchTheReference) {
   BatchNorm& bn = **made;
   Storage store;
   Attach(bn, &store, 7);
-  store.params[0] = Random(p.c, 8, 0.5f, 1.5f);   // gamma
-  store.params[1] = Random(p.c, 9, -0.5f, 0.5f);  // beta
+  store.params[0] = RandomVector(p.c, 8, 0.5f, 1.5f);   // gamma
+  store.params[1] = RandomVector(p.c, 9, -0.5f, 0.5f);  // beta
   bn.params()[0]->ViewHost({p.c}, store.params[0].data());
   bn.params()[1]->ViewHost({p.c}, store.params[1].data());
   // Inputs with a mean away from zero (0.5) so that a one-pass variance would
   // show; the last channel constant (variance 0: epsilon keeps it finite).
-  std::vector<float> x = Random(size, 10, -0.5f, 1.5f);
+  std::vector<float> x = RandomVector(size, 10, -0.5f, 1.5f);
   for (int64_t i = 0; i < p.n; ++i)
     for (int64_t q = 0; q < s; ++q) x[(i * p.c + p.c - 1) * s + q] = 0.25f;
-  std::vector<float> dy = Random(size, 11);
+  std::vector<float> dy = RandomVector(size, 11);
   DeviceTensor xt = View(*backend, {p.n, p.c * s}, x), dyt = View(*backend, {p.n, p.c * s}, dy);
   DeviceTensor y(backend.get()), dx(backend.get());
   bn.BeginPass(/*training=*/true, p.n, 1);
@@ -213,7 +201,7 @@ TEST_P(BatchNormLayerTest, TrainingForwardAndBackwardMatchTheReference) {
   const auto xd = ToDouble(x), dyd = ToDouble(dy);
   const BnRef r = BatchNormRef(xd, ToDouble(store.params[0]), ToDouble(store.params[1]), p.n, p.c,
                                s, 1e-3, &dyd);
-  const double g = Gamma(3 * count + 20);
+  const double g = FloatGamma(3 * count + 20);
   for (int64_t ch = 0; ch < p.c; ++ch) {
     double ex2 = 0, mean_abs = 0, dy_abs = 0, dyx_abs = 0;
     for (int64_t i = 0; i < p.n; ++i)
@@ -281,7 +269,7 @@ TEST(BatchNormLayerTest, EvaluationUsesTheMovingStatistics) {
                           2 * (3 - 0.5) / 2 + 1,    0.5 * (4 + 2) / 0.5 - 1,
                           0.5 * (5 + 2) / 0.5 - 1,  0.5 * (6 + 2) / 0.5 - 1};
   for (int i = 0; i < 6; ++i) {
-    EXPECT_NEAR(y.data()[i], want[i], Gamma(8) * (std::fabs(want[i]) + 4)) << i;
+    EXPECT_NEAR(y.data()[i], want[i], FloatGamma(8) * (std::fabs(want[i]) + 4)) << i;
   }
 }
 
@@ -320,7 +308,7 @@ TEST(DropoutLayerTest, TrainingDropsAboutRateScalesTheRestAndBackwardUsesTheSame
   auto made = Dropout::Create(*backend, "drop", {d, 1, 1}, rate);
   ASSERT_TRUE(made.ok());
   Dropout& drop = **made;
-  std::vector<float> x = Random(n * d, 3, 0.5f, 1.5f), dy = Random(n * d, 4, 0.5f, 1.5f);
+  std::vector<float> x = RandomVector(n * d, 3, 0.5f, 1.5f), dy = RandomVector(n * d, 4, 0.5f, 1.5f);
   DeviceTensor xt = View(*backend, {n, d}, x), dyt = View(*backend, {n, d}, dy);
   DeviceTensor y(backend.get()), dx(backend.get());
   drop.BeginPass(true, n, 99);
@@ -405,7 +393,7 @@ TEST(ResidualBlockTest, MatchesItsPartsComposedByHand) {
     }
     ASSERT_EQ(k, store.params.size());
     const int64_t n = 3;
-    std::vector<float> x = Random(n * in.size(), 22), dy = Random(n * block.output_image().size(), 23);
+    std::vector<float> x = RandomVector(n * in.size(), 22), dy = RandomVector(n * block.output_image().size(), 23);
     DeviceTensor xt = View(*backend, {n, in.size()}, x);
     DeviceTensor dyt = View(*backend, {n, block.output_image().size()}, dy);
     DeviceTensor y(backend.get()), dx(backend.get());
@@ -448,7 +436,7 @@ TEST(ResidualBlockTest, MatchesItsPartsComposedByHand) {
     }
     for (int64_t i = 0; i < dx.num_elements(); ++i) {
       const double want = static_cast<double>(hx.data()[i]) + (proj ? gs.data()[i] : g[i]);
-      ASSERT_NEAR(dx.data()[i], want, Gamma(1) * std::fabs(want)) << "dx[" << i << "]";
+      ASSERT_NEAR(dx.data()[i], want, FloatGamma(1) * std::fabs(want)) << "dx[" << i << "]";
     }
     for (size_t v = 0; v < store.grads.size(); ++v) {
       for (size_t i = 0; i < store.grads[v].size(); ++i) {
