@@ -1,36 +1,15 @@
 #include "worker/device/cudnn_lib.h"
 
-#include <dlfcn.h>
-
 #include <mutex>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "worker/device/dynamic_lib.h"
 
 namespace towerps::worker {
-namespace {
-
-template <typename F>
-bool Resolve(void* handle, const char* name, F* out, std::string* why) {
-  *out = reinterpret_cast<F>(dlsym(handle, name));
-  if (*out == nullptr) {
-    const char* err = dlerror();
-    *why = std::string(name) + ": " + (err != nullptr ? err : "not found");
-    return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 bool LoadCudnnFrom(const std::string& path, CudnnLib* lib, std::string* why) {
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* err = dlerror();
-    if (why != nullptr) *why = err != nullptr ? err : path + ": cannot be loaded";
-    return false;
-  }
+  void* handle = OpenLibrary(path, why);
+  if (handle == nullptr) return false;
   CudnnLib l;
   l.path = path;
   std::string error;
@@ -89,7 +68,7 @@ bool LoadCudnnFrom(const std::string& path, CudnnLib* lib, std::string* why) {
     }
   }
   if (!error.empty()) {
-    dlclose(handle);
+    CloseLibrary(handle);
     if (why != nullptr) *why = path + ": " + error;
     return false;
   }
@@ -102,21 +81,15 @@ const CudnnLib* Cudnn(std::string* why) {
   static CudnnLib* lib = nullptr;
   static std::string* error = new std::string();
   std::call_once(once, [] {
-    std::vector<std::string> paths = {"libcudnn.so.9"};
-    // Colon-separated, from the toolkit found at build time (worker/device/BUILD).
-    for (absl::string_view dir : absl::StrSplit(TOWERPS_CUDA_LIBDIRS, ':', absl::SkipEmpty())) {
-      paths.push_back(absl::StrCat(dir, "/libcudnn.so.9"));
-    }
     auto* l = new CudnnLib();
-    for (const std::string& p : paths) {
-      std::string err;
-      if (LoadCudnnFrom(p, l, &err)) {
-        lib = l;
-        return;
-      }
-      if (error->empty()) *error = err;  // the first try's reason is the telling one
+    if (LoadFirstCandidate(
+            "libcudnn.so.9",
+            [l](const std::string& path, std::string* err) { return LoadCudnnFrom(path, l, err); },
+            error)) {
+      lib = l;
+    } else {
+      delete l;
     }
-    delete l;
   });
   if (lib == nullptr && why != nullptr) *why = *error;
   return lib;
