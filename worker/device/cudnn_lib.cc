@@ -1,7 +1,5 @@
 #include "worker/device/cudnn_lib.h"
 
-#include <mutex>
-
 #include "absl/strings/str_cat.h"
 #include "worker/device/dynamic_lib.h"
 
@@ -77,22 +75,7 @@ bool LoadCudnnFrom(const std::string& path, CudnnLib* lib, std::string* why) {
 }
 
 const CudnnLib* Cudnn(std::string* why) {
-  static std::once_flag once;
-  static CudnnLib* lib = nullptr;
-  static std::string* error = new std::string();
-  std::call_once(once, [] {
-    auto* l = new CudnnLib();
-    if (LoadFirstCandidate(
-            "libcudnn.so.9",
-            [l](const std::string& path, std::string* err) { return LoadCudnnFrom(path, l, err); },
-            error)) {
-      lib = l;
-    } else {
-      delete l;
-    }
-  });
-  if (lib == nullptr && why != nullptr) *why = *error;
-  return lib;
+  return LoadOnce<CudnnLib>("libcudnn.so.9", &LoadCudnnFrom, why);
 }
 
 }  // namespace towerps::worker

@@ -7,6 +7,7 @@
 #define TOWERPS_WORKER_DEVICE_DYNAMIC_LIB_H_
 
 #include <functional>
+#include <mutex>
 #include <string>
 
 namespace towerps::worker {
@@ -37,6 +38,30 @@ bool Resolve(void* handle, const char* name, F* out, std::string* why) {
 bool LoadFirstCandidate(const std::string& soname,
                         const std::function<bool(const std::string& path, std::string* why)>& load,
                         std::string* why);
+
+// The process's one copy of a library's entry points `Lib`, loaded on the
+// first call (thread-safe, once per Lib type) by LoadFirstCandidate(soname,
+// `load`), and kept for the life of the process. nullptr when it cannot be
+// loaded; then `why` (if not null) says why, on every call.
+template <typename Lib>
+const Lib* LoadOnce(const char* soname, bool (*load)(const std::string&, Lib*, std::string*),
+                    std::string* why) {
+  static std::once_flag once;
+  static Lib* lib = nullptr;
+  static std::string* error = new std::string();
+  std::call_once(once, [&] {
+    auto* l = new Lib();
+    if (LoadFirstCandidate(
+            soname, [&](const std::string& path, std::string* err) { return load(path, l, err); },
+            error)) {
+      lib = l;
+    } else {
+      delete l;
+    }
+  });
+  if (lib == nullptr && why != nullptr) *why = *error;
+  return lib;
+}
 
 }  // namespace towerps::worker
 

@@ -1,7 +1,5 @@
 #include "worker/device/nccl_lib.h"
 
-#include <mutex>
-
 #include "worker/device/dynamic_lib.h"
 
 namespace towerps::worker {
@@ -33,22 +31,7 @@ bool LoadNcclFrom(const std::string& path, NcclLib* lib, std::string* why) {
 }
 
 const NcclLib* Nccl(std::string* why) {
-  static std::once_flag once;
-  static NcclLib* lib = nullptr;
-  static std::string* error = new std::string();
-  std::call_once(once, [] {
-    auto* l = new NcclLib();
-    if (LoadFirstCandidate(
-            "libnccl.so.2",
-            [l](const std::string& path, std::string* err) { return LoadNcclFrom(path, l, err); },
-            error)) {
-      lib = l;
-    } else {
-      delete l;
-    }
-  });
-  if (lib == nullptr && why != nullptr) *why = *error;
-  return lib;
+  return LoadOnce<NcclLib>("libnccl.so.2", &LoadNcclFrom, why);
 }
 
 }  // namespace towerps::worker
