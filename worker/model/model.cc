@@ -130,6 +130,21 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
     }
     image = dims;
   }
+  // Adds an image layer built for spec layer `name` (and its fused ReLU) with
+  // its device and summary row (a row of width w reads "(None, w)"); returns
+  // its output image.
+  auto append = [&](std::unique_ptr<ImageLayer> built, Backend& backend, const std::string& device,
+                    const std::string& name, bool relu) {
+    model->layer_devices_.push_back(device);
+    const int64_t params = built->num_params();
+    const ImageDims out = built->output_image();
+    model->summary_rows_.push_back({name, built->TypeName(), out.ShapeString(), params});
+    model->num_parameters_ += params;
+    width = out.size();
+    model->layers_.push_back(std::move(built));
+    if (relu) model->layers_.push_back(std::make_unique<ReLU>(backend, absl::StrCat(name, "/relu")));
+    return out;
+  };
   for (int i = 0; i < spec.layers_size(); ++i) {
     const v1::LayerSpec& layer = spec.layers(i);
     std::string name = layer.name();
@@ -257,23 +272,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
           if (!pool.ok()) return common::Annotate(pool.status(), where_label);
           built = std::move(*pool);
         }
-        model->layer_devices_.push_back(where.device);
-        const int64_t params = built->num_params();
-        const std::string type_name = built->TypeName();
-        const ImageDims out = built->output_image();
-        width = out.size();
-        model->layers_.push_back(std::move(built));
-        if (type == v1::LayerSpec::CONV2D && layer.activation() == v1::RELU) {
-          model->layers_.push_back(std::make_unique<ReLU>(backend, absl::StrCat(name, "/relu")));
-        }
+        const ImageDims out =
+            append(std::move(built), backend, where.device, name,
+                   type == v1::LayerSpec::CONV2D && layer.activation() == v1::RELU);
         // GlobalAveragePooling2D and Flatten end the image.
         if (type == v1::LayerSpec::FLATTEN || type == v1::LayerSpec::GLOBAL_AVG_POOL2D) {
           image.reset();
         } else {
           image = out;
         }
-        model->summary_rows_.push_back({name, type_name, out.ShapeString(), params});
-        model->num_parameters_ += params;
         break;
       }
       case v1::LayerSpec::BATCH_NORM:
@@ -330,20 +337,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
           if (!made.ok()) return common::Annotate(made.status(), where_label);
           built = std::move(*made);
         }
-        model->layer_devices_.push_back(where.device);
-        const int64_t params = built->num_params();
-        const std::string type_name = built->TypeName();
-        const ImageDims out = built->output_image();
-        width = out.size();
-        model->layers_.push_back(std::move(built));
-        if (layer.activation() == v1::RELU) {
-          model->layers_.push_back(std::make_unique<ReLU>(backend, absl::StrCat(name, "/relu")));
-        }
+        const ImageDims out = append(std::move(built), backend, where.device, name,
+                                     layer.activation() == v1::RELU);
         if (image) image = out;
-        model->summary_rows_.push_back(
-            {name, type_name, image ? out.ShapeString() : absl::StrCat("(None, ", width, ")"),
-             params});
-        model->num_parameters_ += params;
         break;
       }
       case v1::LayerSpec::LAYER_UNSPECIFIED:
