@@ -3,11 +3,12 @@
 # real ps and worker processes on 127.0.0.1, and every check goes through the
 # real towerctl binary. Covers: towerctl exit codes, invalid specs rejected at
 # submit with the field named (and the cluster still serving), two jobs in
-# order, every deploy/jobs file in a short form, cancel freeing the variables
-# on the servers, a SIGSTOPped worker named by `towerctl status`, a ps killed
-# with SIGKILL and restarted (the job finishes from its last checkpoint, close
-# to an uninterrupted run, no step before the checkpoint applied twice),
-# export, and a corrupted checkpoint skipped. Every process stops with the test.
+# order, worker --print_job_spec without cluster flags, every deploy/jobs file
+# in a short form, cancel freeing the variables on the servers, a SIGSTOPped
+# worker named by `towerctl status`, a ps killed with SIGKILL and restarted
+# (the job finishes from its last checkpoint, close to an uninterrupted run,
+# no step before the checkpoint applied twice), export, and a corrupted
+# checkpoint skipped. Every process stops with the test.
 set -uo pipefail
 
 export TOWERPS_BIN_DIR="$PWD"
@@ -144,6 +145,19 @@ if [ "$rc" -eq 0 ] && grep -q "skipped: .*shard-0-of-2.*CRC" "$TOWERPS_LOG_DIR/w
 else
   fail "corrupt checkpoint: rc=$rc $out $(grep skipped "$TOWERPS_LOG_DIR/worker0.log")"
 fi
+
+echo "== worker --print_job_spec needs no cluster flags and prints the deploy/jobs files"
+for f in deploy/jobs/*.json; do
+  name=$(basename "$f" .json)
+  extra=()
+  [ "$name" = resnet_cifar ] && extra=(--data_dir=/path/to/cifar-10-batches-bin)
+  out=$(env -u TF_CONFIG "$PWD/worker/worker" --model="$name" "${extra[@]}" --print_job_spec 2>&1); rc=$?
+  if [ "$rc" -eq 0 ] && python3 -c 'import json,sys; sys.exit(json.loads(sys.argv[1]) != json.load(open(sys.argv[2])))' "$out" "$f"; then
+    pass "print_job_spec --model=$name equals $f"
+  else
+    fail "print_job_spec --model=$name: exit $rc, differs from $f: $(head -3 <<<"$out")"
+  fi
+done
 
 echo "== every deploy/jobs file runs, in a short form"
 # Each file as it ships (the built-in model), shortened in a copy to a few
