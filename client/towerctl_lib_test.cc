@@ -637,6 +637,12 @@ TEST_F(TowerctlTest, SubmitRejectionsExit2) {
   EXPECT_EQ(parse.code, 2);
   EXPECT_TRUE(Contains(parse.err, "bad.json")) << parse.err;
   EXPECT_TRUE(Contains(parse.err, "modle")) << parse.err;
+  const std::string empty = WriteFile("empty.json", " \n");
+  Result blank = Run({"submit", empty});
+  EXPECT_EQ(blank.code, 2);
+  EXPECT_TRUE(absl::StartsWith(
+      blank.err, absl::StrCat("towerctl: bad job spec: job spec file \"", empty, "\" is empty\n")))
+      << blank.err;
   EXPECT_TRUE(service_.submitted().empty());
 
   // The chief's InvalidArgument and AlreadyExists: its message names the field.

@@ -18,4 +18,10 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromCommandLine(const std::string& role) 
                             absl::GetFlag(FLAGS_task_index), tf_config ? tf_config : "");
 }
 
+bool ClusterFlagsGiven() {
+  return !absl::GetFlag(FLAGS_ps_hosts).empty() || !absl::GetFlag(FLAGS_worker_hosts).empty() ||
+         !absl::GetFlag(FLAGS_job_name).empty() || absl::GetFlag(FLAGS_task_index) != 0 ||
+         std::getenv("TF_CONFIG") != nullptr;
+}
+
 }  // namespace towerps::common

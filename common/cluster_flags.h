@@ -17,6 +17,11 @@ namespace towerps::common {
 // than `role`.
 absl::StatusOr<ClusterSpec> ClusterSpecFromCommandLine(const std::string& role);
 
+// Whether any cluster flag (--ps_hosts, --worker_hosts, --job_name,
+// --task_index other than 0) or TF_CONFIG is set: a command that can run
+// without a cluster (worker --print_job_spec) resolves one only then.
+bool ClusterFlagsGiven();
+
 }  // namespace towerps::common
 
 #endif  // TOWERPS_COMMON_CLUSTER_FLAGS_H_

@@ -11,6 +11,8 @@
 namespace towerps::worker {
 namespace {
 
+constexpr char kWhitespace[] = " \t\r\n\f\v";
+
 void SetImage(v1::ModelSpec* m, int channels, int height, int width) {
   m->set_input_dim(channels * height * width);
   m->mutable_input_shape()->set_channels(channels);
@@ -201,7 +203,8 @@ absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name) {
 
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
   v1::JobSpec job;
-  const size_t first = text.find_first_not_of(" \t\r\n");
+  const size_t first = text.find_first_not_of(kWhitespace);
+  if (first == std::string::npos) return absl::InvalidArgumentError("job spec is empty");
   if (first != std::string::npos && text[first] == '{') {
     auto st = google::protobuf::util::JsonStringToMessage(text, &job);
     if (!st.ok()) {
@@ -230,6 +233,9 @@ absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
   if (!in) return absl::NotFoundError(absl::StrCat("job spec file \"", path, "\" not found"));
   std::stringstream ss;
   ss << in.rdbuf();
+  if (ss.str().find_first_not_of(kWhitespace) == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec file \"", path, "\" is empty"));
+  }
   auto job = ParseJobSpec(ss.str());
   if (!job.ok()) {
     return absl::Status(job.status().code(),
@@ -263,6 +269,13 @@ v1::JobSpec JobWithDefaults(const v1::JobSpec& in) {
   if (j.peer_timeout_s() == 0) j.set_peer_timeout_s(kDefaultPeerTimeoutS);
   if (j.checkpoint().keep() == 0) j.mutable_checkpoint()->set_keep(3);
   return j;
+}
+
+v1::JobSpec JobForSubmitFile(const v1::JobSpec& job, bool keep_job_id) {
+  v1::JobSpec out = JobWithDefaults(job);
+  if (out.model().name() == out.job_id()) out.mutable_model()->clear_name();
+  if (!keep_job_id) out.clear_job_id();
+  return out;
 }
 
 absl::Status ValidateJob(const v1::JobSpec& j, int num_workers) {

@@ -31,8 +31,13 @@ namespace towerps::worker {
 absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name);
 
 // Parses a JobSpec from JSON (if the text starts with '{') or text format.
-// InvalidArgument names the problem.
+// InvalidArgument names the problem; empty or whitespace-only text is
+// refused as "job spec is empty" (text format would read it as a spec with
+// no field set, refused much later for a missing model width).
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text);
+// ParseJobSpec on a file's contents. NotFound if it cannot be opened;
+// InvalidArgument naming the file otherwise (an empty file: `job spec file
+// "PATH" is empty`).
 absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path);
 
 // JobSpec.peer_timeout_s when the spec leaves it 0.
@@ -41,9 +46,18 @@ constexpr double kDefaultPeerTimeoutS = 60;
 // Fills every zero field with its documented default.
 v1::JobSpec JobWithDefaults(const v1::JobSpec& job);
 
+// The job as a file for `towerctl submit` (what `worker --print_job_spec`
+// prints): JobWithDefaults(job), without its job id unless `keep_job_id`
+// (the chief assigns one), and without a model name that only repeated the
+// id (the chief names the model after the id it assigns).
+v1::JobSpec JobForSubmitFile(const v1::JobSpec& job, bool keep_job_id);
+
 // Checks the fields the worker owns (batch size, epochs, mode, data source).
 // The model is checked by Model::Create, the optimizer by the servers.
+// `num_workers` bounds replicas_to_aggregate; kAnyWorkerCount when the
+// cluster is not known (printing a job).
 absl::Status ValidateJob(const v1::JobSpec& job, int num_workers);
+constexpr int kAnyWorkerCount = 1 << 30;
 
 }  // namespace towerps::worker
 

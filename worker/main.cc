@@ -140,6 +140,31 @@ absl::Status ApplyOverrides(JobSpec* job) {
   return absl::OkStatus();
 }
 
+// --print_job_spec: the job as the job flags describe it, as JSON for
+// `towerctl submit`. The cluster flags are not needed; when they (or
+// TF_CONFIG) are given, replicas_to_aggregate is checked against their
+// workers. The chief assigns an id unless --job_id named one.
+int PrintJobSpec(const JobSpec& job) {
+  int num_workers = towerps::worker::kAnyWorkerCount;
+  if (towerps::common::ClusterFlagsGiven()) {
+    auto spec = towerps::common::ClusterSpecFromCommandLine("worker");
+    if (!spec.ok()) return Fail("invalid cluster spec", spec.status(), 2);
+    num_workers = static_cast<int>(spec->worker.size());
+  }
+  if (auto s = towerps::worker::ValidateJob(job, num_workers); !s.ok()) return Fail("job spec", s, 2);
+  const JobSpec out =
+      towerps::worker::JobForSubmitFile(job, /*keep_job_id=*/!absl::GetFlag(FLAGS_job_id).empty());
+  std::string json;
+  google::protobuf::util::JsonPrintOptions o;
+  o.add_whitespace = true;
+  o.preserve_proto_field_names = true;
+  if (auto s = google::protobuf::util::MessageToJsonString(out, &json, o); !s.ok()) {
+    return Fail("print_job_spec", absl::InternalError(s.ToString()), 1);
+  }
+  std::cout << json;
+  return 0;
+}
+
 // Service mode: serve WorkerService (and, on the chief, JobService) until
 // SIGINT or SIGTERM.
 int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::WorkerEnv& env) {
@@ -190,31 +215,18 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("towerps worker. Example:\n  worker --ps_hosts=h1:2222 "
                                "--worker_hosts=h2:2222 --job_name=worker --task_index=0 --model=mlp");
   absl::ParseCommandLine(argc, argv);
-  auto spec = towerps::common::ClusterSpecFromCommandLine("worker");
-  if (!spec.ok()) return Fail("invalid cluster spec", spec.status(), 2);
-
   absl::StatusOr<JobSpec> job = absl::GetFlag(FLAGS_job_spec).empty()
                                     ? towerps::worker::BuiltinJob(absl::GetFlag(FLAGS_model))
                                     : towerps::worker::ReadJobSpecFile(absl::GetFlag(FLAGS_job_spec));
   if (!job.ok()) return Fail("job spec", job.status(), 2);
   if (auto s = ApplyOverrides(&*job); !s.ok()) return Fail("flags", s, 2);
   *job = towerps::worker::JobWithDefaults(*job);
+  if (absl::GetFlag(FLAGS_print_job_spec)) return PrintJobSpec(*job);
+
+  auto spec = towerps::common::ClusterSpecFromCommandLine("worker");
+  if (!spec.ok()) return Fail("invalid cluster spec", spec.status(), 2);
   const int num_workers = static_cast<int>(spec->worker.size());
   if (auto s = towerps::worker::ValidateJob(*job, num_workers); !s.ok()) return Fail("job spec", s, 2);
-  if (absl::GetFlag(FLAGS_print_job_spec)) {
-    // The job as these flags describe it, for `towerctl submit`. The chief
-    // assigns an id unless the flags named one.
-    JobSpec out = *job;
-    if (absl::GetFlag(FLAGS_job_id).empty()) out.clear_job_id();
-    if (out.model().name() == job->job_id()) out.mutable_model()->clear_name();
-    std::string json;
-    google::protobuf::util::JsonPrintOptions o;
-    o.add_whitespace = true;
-    o.preserve_proto_field_names = true;
-    if (!google::protobuf::util::MessageToJsonString(out, &json, o).ok()) return 1;
-    std::cout << json;
-    return 0;
-  }
 
   // Devices: the physical ones, split as asked. CUDA has already applied
   // CUDA_VISIBLE_DEVICES to what it reports, so it is not passed again here.
