@@ -30,8 +30,8 @@ constexpr int64_t kDefaultChunkBytes = 1 << 20;
 // Every server also serves grpc.health.v1.Health (gRPC's default health
 // service) and server reflection. Health reports the overall status ("") and
 // each name in `health_names` (full service names, such as
-// "towerps.v1.ParameterService"); any other name is SERVICE_UNKNOWN. Their
-// lifecycle:
+// "towerps.v1.ParameterService"); Check answers any other name with
+// NOT_FOUND, which health clients print as SERVICE_UNKNOWN. Their lifecycle:
 //
 //   StartServer --> NOT_SERVING --SetServing--> SERVING --BeginDraining--> NOT_SERVING
 //                        |                                                 (final)
