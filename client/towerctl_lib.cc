@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/health_check.h"
 #include "client/job_event_printer.h"
 #include "client/safetensors_writer.h"
 #include "client/text_table.h"
@@ -58,6 +59,13 @@ Commands:
   export JOB OUT               Write the weights of the job's latest checkpoint
                                (the final ones once it ended) to the file OUT in
                                the safetensors format (see below).
+  health HOST:PORT [--service=NAME]
+                               Ask any ps or worker (no --chief needed) through
+                               grpc.health.v1 whether it serves: prints SERVING,
+                               NOT_SERVING (starting or shutting down) or
+                               SERVICE_UNKNOWN; exit 0 only for SERVING. NAME:
+                               towerps.v1.ParameterService, WorkerService or
+                               JobService. Default: the whole process.
   help                         This text.
 
 Global options (anywhere on the line; also as --name VALUE):
@@ -69,12 +77,14 @@ Global options (anywhere on the line; also as --name VALUE):
                         60 x N.
 
 Exit codes:
-  0  success; a followed job SUCCEEDED
+  0  success; a followed job SUCCEEDED; health: SERVING
   1  a followed job FAILED or was CANCELLED; an error from the chief (for
-     example a job that does not exist); a bad export stream
+     example a job that does not exist); a bad export stream; health: not
+     SERVING
   2  usage error: unknown command or flag, missing argument, unreadable or
      invalid job spec (also a spec the chief rejects, or a job id in use)
-  3  the chief cannot be reached (unavailable, or no answer before the deadline)
+  3  the chief (health: the address) cannot be reached (unavailable, or no
+     answer before the deadline)
 
 Export format (safetensors, https://github.com/huggingface/safetensors):
   8 bytes     N, the header size, little-endian unsigned 64-bit
@@ -689,6 +699,45 @@ bool Positional(const TowerctlEnv& env, const std::string& command,
   return true;
 }
 
+// `health HOST:PORT [--service=NAME]`: talks to any process, not the chief.
+int Health(const TowerctlEnv& env, const Options& opts, const std::vector<std::string>& args) {
+  std::string service;
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string error;
+    if (TakeGlobalOption(args, &i, "service", &service, &error)) {
+      if (!error.empty()) return UsageError(env, "health: " + error);
+      continue;
+    }
+    positional.push_back(args[i]);
+  }
+  int code = kExitOk;
+  if (!Positional(env, "health", positional, {"HOST:PORT"}, &code)) return code;
+  const std::string& address = positional[0];
+  absl::StatusOr<ServingState> state =
+      CheckHealth(address, service, absl::Seconds(opts.timeout_s));
+  if (!state.ok()) {
+    if (absl::IsUnavailable(state.status()) || absl::IsDeadlineExceeded(state.status())) {
+      env.err << "towerctl: cannot reach " << address << ": "
+              << (absl::IsDeadlineExceeded(state.status())
+                      ? absl::StrFormat("no answer within %gs", opts.timeout_s)
+                      : std::string(state.status().message()))
+              << "\n";
+      return kExitUnreachable;
+    }
+    env.err << "towerctl: health of " << address << ": "
+            << absl::StatusCodeToString(state.status().code()) << ": " << state.status().message()
+            << "\n";
+    return kExitFailed;
+  }
+  if (opts.json) {
+    env.out << "{\"status\": \"" << ServingStateName(*state) << "\"}\n";
+  } else {
+    env.out << ServingStateName(*state) << "\n";
+  }
+  return *state == ServingState::kServing ? kExitOk : kExitFailed;
+}
+
 }  // namespace
 
 JobServiceStubFactory DefaultJobServiceStubFactory() {
@@ -731,12 +780,12 @@ int RunTowerctl(const std::vector<std::string>& args, const TowerctlEnv& env) {
   if (absl::StartsWith(command, "-")) {
     return UsageError(env, absl::StrCat("unknown flag ", command));
   }
-  static const char* const kCommands[] = {"submit", "list",    "status", "logs",
-                                          "cancel", "cluster", "export"};
+  static const char* const kCommands[] = {"submit",  "list",   "status", "logs",
+                                          "cancel",  "cluster", "export", "health"};
   if (std::find(std::begin(kCommands), std::end(kCommands), command) == std::end(kCommands)) {
     return UsageError(env, absl::StrCat("unknown command \"", command,
                                         "\" (commands: submit, list, status, logs, cancel, "
-                                        "cluster, export, help)"));
+                                        "cluster, export, health, help)"));
   }
   if (output == "json") {
     opts.json = true;
@@ -747,6 +796,7 @@ int RunTowerctl(const std::vector<std::string>& args, const TowerctlEnv& env) {
     return UsageError(env, absl::StrCat("--timeout_s must be a positive number of seconds, not \"",
                                         timeout, "\""));
   }
+  if (command == "health") return Health(env, opts, rest);
   opts.chief = !chief_flag.empty() ? chief_flag : env.chief_from_env;
   if (opts.chief.empty()) {
     return UsageError(env, "no chief address: pass --chief=HOST:PORT or set TOWERCTL_CHIEF");

@@ -446,6 +446,56 @@ TEST_F(TowerctlTest, UnreachableChiefExits3) {
   }
 }
 
+// `health` talks to the address it is given (no --chief needed); the fake
+// chief's server has gRPC's default health service, NOT_SERVING until
+// SetServing.
+TEST_F(TowerctlTest, HealthPrintsTheStateAndExits0OnlyWhenServing) {
+  Result r = RunRaw({"health", chief_});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.out, "NOT_SERVING\n");
+
+  common::SetServing(*server_);
+  r = RunRaw({"health", chief_});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "SERVING\n");
+  r = RunRaw({"--output=json", "health", chief_});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "{\"status\": \"SERVING\"}\n");
+
+  r = RunRaw({"health", "--service=towerps.v1.NoSuchService", chief_});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.out, "SERVICE_UNKNOWN\n");
+
+  common::BeginDraining(*server_);
+  r = RunRaw({"health", chief_, "--service", ""});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.out, "NOT_SERVING\n");
+}
+
+TEST_F(TowerctlTest, HealthUsageErrorsExit2AndUnreachableExits3) {
+  Result r = RunRaw({"health"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(Contains(r.err, "health: missing HOST:PORT")) << r.err;
+  r = RunRaw({"health", chief_, "extra"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(Contains(r.err, "unexpected argument \"extra\"")) << r.err;
+
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  const std::string dead = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  r = RunRaw({"--timeout_s=1", "health", dead});
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(Contains(r.err, "towerctl: cannot reach " + dead + ": ")) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
 TEST_F(TowerctlTest, UnknownJobExits1) {
   for (const char* cmd : {"status", "cancel", "logs"}) {
     Result r = Run({cmd, "nope"});

@@ -12,6 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -67,11 +69,24 @@ std::string WhyCannotBind(const std::string& address) {
   return why;
 }
 
+// Both settings are process-wide and not thread-safe in gRPC; a function
+// static makes the first StartServer set them once, before any builder reads
+// them.
+void EnableHealthAndReflectionOnce() {
+  static const bool enabled = [] {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    return true;
+  }();
+  (void)enabled;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    int* bound_port) {
+    int* bound_port, const std::vector<std::string>& health_names) {
+  EnableHealthAndReflectionOnce();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
@@ -88,8 +103,23 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
     if (why.empty()) why = "gRPC refused the address (see its log above)";
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", why));
   }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  if (health != nullptr) {
+    for (const std::string& name : health_names) health->SetServingStatus(name, false);
+    health->SetServingStatus("", false);
+  }
   if (bound_port) *bound_port = port;
   return server;
+}
+
+void SetServing(grpc::Server& server) {
+  // The bool overload applies to every registered name, "" included.
+  if (auto* health = server.GetHealthCheckService()) health->SetServingStatus(true);
+}
+
+void BeginDraining(grpc::Server& server) {
+  // Shutdown() marks every name NOT_SERVING and ignores later changes.
+  if (auto* health = server.GetHealthCheckService()) health->Shutdown();
 }
 
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {

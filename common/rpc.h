@@ -1,5 +1,6 @@
 // gRPC plumbing shared by servers and clients: message-size limits, server
-// start-up on a chosen (or ephemeral) port, and allocator tuning.
+// start-up on a chosen (or ephemeral) port, health reporting, and allocator
+// tuning.
 //
 // Thread-safe.
 #ifndef TOWERPS_COMMON_RPC_H_
@@ -25,9 +26,33 @@ constexpr int64_t kDefaultChunkBytes = 1 << 20;
 // Starts a server on `address` ("host:port"; port 0 picks a free one) with the
 // given services (not owned; they must outlive the server). *bound_port gets
 // the port actually bound. Unavailable if the address cannot be bound.
+//
+// Every server also serves grpc.health.v1.Health (gRPC's default health
+// service) and server reflection. Health reports the overall status ("") and
+// each name in `health_names` (full service names, such as
+// "towerps.v1.ParameterService"); Check answers any other name with
+// NOT_FOUND, which health clients print as SERVICE_UNKNOWN. Their lifecycle:
+//
+//   StartServer --> NOT_SERVING --SetServing--> SERVING --BeginDraining--> NOT_SERVING
+//                        |                                                 (final)
+//                        +---------------------BeginDraining-------------------^
+//
+// (gRPC starts its health service as SERVING; StartServer turns it to
+// NOT_SERVING before returning, so a check in the first microseconds after
+// the port opens may still read SERVING.)
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    int* bound_port);
+    int* bound_port, const std::vector<std::string>& health_names = {});
+
+// Reports the overall status and every name given to StartServer as
+// SERVING: call once the process can take calls. No effect after
+// BeginDraining.
+void SetServing(grpc::Server& server);
+
+// Reports NOT_SERVING for all of them, for good: call when shutdown begins,
+// before grpc::Server::Shutdown, so that load balancers and probes stop
+// sending calls.
+void BeginDraining(grpc::Server& server);
 
 // An insecure channel with our message-size limits.
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address);

@@ -3,6 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "grpcpp/client_context.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace towerps::common {
@@ -50,6 +52,47 @@ TEST(StartServerTest, MalformedAddressNamesTheProblem) {
   ASSERT_FALSE(server.ok());
   EXPECT_THAT(server.status().message(), HasSubstr("127.0.0.1:notaport"));
   EXPECT_THAT(server.status().message(), HasSubstr("invalid port"));
+}
+
+// Asks the server's grpc.health.v1.Health about `service`; NOT_FOUND (an
+// unknown name) reads as SERVICE_UNKNOWN.
+grpc::health::v1::HealthCheckResponse::ServingStatus Check(int port, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(NewChannel(absl::StrCat("127.0.0.1:", port)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&ctx, request, &response);
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    return grpc::health::v1::HealthCheckResponse::SERVICE_UNKNOWN;
+  }
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response.status();
+}
+
+TEST(HealthTest, NotServingUntilReadyThenServingThenNotServingWhenDraining) {
+  using Response = grpc::health::v1::HealthCheckResponse;
+  const std::string name = v1::ParameterService::service_full_name();
+  EmptyService service;
+  int port = 0;
+  auto server = StartServer("127.0.0.1:0", {&service}, &port, {name});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(Check(port, ""), Response::NOT_SERVING);
+  EXPECT_EQ(Check(port, name), Response::NOT_SERVING);
+  EXPECT_EQ(Check(port, "no.such.Service"), Response::SERVICE_UNKNOWN);
+
+  SetServing(**server);
+  EXPECT_EQ(Check(port, ""), Response::SERVING);
+  EXPECT_EQ(Check(port, name), Response::SERVING);
+  EXPECT_EQ(Check(port, "no.such.Service"), Response::SERVICE_UNKNOWN);
+
+  BeginDraining(**server);
+  EXPECT_EQ(Check(port, ""), Response::NOT_SERVING);
+  EXPECT_EQ(Check(port, name), Response::NOT_SERVING);
+  SetServing(**server);  // too late: draining is final
+  EXPECT_EQ(Check(port, ""), Response::NOT_SERVING);
+  (*server)->Shutdown();
 }
 
 }  // namespace

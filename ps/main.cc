@@ -11,6 +11,7 @@
 #include "common/cluster_flags.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "proto/ps.grpc.pb.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_service.h"
 
@@ -51,16 +52,20 @@ int main(int argc, char** argv) {
   std::string address = absl::GetFlag(FLAGS_bind_address);
   if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());
   int port = 0;
-  auto server = towerps::common::StartServer(address, {&service}, &port);
+  auto server = towerps::common::StartServer(
+      address, {&service}, &port, {towerps::v1::ParameterService::service_full_name()});
   if (!server.ok()) {
     std::cerr << "ps: " << server.status().message() << "\n";
     return 1;
   }
+  // Nothing to load: a listening ps can take calls (grpc.health.v1 SERVING).
+  towerps::common::SetServing(**server);
   TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
              << address << " (port " << port << ")";
   int sig = 0;
   sigwait(&stop, &sig);
   TLOG(INFO) << "ps " << spec->task_index << ": signal " << sig << ", shutting down";
+  towerps::common::BeginDraining(**server);  // health: NOT_SERVING before the port closes
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   return 0;
 }

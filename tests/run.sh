@@ -5,9 +5,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup.sh || exit 1
 . tests/tb_venv.sh
+. tests/health_venv.sh
 log=$(mktemp)
 bazel test --test_output=errors --test_summary=short --test_tag_filters=-gpu \
-  --test_env=TOWERPS_TB_PYTHON="$TB_PYTHON" //... "$@" 2>&1 | tee "$log"
+  --test_env=TOWERPS_TB_PYTHON="$TB_PYTHON" --test_env=TOWERPS_HEALTH_PYTHON="$HEALTH_PYTHON" \
+  //... "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$log")

@@ -57,6 +57,8 @@ def _system_libs_impl(ctx):
     # Its threads are OpenMP (libgomp), whose API worker/device/cpu_threads
     # calls to size oneDNN's teams.
     build.append('cc_library(name = "dnnl", linkopts = ["-ldnnl", "-lgomp"])')
+    # gRPC's server reflection (Debian ships no pkg-config file for it).
+    build.append('cc_library(name = "grpcpp_reflection", linkopts = ["-lgrpc++_reflection"], deps = [":grpcpp"])')
     build.append('cc_library(name = "gtest", linkopts = ["-lgmock", "-lgtest", "-pthread"])')
     build.append('cc_library(name = "gtest_main", linkopts = ["-lgmock", "-lgtest_main", "-lgtest", "-pthread"])')
     ctx.symlink(_which(ctx, "protoc"), "protoc")

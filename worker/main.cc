@@ -24,6 +24,8 @@
 #include "common/rpc.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job.pb.h"
+#include "proto/job_service.grpc.pb.h"
+#include "proto/worker.grpc.pb.h"
 #include "worker/chief/job_manager.h"
 #include "worker/chief/job_service.h"
 #include "worker/device/backend.h"
@@ -194,8 +196,13 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
   std::string address = absl::GetFlag(FLAGS_bind_address);
   if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec.self_address());
   int port = 0;
-  auto server = towerps::common::StartServer(address, services, &port);
+  std::vector<std::string> health_names = {towerps::v1::WorkerService::service_full_name()};
+  if (job_service != nullptr) health_names.push_back(towerps::v1::JobService::service_full_name());
+  auto server = towerps::common::StartServer(address, services, &port, health_names);
   if (!server.ok()) return Fail("serve", server.status(), 1);
+  // The runtime takes calls as soon as it exists, and the chief's job store
+  // was loaded by manager->Start() above: ready (grpc.health.v1 SERVING).
+  towerps::common::SetServing(**server);
   TLOG(INFO) << spec.TaskName() << " serving on " << address << " (port " << port << ")"
              << (spec.is_chief() ? absl::StrCat("; chief: JobService up, state in ",
                                                 absl::GetFlag(FLAGS_state_dir))
@@ -203,6 +210,7 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
   int sig = 0;
   sigwait(&stop, &sig);
   TLOG(INFO) << spec.TaskName() << ": signal " << sig << ", shutting down";
+  towerps::common::BeginDraining(**server);  // health: NOT_SERVING before the port closes
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   manager.reset();  // stops the running job; its record stays RUNNING for a restart
   return 0;
