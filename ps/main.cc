@@ -1,7 +1,5 @@
 // The parameter-server binary: parses flags, serves ParameterService until
 // SIGINT or SIGTERM.
-#include <signal.h>
-
 #include <cstdlib>
 #include <iostream>
 
@@ -11,6 +9,7 @@
 #include "common/cluster_flags.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/shutdown_signal.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_service.h"
@@ -22,8 +21,18 @@ ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
 ABSL_FLAG(double, max_pull_wait_s, 30, "Longest a pull waits server-side.");
 ABSL_FLAG(double, wait_log_interval_s, 5,
           "A sync step open this long logs which workers it waits for.");
+ABSL_FLAG(double, drain_s, 0,
+          "After SIGTERM/SIGINT: seconds to report NOT_SERVING with the port still open "
+          "(for load balancers and readiness probes) before shutting the server down.");
 
 int main(int argc, char** argv) {
+  // First: a real handler, so that SIGTERM/SIGINT landing on any thread
+  // (OpenBLAS's start before main) is caught, never the default action.
+  auto stop = towerps::common::ShutdownSignal::Install();
+  if (!stop.ok()) {
+    std::cerr << "ps: " << stop.status().message() << "\n";
+    return 1;
+  }
   towerps::common::TuneAllocatorForLargeMessages();
   absl::SetProgramUsageMessage("towerps parameter server. Example:\n  ps --ps_hosts=h1:2222 "
                                "--worker_hosts=h2:2222 --job_name=ps --task_index=0");
@@ -37,13 +46,6 @@ int main(int argc, char** argv) {
     std::cerr << "ps: --chunk_bytes must be at least 4096\n";
     return 2;
   }
-  // Block the stop signals before gRPC starts threads, then wait for them here.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-
   towerps::ps::ParameterServer ps(
       {.task_index = spec->task_index,
        .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),
@@ -62,10 +64,12 @@ int main(int argc, char** argv) {
   towerps::common::SetServing(**server);
   TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
              << address << " (port " << port << ")";
-  int sig = 0;
-  sigwait(&stop, &sig);
-  TLOG(INFO) << "ps " << spec->task_index << ": signal " << sig << ", shutting down";
+  const int sig = (*stop)->Wait();  // later signals are ignored
+  const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_s));
+  TLOG(INFO) << "ps " << spec->task_index << ": signal " << sig << ", shutting down (drain "
+             << drain << ")";
   towerps::common::BeginDraining(**server);  // health: NOT_SERVING before the port closes
+  absl::SleepFor(drain);                     // the port stays open while probes see it
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   return 0;
 }

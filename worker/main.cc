@@ -4,8 +4,6 @@
 //     final: test_accuracy=<x> test_loss=<y> steps=<n> wall_s=<t>
 // - --serve: a long-running worker that runs the jobs the chief sends; the
 //   chief also serves JobService (towerctl's server) with its queue of jobs.
-#include <signal.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -22,6 +20,7 @@
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/shutdown_signal.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.grpc.pb.h"
@@ -88,6 +87,9 @@ ABSL_FLAG(bool, print_job_spec, false,
 ABSL_FLAG(bool, serve, false,
           "Run as a service: wait for jobs from the chief (submitted with towerctl) instead of "
           "training the job given by flags. The chief (worker 0) also serves JobService.");
+ABSL_FLAG(double, drain_s, 0,
+          "--serve, after SIGTERM/SIGINT: seconds to report NOT_SERVING with the port still open "
+          "(for load balancers and readiness probes) before shutting the server down.");
 ABSL_FLAG(std::string, state_dir, "towerps_state",
           "Chief with --serve: job records, events, and default checkpoint and TensorBoard dirs.");
 ABSL_FLAG(std::string, bind_address, "",
@@ -169,13 +171,8 @@ int PrintJobSpec(const JobSpec& job) {
 
 // Service mode: serve WorkerService (and, on the chief, JobService) until
 // SIGINT or SIGTERM.
-int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::WorkerEnv& env) {
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-
+int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::WorkerEnv& env,
+          towerps::common::ShutdownSignal& stop) {
   towerps::worker::WorkerRuntime runtime(env);
   towerps::worker::WorkerServiceImpl worker_service(runtime);
   std::vector<grpc::Service*> services = {&worker_service};
@@ -207,10 +204,12 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
              << (spec.is_chief() ? absl::StrCat("; chief: JobService up, state in ",
                                                 absl::GetFlag(FLAGS_state_dir))
                                  : std::string());
-  int sig = 0;
-  sigwait(&stop, &sig);
-  TLOG(INFO) << spec.TaskName() << ": signal " << sig << ", shutting down";
+  const int sig = stop.Wait();  // later signals are ignored
+  const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_s));
+  TLOG(INFO) << spec.TaskName() << ": signal " << sig << ", shutting down (drain " << drain
+             << ")";
   towerps::common::BeginDraining(**server);  // health: NOT_SERVING before the port closes
+  absl::SleepFor(drain);                     // the port stays open while probes see it
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   manager.reset();  // stops the running job; its record stays RUNNING for a restart
   return 0;
@@ -223,6 +222,15 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("towerps worker. Example:\n  worker --ps_hosts=h1:2222 "
                                "--worker_hosts=h2:2222 --job_name=worker --task_index=0 --model=mlp");
   absl::ParseCommandLine(argc, argv);
+  // --serve: a real handler before anything else starts, so that SIGTERM/SIGINT
+  // landing on any thread (OpenBLAS's start before main) is caught, never the
+  // default action. A one-job run keeps the default action: nothing waits.
+  std::unique_ptr<towerps::common::ShutdownSignal> stop;
+  if (absl::GetFlag(FLAGS_serve)) {
+    auto installed = towerps::common::ShutdownSignal::Install();
+    if (!installed.ok()) return Fail("serve", installed.status(), 1);
+    stop = std::move(*installed);
+  }
   absl::StatusOr<JobSpec> job = absl::GetFlag(FLAGS_job_spec).empty()
                                     ? towerps::worker::BuiltinJob(absl::GetFlag(FLAGS_model))
                                     : towerps::worker::ReadJobSpecFile(absl::GetFlag(FLAGS_job_spec));
@@ -265,7 +273,7 @@ int main(int argc, char** argv) {
 
   if (absl::GetFlag(FLAGS_serve)) {
     TLOG(INFO) << spec->TaskName() << ": " << towerps::worker::DescribeGpus(towerps::worker::QueryGpus());
-    return Serve(*spec, env);
+    return Serve(*spec, env, *stop);
   }
 
   towerps::worker::JobHooks hooks;
