@@ -2,16 +2,16 @@
 tests/health_test.sh.
 
   health_probe.py check ADDRESS SERVICE WANT TIMEOUT_S
-      Polls Health/Check until it answers WANT (SERVING, NOT_SERVING, or
-      SERVICE_UNKNOWN, which Check gives as the NOT_FOUND code); exit 0, or 1
-      with the last answer once TIMEOUT_S has passed.
-  health_probe.py watch ADDRESS SERVICE READY_FILE TIMEOUT_S
-      Follows Health/Watch. Creates READY_FILE once it has seen SERVING, then
+      Follows Health/Watch (waiting for the server to be up) until it reports
+      WANT (SERVING, NOT_SERVING or SERVICE_UNKNOWN); exit 0, or 1 with the
+      last answer once TIMEOUT_S has passed.
+  health_probe.py watch ADDRESS SERVICE READY_FIFO TIMEOUT_S
+      Follows Health/Watch. Writes a line to READY_FIFO once it has seen
+      SERVING, then
       waits for the server to drain: exit 0 when it sees NOT_SERVING or the
       stream ends (the server shut down), printing which; 1 on timeout.
 """
 import sys
-import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -20,24 +20,23 @@ Status = health_pb2.HealthCheckResponse
 
 
 def check(address, service, want, timeout_s):
-    deadline = time.monotonic() + timeout_s
+    # Health/Watch pushes every status change, and wait_for_ready waits for
+    # the server to come up: no polling; the deadline is the call's timeout.
     last = "no answer yet"
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+        stream = stub.Watch(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s,
+                            wait_for_ready=True)
+        try:
+            for reply in stream:
                 last = Status.ServingStatus.Name(reply.status)
-            except grpc.RpcError as e:
-                last = "SERVICE_UNKNOWN" if e.code() == grpc.StatusCode.NOT_FOUND else str(e.code())
-            if last == want:
-                print(f"{address} {service or '(overall)'}: {last}")
-                return 0
-            if time.monotonic() > deadline:
-                print(f"{address} {service or '(overall)'}: want {want} within {timeout_s}s, "
-                      f"last answer {last}")
-                return 1
-            time.sleep(0.1)
+                if last == want:
+                    print(f"{address} {service or '(overall)'}: {last}")
+                    return 0
+        except grpc.RpcError as e:
+            last = f"{last}, then {e.code()}"
+    print(f"{address} {service or '(overall)'}: want {want} within {timeout_s}s, last answer {last}")
+    return 1
 
 
 def watch(address, service, ready_file, timeout_s):
@@ -50,7 +49,8 @@ def watch(address, service, ready_file, timeout_s):
                 name = Status.ServingStatus.Name(reply.status)
                 print(f"watch {address}: {name}", flush=True)
                 if reply.status == Status.SERVING and not ready:
-                    open(ready_file, "w").close()
+                    with open(ready_file, "w") as ready_fifo:
+                        ready_fifo.write("SERVING\n")
                     ready = True
                 elif reply.status == Status.NOT_SERVING and ready:
                     print("drain observed: NOT_SERVING")

@@ -3,7 +3,7 @@
 # grpcio-health-checking, tests/health_probe.py) and by `towerctl health`:
 # a ps and a worker (the chief, --serve) on 127.0.0.1 report SERVING once up,
 # for the whole process and for each of their services. SIGTERM (issue 14):
-# both run with --drain_s=2, so after the first SIGTERM a Check reads
+# both run with --drain_s=5, so after the first SIGTERM a Check reads
 # NOT_SERVING while the port is still open; more SIGTERMs during the shutdown
 # (as `timeout` and orchestrators send) are ignored and both exit 0. No
 # OPENBLAS_NUM_THREADS=1 here: OpenBLAS's own threads, which start before
@@ -14,7 +14,7 @@
 # grpc_health (tests/run.sh passes it with --test_env), else the venv that
 # tests/health_venv.sh makes once (PyPI on the first run; tagged
 # requires-network). Every process runs under `timeout` and is killed on exit;
-# waits poll with deadlines.
+# waits follow state (Health/Watch streams, a FIFO) with deadlines.
 set -uo pipefail
 
 PS_BIN="${PWD}/ps/ps"
@@ -44,10 +44,10 @@ read -r PS_PORT WK_PORT <<<"$(python3 "$PWD/deploy/free_ports.py" 2 --sep=" ")"
 PS_ADDR="127.0.0.1:$PS_PORT" WK_ADDR="127.0.0.1:$WK_PORT"
 CLUSTER=(--ps_hosts="$PS_ADDR" --worker_hosts="$WK_ADDR")
 
-timeout 120 "$PS_BIN" "${CLUSTER[@]}" --job_name=ps --task_index=0 --drain_s=2 >"$TMP/ps.log" 2>&1 &
+timeout 120 "$PS_BIN" "${CLUSTER[@]}" --job_name=ps --task_index=0 --drain_s=5 >"$TMP/ps.log" 2>&1 &
 PS_PID=$!; PIDS+=($!)
 timeout 120 "$WORKER_BIN" "${CLUSTER[@]}" --job_name=worker --task_index=0 --serve \
-  --drain_s=2 --state_dir="$TMP/state" >"$TMP/worker.log" 2>&1 &
+  --drain_s=5 --state_dir="$TMP/state" >"$TMP/worker.log" 2>&1 &
 WK_PID=$!; PIDS+=($!)
 
 # probe_check NAME ADDRESS SERVICE WANT
@@ -84,35 +84,29 @@ towerctl_expect "towerctl health chief JobService" 0 SERVING -- \
 towerctl_expect "towerctl health ps JobService" 1 SERVICE_UNKNOWN -- \
   health "$PS_ADDR" --service=towerps.v1.JobService
 
-# wait_not_serving NAME ADDRESS: polls `towerctl health` until it answers
-# NOT_SERVING (the process is draining and its port still open).
+# wait_not_serving NAME ADDRESS: the independent client's Watch reports
+# NOT_SERVING (the process is draining), then `towerctl health` must say so
+# too while the port is still open (the drain lasts 5 s).
 wait_not_serving() {
-  local out="" rc=0 deadline=$((SECONDS + 20))
-  while ((SECONDS < deadline)); do
-    out=$(timeout 10 "$TOWERCTL" --timeout_s=2 health "$2" 2>&1); rc=$?
-    if [[ "$rc" -eq 1 ]] && grep -q NOT_SERVING <<<"$out"; then
-      pass "$1: NOT_SERVING with the port open during the drain"
-      return 0
-    fi
-    [[ "$rc" -eq 3 ]] && break  # the port closed: the drain was missed
-    sleep 0.05
-  done
-  fail "$1: no NOT_SERVING during the drain (last: rc $rc, $out)"
+  local out
+  if ! out=$("$PY" "$PROBE" check "$2" "" NOT_SERVING 20 2>&1); then
+    fail "$1: no NOT_SERVING after SIGTERM: $out"
+    return 1
+  fi
+  towerctl_expect "$1: towerctl health during the drain" 1 NOT_SERVING -- health "$2"
 }
 
 echo "== SIGTERM twice to the ps: NOT_SERVING during the drain, more SIGTERMs ignored, exit 0"
 # A Watch stream opened before the signal sees NOT_SERVING (or the end of the
 # stream, if the drain passed before its message came).
+# The watcher writes a line into a FIFO once it has seen SERVING; reading it
+# (with a deadline) waits for exactly that.
 READY="$TMP/watch_ready"
+mkfifo "$READY"
+exec 3<>"$READY"
 timeout 60 "$PY" "$PROBE" watch "$PS_ADDR" "" "$READY" 50 >"$TMP/watch.log" 2>&1 &
 WATCH_PID=$!; PIDS+=($!)
-deadline=$((SECONDS + 30))
-until [[ -f "$READY" ]]; do
-  kill -0 "$WATCH_PID" 2>/dev/null || break
-  ((SECONDS < deadline)) || break
-  sleep 0.1
-done
-[[ -f "$READY" ]] || die "the watcher never saw SERVING: $(cat "$TMP/watch.log")"
+read -r -t 30 -u 3 line || die "the watcher never saw SERVING: $(cat "$TMP/watch.log")"
 kill -TERM "$PS_PID"; kill -TERM "$PS_PID"  # `timeout` passes each SIGTERM on to the ps
 wait_not_serving "ps" "$PS_ADDR"
 # The first signal has been handled (health says so): this one lands while the
@@ -125,7 +119,7 @@ else
 fi
 wait "$PS_PID"; rc=$?
 if [[ "$rc" -eq 0 ]]; then pass "ps exited 0 after repeated SIGTERMs"; else fail "ps exit $rc after repeated SIGTERMs"; fi
-grep -q "shutting down (drain 2s)" "$TMP/ps.log" && pass "ps logged its shutdown" || fail "ps log: $(cat "$TMP/ps.log")"
+grep -q "shutting down (drain 5s)" "$TMP/ps.log" && pass "ps logged its shutdown" || fail "ps log: $(cat "$TMP/ps.log")"
 towerctl_expect "towerctl health on the stopped ps" 3 "cannot reach $PS_ADDR" -- health "$PS_ADDR"
 
 echo "== SIGTERM twice to the worker (chief): the same"
@@ -134,7 +128,7 @@ wait_not_serving "worker" "$WK_ADDR"
 kill -TERM "$WK_PID" 2>/dev/null
 wait "$WK_PID"; rc=$?
 if [[ "$rc" -eq 0 ]]; then pass "worker exited 0 after repeated SIGTERMs"; else fail "worker exit $rc after repeated SIGTERMs"; fi
-grep -q "shutting down (drain 2s)" "$TMP/worker.log" && pass "worker logged its shutdown" || fail "worker log: $(cat "$TMP/worker.log")"
+grep -q "shutting down (drain 5s)" "$TMP/worker.log" && pass "worker logged its shutdown" || fail "worker log: $(cat "$TMP/worker.log")"
 
 if [[ "$FAILS" -ne 0 ]]; then
   echo "--- ps log"; cat "$TMP/ps.log"; echo "--- worker log"; cat "$TMP/worker.log"
