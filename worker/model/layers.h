@@ -92,7 +92,6 @@ class Layer {
     batch_rows_ = batch_rows;
     pass_seed_ = seed;
   }
-  bool training() const { return training_; }
 
   // Shapes of params(), in order (from param_specs()).
   std::vector<std::vector<int64_t>> param_shapes() const;

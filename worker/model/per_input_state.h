@@ -48,8 +48,6 @@ class PerInputState {
     return nullptr;
   }
 
-  size_t size() const { return entries_.size(); }
-
  private:
   struct Entry {
     const float* key = nullptr;
