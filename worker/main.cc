@@ -21,6 +21,7 @@
 #include "common/cluster_flags.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/rpc.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job.pb.h"
@@ -39,6 +40,7 @@
 #include "worker/train/ps_client.h"
 #include "worker/train/towers.h"
 #include "worker/train/trainer.h"
+#include "worker/train/worker_metrics.h"
 #include "worker/train/worker_service.h"
 
 ABSL_FLAG(std::string, model, "mlp",
@@ -92,6 +94,9 @@ ABSL_FLAG(std::string, state_dir, "towerps_state",
           "Chief with --serve: job records, events, and default checkpoint and TensorBoard dirs.");
 ABSL_FLAG(std::string, bind_address, "",
           "With --serve: address to listen on. Default: 0.0.0.0 with this task's port.");
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve Prometheus metrics at http://<bind host>:<port>/metrics (the host of "
+          "--bind_address, else 0.0.0.0). Default 0: off.");
 
 namespace {
 
@@ -261,6 +266,25 @@ int main(int argc, char** argv) {
   env.layout = absl::GetFlag(FLAGS_layout);
   if (!env.layout.empty() && env.layout != "classic") {
     return Fail("flags", absl::InvalidArgumentError("--layout must be \"classic\" or empty"), 2);
+  }
+
+  // Metrics: on the host the gRPC server binds (--serve), with their own port.
+  std::unique_ptr<towerps::common::MetricsServer> metrics_server;
+  std::unique_ptr<towerps::worker::WorkerMetrics> metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) != 0) {
+    std::string address = absl::GetFlag(FLAGS_bind_address);
+    if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());
+    auto m = towerps::common::MetricsServer::Start(
+        towerps::common::MetricsAddress(address, absl::GetFlag(FLAGS_metrics_port)));
+    if (!m.ok()) {
+      std::cerr << "worker: " << m.status().message() << "\n";
+      return 1;
+    }
+    metrics_server = std::move(*m);
+    metrics = std::make_unique<towerps::worker::WorkerMetrics>(
+        metrics_server->registry(), absl::StrCat("worker:", spec->task_index));
+    env.metrics = metrics.get();
+    TLOG(INFO) << spec->TaskName() << ": metrics on port " << metrics_server->port();
   }
 
   if (absl::GetFlag(FLAGS_serve)) {
