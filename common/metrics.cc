@@ -1,11 +1,33 @@
 #include "common/metrics.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <cstddef>
 #include <exception>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "prometheus/exposer.h"
+
+// Debian's civetweb (1.15, under prometheus-cpp's Exposer) starts its threads
+// with a fixed 100 KiB stack (pthread_attr_setstacksize(0x19000)). glibc takes
+// the static TLS of every loaded library out of a requested stack (glibc bug
+// 11787), and the worker's libraries (OpenBLAS, cuBLAS, cuBLASLt) hold more
+// than 100 KiB of it, so pthread_create failed with EINVAL and the worker's
+// Exposer could not start. This definition, exported from the executable
+// (see the linkopts of //common:metrics), interposes on libc's for every
+// caller and raises a request below 1 MiB to 1 MiB (virtual memory, committed
+// as used); larger requests pass unchanged.
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
+  using Fn = int (*)(pthread_attr_t*, size_t);
+  static const Fn real =
+      reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  constexpr size_t kMinThreadStack = size_t{1} << 20;
+  return real(attr, std::max(size, kMinThreadStack));
+}
 
 namespace towerps::common {
 
