@@ -54,6 +54,16 @@ MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer,
 
 MetricsServer::~MetricsServer() = default;
 
+void MetricsServer::Register(const std::weak_ptr<prometheus::Collectable>& collectable) {
+  exposer_->RegisterCollectable(collectable);
+}
+
+// prometheus-cpp's handler collects under the same mutex that
+// RemoveCollectable takes, which gives Remove its guarantee.
+void MetricsServer::Remove(const std::weak_ptr<prometheus::Collectable>& collectable) {
+  exposer_->RemoveCollectable(collectable);
+}
+
 std::string MetricsAddress(const std::string& bind_address, int metrics_port) {
   std::string host = bind_address;
   const size_t colon = bind_address.rfind(':');

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "prometheus/collectable.h"
 #include "prometheus/registry.h"
 
 namespace prometheus {
@@ -35,6 +36,13 @@ class MetricsServer {
   prometheus::Registry& registry() { return *registry_; }
   // The port actually bound.
   int port() const { return port_; }
+
+  // Also serves what `collectable` (computed at each scrape) collects. The
+  // caller keeps it alive; Collect() runs on the HTTP thread.
+  void Register(const std::weak_ptr<prometheus::Collectable>& collectable);
+  // Stops serving it. When this returns, no Collect() call on it is running,
+  // so what it reads may then be destroyed.
+  void Remove(const std::weak_ptr<prometheus::Collectable>& collectable);
 
  private:
   MetricsServer(std::unique_ptr<prometheus::Exposer> exposer,

@@ -146,5 +146,21 @@ else
   fail "worker: taken metrics port: rc=$rc, output: $out"
 fi
 
+echo "== the chief in service mode: towerps_chief_jobs by state"
+read -r P3 W3 M3 <<<"$(python3 "$PWD/deploy/free_ports.py" 3 --sep=" ")"
+timeout 60 "$WORKER_BIN" --ps_hosts=127.0.0.1:$P3 --worker_hosts=127.0.0.1:$W3 --job_name=worker \
+  --task_index=0 --serve --state_dir="$TMP/chief_state" --metrics_port=$M3 >"$TMP/chief.log" 2>&1 &
+CHIEF_PID=$!; PIDS+=($CHIEF_PID)
+WATCH=("$CHIEF_PID")
+has_jobs() { scrape "$M3" "$TMP/chief.txt" 2>/dev/null && grep -q '^towerps_chief_jobs{' "$TMP/chief.txt"; }
+if wait_for 30 has_jobs && grep -qF 'towerps_chief_jobs{task="worker:0",state="QUEUED"} 0' "$TMP/chief.txt" \
+   && out=$(promtool check metrics <"$TMP/chief.txt" 2>&1); then
+  pass "chief: towerps_chief_jobs by state, promtool clean"
+else
+  fail "chief: $(cat "$TMP/chief.txt" 2>/dev/null | grep chief_jobs) ${out:-}"; tail -n 5 "$TMP/chief.log"
+fi
+kill "$CHIEF_PID" 2>/dev/null
+if wait "$CHIEF_PID"; then pass "chief: clean shutdown with metrics"; else fail "chief: exit status $? on SIGTERM"; fi
+
 echo "$PASSES passed, $FAILS failed"
 [ "$FAILS" -eq 0 ]

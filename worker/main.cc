@@ -27,6 +27,7 @@
 #include "proto/job.pb.h"
 #include "proto/job_service.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "worker/chief/chief_metrics.h"
 #include "worker/chief/job_manager.h"
 #include "worker/chief/job_service.h"
 #include "worker/device/backend.h"
@@ -174,7 +175,9 @@ int PrintJobSpec(const JobSpec& job) {
 
 // Service mode: serve WorkerService (and, on the chief, JobService) until
 // SIGINT or SIGTERM.
-int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::WorkerEnv& env) {
+// `metrics_server`: not owned; null without --metrics_port.
+int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::WorkerEnv& env,
+          towerps::common::MetricsServer* metrics_server) {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
@@ -198,6 +201,13 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
     job_service = std::make_unique<towerps::worker::JobServiceImpl>(*manager);
     services.push_back(job_service.get());
   }
+  // The chief's jobs by state, read from the manager at each scrape.
+  std::shared_ptr<towerps::worker::ChiefJobsCollector> jobs_collector;
+  if (manager != nullptr && metrics_server != nullptr) {
+    jobs_collector = std::make_shared<towerps::worker::ChiefJobsCollector>(
+        [m = manager.get()] { return m->List(); }, absl::StrCat("worker:", spec.task_index));
+    metrics_server->Register(jobs_collector);
+  }
   std::string address = absl::GetFlag(FLAGS_bind_address);
   if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec.self_address());
   int port = 0;
@@ -217,6 +227,7 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
   TLOG(INFO) << spec.TaskName() << ": signal " << sig << ", shutting down";
   towerps::common::BeginDraining(**server);  // health: NOT_SERVING before the port closes
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  if (jobs_collector != nullptr) metrics_server->Remove(jobs_collector);  // before the manager goes
   manager.reset();  // stops the running job; its record stays RUNNING for a restart
   return 0;
 }
@@ -289,7 +300,7 @@ int main(int argc, char** argv) {
 
   if (absl::GetFlag(FLAGS_serve)) {
     TLOG(INFO) << spec->TaskName() << ": " << towerps::worker::DescribeGpus(towerps::worker::QueryGpus());
-    return Serve(*spec, env);
+    return Serve(*spec, env, metrics_server.get());
   }
 
   towerps::worker::JobHooks hooks;
