@@ -26,7 +26,8 @@ PsMetrics::PsMetrics(prometheus::Registry& registry, const std::string& task)
                       .Register(registry)),
       rpc_seconds_(prometheus::BuildHistogram()
                        .Name("towerps_ps_rpc_seconds")
-                       .Help("Time in the ParameterService handler, by method.")
+                       .Help("Time in the ParameterService handler, by method (a pull's "
+                             "wait for its step included).")
                        .Labels({{"task", task}})
                        .Register(registry)),
       requests_(prometheus::BuildCounter()

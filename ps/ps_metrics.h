@@ -3,7 +3,7 @@
 //
 //   towerps_ps_push_bytes_total{training_job}   gradient payload received
 //   towerps_ps_pull_bytes_total{training_job}   weight payload sent
-//   towerps_ps_rpc_seconds{method}              handler time (histogram)
+//   towerps_ps_rpc_seconds{method}              handler time, waits included (histogram)
 //   towerps_ps_requests_total{method,code}      finished RPCs by gRPC code name
 //   towerps_ps_global_step{training_job}        the job's step after a push
 //
