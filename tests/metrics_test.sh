@@ -128,7 +128,7 @@ else
   fail "worker lacks towerps_worker_examples_total"
 fi
 
-echo "== a taken metrics port fails at startup, naming it"
+echo "== a taken metrics port (the running ps's and worker's) fails at startup, naming it"
 read -r P2 W2 <<<"$(python3 "$PWD/deploy/free_ports.py" 2 --sep=" ")"
 out=$(timeout 20 "$PS_BIN" --ps_hosts=127.0.0.1:$P2 --worker_hosts=127.0.0.1:$W2 --job_name=ps \
   --task_index=0 --metrics_port=$PS_MPORT 2>&1); rc=$?
@@ -145,6 +145,11 @@ if [ "$rc" -eq 1 ] && grep -qF ":$WK_MPORT" <<<"$out"; then
 else
   fail "worker: taken metrics port: rc=$rc, output: $out"
 fi
+
+# Stop the job, then the ps: SIGTERM still ends a ps cleanly with metrics on.
+kill "$WK_PID" 2>/dev/null; wait "$WK_PID" 2>/dev/null
+kill "$PS_PID" 2>/dev/null
+if wait "$PS_PID"; then pass "ps: clean shutdown with metrics"; else fail "ps: exit status $? on SIGTERM"; fi
 
 echo "== the chief in service mode: towerps_chief_jobs by state"
 read -r P3 W3 M3 <<<"$(python3 "$PWD/deploy/free_ports.py" 3 --sep=" ")"

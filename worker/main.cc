@@ -173,15 +173,22 @@ int PrintJobSpec(const JobSpec& job) {
   return 0;
 }
 
+// SIGINT and SIGTERM, which a serving process blocks in every thread and
+// waits for in Serve().
+sigset_t StopSignals() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  return stop;
+}
+
 // Service mode: serve WorkerService (and, on the chief, JobService) until
 // SIGINT or SIGTERM.
 // `metrics_server`: not owned; null without --metrics_port.
 int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::WorkerEnv& env,
           towerps::common::MetricsServer* metrics_server) {
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
+  sigset_t stop = StopSignals();
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   towerps::worker::WorkerRuntime runtime(env);
@@ -279,6 +286,12 @@ int main(int argc, char** argv) {
     return Fail("flags", absl::InvalidArgumentError("--layout must be \"classic\" or empty"), 2);
   }
 
+  // Serving: block the stop signals before any thread starts (the metrics
+  // server's included), so that Serve()'s sigwait receives them.
+  if (absl::GetFlag(FLAGS_serve)) {
+    const sigset_t stop = StopSignals();
+    pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  }
   // Metrics: on the host the gRPC server binds (--serve), with their own port.
   std::unique_ptr<towerps::common::MetricsServer> metrics_server;
   std::unique_ptr<towerps::worker::WorkerMetrics> metrics;
