@@ -9,6 +9,8 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev
   libopenblas-dev zlib1g-dev
+  prometheus-cpp-dev       # prometheus-cpp 1.0: --metrics_port on every process
+  prometheus               # promtool, which tests/metrics_test checks scrapes with
   libdnnl-dev              # oneDNN 2.6: the CPU convolution and pooling kernels
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
   python3 iproute2 procps

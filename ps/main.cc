@@ -6,12 +6,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "common/cluster_flags.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/shutdown_signal.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/parameter_server.h"
+#include "ps/ps_metrics.h"
 #include "ps/ps_service.h"
 
 ABSL_FLAG(std::string, bind_address, "",
@@ -19,6 +22,8 @@ ABSL_FLAG(std::string, bind_address, "",
 ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
           "Default payload bytes per streamed pull message.");
 ABSL_FLAG(double, max_pull_wait_s, 30, "Longest a pull waits server-side.");
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve Prometheus metrics at http://<bind host>:<port>/metrics. Default 0: off.");
 ABSL_FLAG(double, wait_log_interval_s, 5,
           "A sync step open this long logs which workers it waits for.");
 ABSL_FLAG(double, drain_s, 0,
@@ -50,9 +55,23 @@ int main(int argc, char** argv) {
       {.task_index = spec->task_index,
        .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),
        .wait_log_interval = absl::Seconds(absl::GetFlag(FLAGS_wait_log_interval_s))});
-  towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes));
   std::string address = absl::GetFlag(FLAGS_bind_address);
   if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());
+  std::unique_ptr<towerps::common::MetricsServer> metrics_server;
+  std::unique_ptr<towerps::ps::PsMetrics> metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) != 0) {
+    auto m = towerps::common::MetricsServer::Start(
+        towerps::common::MetricsAddress(address, absl::GetFlag(FLAGS_metrics_port)));
+    if (!m.ok()) {
+      std::cerr << "ps: " << m.status().message() << "\n";
+      return 1;
+    }
+    metrics_server = std::move(*m);
+    metrics = std::make_unique<towerps::ps::PsMetrics>(
+        metrics_server->registry(), absl::StrCat("ps:", spec->task_index));
+    TLOG(INFO) << "ps " << spec->task_index << ": metrics on port " << metrics_server->port();
+  }
+  towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes), metrics.get());
   int port = 0;
   auto server = towerps::common::StartServer(
       address, {&service}, &port, {towerps::v1::ParameterService::service_full_name()});

@@ -13,8 +13,33 @@ namespace towerps::ps {
 using common::ToGrpcStatus;
 
 ParameterServiceImpl::ParameterServiceImpl(ParameterServer& ps,
-                                           int64_t default_chunk_bytes)
-    : ps_(ps), default_chunk_bytes_(default_chunk_bytes) {}
+                                           int64_t default_chunk_bytes, PsMetrics* metrics)
+    : ps_(ps), default_chunk_bytes_(default_chunk_bytes), metrics_(metrics) {}
+
+void ParameterServiceImpl::RecordRpc(const char* method, const grpc::Status& status,
+                                     absl::Time start) {
+  if (metrics_ == nullptr) return;
+  metrics_->RecordRpc(method, GrpcCodeName(status.error_code()),
+                      absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
+                                        grpc::ServerReader<v1::PushRequest>* reader,
+                                        v1::PushResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::Status s = DoPush(reader, response);
+  RecordRpc("Push", s, start);
+  return s;
+}
+
+grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
+                                        const v1::PullRequest* request,
+                                        grpc::ServerWriter<v1::PullResponse>* writer) {
+  const absl::Time start = absl::Now();
+  grpc::Status s = DoPull(context, request, writer);
+  RecordRpc("Pull", s, start);
+  return s;
+}
 
 grpc::Status ParameterServiceImpl::RegisterVariables(
     grpc::ServerContext*, const v1::RegisterRequest* request,
@@ -25,9 +50,8 @@ grpc::Status ParameterServiceImpl::RegisterVariables(
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
-                                        grpc::ServerReader<v1::PushRequest>* reader,
-                                        v1::PushResponse* response) {
+grpc::Status ParameterServiceImpl::DoPush(grpc::ServerReader<v1::PushRequest>* reader,
+                                          v1::PushResponse* response) {
   v1::PushRequest msg;
   if (!reader->Read(&msg)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: empty stream");
@@ -40,22 +64,28 @@ grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
   const std::string job_id = msg.header().job_id();
   auto session = ps_.BeginPush(msg.header());
   if (!session.ok()) return ToGrpcStatus(session.status());
+  int64_t bytes = 0;
   do {
     for (const auto& slice : msg.slices()) {
       absl::Status s = (*session)->AddSlice(slice);
       if (!s.ok()) return ToGrpcStatus(s);
+      bytes += static_cast<int64_t>(slice.data().size());
     }
   } while (reader->Read(&msg));
   auto r = ps_.FinishPush(std::move(*session));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *r;
+  if (metrics_ != nullptr) {
+    metrics_->AddPushBytes(job_id, bytes);
+    metrics_->SetGlobalStep(job_id, r->global_step());
+  }
   ps_.RecordRequest(job_id, absl::Now() - start);
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
-                                        const v1::PullRequest* request,
-                                        grpc::ServerWriter<v1::PullResponse>* writer) {
+grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
+                                          const v1::PullRequest* request,
+                                          grpc::ServerWriter<v1::PullResponse>* writer) {
   const absl::Time deadline = absl::FromChrono(context->deadline());
   auto snap = ps_.Pull(*request, deadline);
   if (!snap.ok()) return ToGrpcStatus(snap.status());
@@ -79,6 +109,12 @@ grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
     return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
   }
   ps_.RecordRequest(request->job_id(), absl::Now() - start);
+  if (metrics_ != nullptr) {
+    int64_t bytes = 0;
+    for (const auto& v : w.values) bytes += static_cast<int64_t>(v.size() * sizeof(float));
+    metrics_->AddPullBytes(request->job_id(), bytes);
+    metrics_->SetGlobalStep(request->job_id(), w.global_step);
+  }
   return grpc::Status::OK;
 }
 

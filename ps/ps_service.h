@@ -7,15 +7,20 @@
 
 #include <cstdint>
 
+#include "absl/time/time.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/parameter_server.h"
+#include "ps/ps_metrics.h"
 
 namespace towerps::ps {
 
 class ParameterServiceImpl final : public v1::ParameterService::Service {
  public:
-  // `ps` is not owned and must outlive this service.
-  ParameterServiceImpl(ParameterServer& ps, int64_t default_chunk_bytes);
+  // `ps` is not owned and must outlive this service. `metrics` (not owned;
+  // may be null) gets Push and Pull bytes, times and codes, and must outlive
+  // this service too.
+  ParameterServiceImpl(ParameterServer& ps, int64_t default_chunk_bytes,
+                       PsMetrics* metrics = nullptr);
 
   grpc::Status RegisterVariables(grpc::ServerContext* context,
                                  const v1::RegisterRequest* request,
@@ -36,8 +41,15 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                          v1::HeartbeatResponse* response) override;
 
  private:
+  grpc::Status DoPush(grpc::ServerReader<v1::PushRequest>* reader, v1::PushResponse* response);
+  grpc::Status DoPull(grpc::ServerContext* context, const v1::PullRequest* request,
+                      grpc::ServerWriter<v1::PullResponse>* writer);
+  // Counts one finished RPC that started at `start` (no-op without metrics).
+  void RecordRpc(const char* method, const grpc::Status& status, absl::Time start);
+
   ParameterServer& ps_;
   const int64_t default_chunk_bytes_;
+  PsMetrics* const metrics_;  // Not owned; may be null.
 };
 
 }  // namespace towerps::ps

@@ -28,6 +28,9 @@ _PKG_LIBS = {
     ],
     "openblas": ["openblas"],
     "zlib": ["zlib"],
+    # prometheus-cpp 1.0 (Debian's prometheus-cpp-dev): metrics and the
+    # Exposer that serves them over HTTP.
+    "prometheus": ["prometheus-cpp-pull"],
 }
 
 def _pkg_config(ctx, pkgs):

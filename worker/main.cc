@@ -19,12 +19,14 @@
 #include "common/cluster_flags.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/rpc.h"
 #include "common/shutdown_signal.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.grpc.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "worker/chief/chief_metrics.h"
 #include "worker/chief/job_manager.h"
 #include "worker/chief/job_service.h"
 #include "worker/device/backend.h"
@@ -38,6 +40,7 @@
 #include "worker/train/ps_client.h"
 #include "worker/train/towers.h"
 #include "worker/train/trainer.h"
+#include "worker/train/worker_metrics.h"
 #include "worker/train/worker_service.h"
 
 ABSL_FLAG(std::string, model, "mlp",
@@ -94,6 +97,9 @@ ABSL_FLAG(std::string, state_dir, "towerps_state",
           "Chief with --serve: job records, events, and default checkpoint and TensorBoard dirs.");
 ABSL_FLAG(std::string, bind_address, "",
           "With --serve: address to listen on. Default: 0.0.0.0 with this task's port.");
+ABSL_FLAG(int, metrics_port, 0,
+          "Serve Prometheus metrics at http://<bind host>:<port>/metrics (the host of "
+          "--bind_address, else 0.0.0.0). Default 0: off.");
 
 namespace {
 
@@ -171,8 +177,9 @@ int PrintJobSpec(const JobSpec& job) {
 
 // Service mode: serve WorkerService (and, on the chief, JobService) until
 // SIGINT or SIGTERM.
+// `metrics_server`: not owned; null without --metrics_port.
 int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::WorkerEnv& env,
-          towerps::common::ShutdownSignal& stop) {
+          towerps::common::ShutdownSignal& stop, towerps::common::MetricsServer* metrics_server) {
   towerps::worker::WorkerRuntime runtime(env);
   towerps::worker::WorkerServiceImpl worker_service(runtime);
   std::vector<grpc::Service*> services = {&worker_service};
@@ -189,6 +196,13 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
     if (auto s = manager->Start(); !s.ok()) return Fail("job service", s, 1);
     job_service = std::make_unique<towerps::worker::JobServiceImpl>(*manager);
     services.push_back(job_service.get());
+  }
+  // The chief's jobs by state, read from the manager at each scrape.
+  std::shared_ptr<towerps::worker::ChiefJobsCollector> jobs_collector;
+  if (manager != nullptr && metrics_server != nullptr) {
+    jobs_collector = std::make_shared<towerps::worker::ChiefJobsCollector>(
+        [m = manager.get()] { return m->List(); }, absl::StrCat("worker:", spec.task_index));
+    metrics_server->Register(jobs_collector);
   }
   std::string address = absl::GetFlag(FLAGS_bind_address);
   if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec.self_address());
@@ -211,6 +225,7 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
   towerps::common::BeginDraining(**server);  // health: NOT_SERVING before the port closes
   absl::SleepFor(drain);                     // the port stays open while probes see it
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  if (jobs_collector != nullptr) metrics_server->Remove(jobs_collector);  // before the manager goes
   manager.reset();  // stops the running job; its record stays RUNNING for a restart
   return 0;
 }
@@ -271,9 +286,28 @@ int main(int argc, char** argv) {
     return Fail("flags", absl::InvalidArgumentError("--layout must be \"classic\" or empty"), 2);
   }
 
+  // Metrics: on the host the gRPC server binds (--serve), with their own port.
+  std::unique_ptr<towerps::common::MetricsServer> metrics_server;
+  std::unique_ptr<towerps::worker::WorkerMetrics> metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) != 0) {
+    std::string address = absl::GetFlag(FLAGS_bind_address);
+    if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());
+    auto m = towerps::common::MetricsServer::Start(
+        towerps::common::MetricsAddress(address, absl::GetFlag(FLAGS_metrics_port)));
+    if (!m.ok()) {
+      std::cerr << "worker: " << m.status().message() << "\n";
+      return 1;
+    }
+    metrics_server = std::move(*m);
+    metrics = std::make_unique<towerps::worker::WorkerMetrics>(
+        metrics_server->registry(), absl::StrCat("worker:", spec->task_index));
+    env.metrics = metrics.get();
+    TLOG(INFO) << spec->TaskName() << ": metrics on port " << metrics_server->port();
+  }
+
   if (absl::GetFlag(FLAGS_serve)) {
     TLOG(INFO) << spec->TaskName() << ": " << towerps::worker::DescribeGpus(towerps::worker::QueryGpus());
-    return Serve(*spec, env, *stop);
+    return Serve(*spec, env, *stop, metrics_server.get());
   }
 
   towerps::worker::JobHooks hooks;

@@ -220,6 +220,11 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   topts.cancel = hooks.cancel;
   topts.last_step = hooks.last_step;
   topts.iterations = hooks.iterations;
+  if (env.metrics != nullptr) {
+    topts.on_iteration = [m = env.metrics, id = job.job_id()](int64_t examples) {
+      m->CountIteration(id, examples);
+    };
+  }
   Trainer trainer(topts, *towers, *client, train, test);
   return trainer.Run();
 }

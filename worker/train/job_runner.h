@@ -23,6 +23,7 @@
 #include "proto/tensor.pb.h"
 #include "worker/device/device_manager.h"
 #include "worker/train/trainer.h"
+#include "worker/train/worker_metrics.h"
 
 namespace towerps::worker {
 
@@ -35,6 +36,7 @@ struct WorkerEnv {
   int blas_threads = 0;          // CPU math threads per tower; 0: cores / (towers x workers on this host).
   bool log_device_placement = false;
   std::string layout;            // "" or "classic".
+  WorkerMetrics* metrics = nullptr;  // Not owned; may be null (no --metrics_port).
 };
 
 // Callbacks and controls of one run. All optional.

@@ -167,6 +167,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     TOWERPS_ASSIGN_OR_RETURN(PushResult pr, client_.Push(pulled, batch.size(), grads));
     ++result.iterations;
     if (options_.iterations != nullptr) options_.iterations->store(result.iterations);
+    if (options_.on_iteration) options_.on_iteration(batch.size());
     if (pr.stale > 0) ++result.stale_pushes;
     step = pulled + 1;
     window_loss += r.loss_sum;

@@ -54,6 +54,8 @@ struct TrainerOptions {
   // Updated as training goes, for status reports.
   std::atomic<int64_t>* last_step = nullptr;     // Not owned.
   std::atomic<int64_t>* iterations = nullptr;    // Not owned.
+  // After each pushed gradient, with the examples in its batch (metrics).
+  std::function<void(int64_t examples)> on_iteration;
 };
 
 struct TrainResult {

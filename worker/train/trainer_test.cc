@@ -77,6 +77,10 @@ struct Worker {
     options.cancel = &cancel;
     options.last_step = &last_step;
     options.iterations = &iterations;
+    options.on_iteration = [this](int64_t examples) {
+      ++pushed;
+      pushed_examples += examples;
+    };
   }
 
   absl::StatusOr<TrainResult> Run(const Dataset& train, const Dataset& test) {
@@ -92,6 +96,8 @@ struct Worker {
   std::vector<v1::Metrics> epochs;    // on_metrics(epoch_end = true)
   std::atomic<int64_t> last_step{-1};
   std::atomic<int64_t> iterations{-1};
+  int64_t pushed = 0;           // on_iteration calls (the training thread only)
+  int64_t pushed_examples = 0;  // and their examples
 };
 
 int64_t ServerStep(LocalPsCluster& cluster, int s, const std::string& job) {
@@ -118,6 +124,8 @@ TEST(TrainerTest, RunsEpochsTimesStepsPerEpochWithSaneMetricsAndFallingLoss) {
   EXPECT_TRUE(std::isnan(result->test_accuracy));  // regression
   EXPECT_EQ(w.last_step.load(), total);
   EXPECT_EQ(w.iterations.load(), total);
+  EXPECT_EQ(w.pushed, total);
+  EXPECT_EQ(w.pushed_examples, job.epochs() * 18);  // every example once per epoch
   for (int s = 0; s < 2; ++s)
     EXPECT_EQ(ServerStep(cluster, s, "t"), total) << "ps " << s;
 

@@ -1,0 +1,72 @@
+#include "ps/ps_metrics.h"
+
+#include <array>
+
+namespace towerps::ps {
+
+namespace {
+// From 100 us to ~100 s, x4 apart: pushes and pulls of small and large models.
+prometheus::Histogram::BucketBoundaries RpcBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double s = 1e-4; s < 200; s *= 4) b.push_back(s);
+  return b;
+}
+}  // namespace
+
+PsMetrics::PsMetrics(prometheus::Registry& registry, const std::string& task)
+    : push_bytes_(prometheus::BuildCounter()
+                      .Name("towerps_ps_push_bytes_total")
+                      .Help("Gradient payload bytes received in pushes.")
+                      .Labels({{"task", task}})
+                      .Register(registry)),
+      pull_bytes_(prometheus::BuildCounter()
+                      .Name("towerps_ps_pull_bytes_total")
+                      .Help("Weight payload bytes sent in pulls.")
+                      .Labels({{"task", task}})
+                      .Register(registry)),
+      rpc_seconds_(prometheus::BuildHistogram()
+                       .Name("towerps_ps_rpc_seconds")
+                       .Help("Time in the ParameterService handler, by method (a pull's "
+                             "wait for its step included).")
+                       .Labels({{"task", task}})
+                       .Register(registry)),
+      requests_(prometheus::BuildCounter()
+                    .Name("towerps_ps_requests_total")
+                    .Help("Finished ParameterService RPCs, by method and gRPC code.")
+                    .Labels({{"task", task}})
+                    .Register(registry)),
+      global_step_(prometheus::BuildGauge()
+                       .Name("towerps_ps_global_step")
+                       .Help("The job's global step on this server.")
+                       .Labels({{"task", task}})
+                       .Register(registry)) {}
+
+void PsMetrics::AddPushBytes(const std::string& training_job, int64_t bytes) {
+  push_bytes_.Add({{"training_job", training_job}}).Increment(static_cast<double>(bytes));
+}
+
+void PsMetrics::AddPullBytes(const std::string& training_job, int64_t bytes) {
+  pull_bytes_.Add({{"training_job", training_job}}).Increment(static_cast<double>(bytes));
+}
+
+void PsMetrics::SetGlobalStep(const std::string& training_job, int64_t step) {
+  global_step_.Add({{"training_job", training_job}}).Set(static_cast<double>(step));
+}
+
+void PsMetrics::RecordRpc(const std::string& method, const std::string& code, double seconds) {
+  rpc_seconds_.Add({{"method", method}}, RpcBuckets()).Observe(seconds);
+  requests_.Add({{"method", method}, {"code", code}}).Increment();
+}
+
+std::string GrpcCodeName(int code) {
+  static constexpr std::array<const char*, 17> kNames = {
+      "OK",        "CANCELLED",         "UNKNOWN",          "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",   "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",      "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  if (code < 0 || code >= static_cast<int>(kNames.size())) return "UNKNOWN";
+  return kNames[code];
+}
+
+}  // namespace towerps::ps

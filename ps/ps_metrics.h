@@ -1,0 +1,52 @@
+// The parameter server's Prometheus metrics (issue 14). The gRPC adapter
+// (ps_service) reports to them; parameter_server knows nothing of them.
+//
+//   towerps_ps_push_bytes_total{training_job}   gradient payload received
+//   towerps_ps_pull_bytes_total{training_job}   weight payload sent
+//   towerps_ps_rpc_seconds{method}              handler time, waits included (histogram)
+//   towerps_ps_requests_total{method,code}      finished RPCs by gRPC code name
+//   towerps_ps_global_step{training_job}        the job's step after a push
+//
+// Every series also carries the constant label task ("ps:0").
+//
+// Thread-safe.
+#ifndef TOWERPS_PS_PS_METRICS_H_
+#define TOWERPS_PS_PS_METRICS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace towerps::ps {
+
+class PsMetrics {
+ public:
+  // Registers the families in `registry`, which must outlive this object.
+  PsMetrics(prometheus::Registry& registry, const std::string& task);
+
+  void AddPushBytes(const std::string& training_job, int64_t bytes);
+  void AddPullBytes(const std::string& training_job, int64_t bytes);
+  void SetGlobalStep(const std::string& training_job, int64_t step);
+  // One finished RPC: `method` ("Push"), `code` a gRPC code name ("OK").
+  void RecordRpc(const std::string& method, const std::string& code, double seconds);
+
+ private:
+  prometheus::Family<prometheus::Counter>& push_bytes_;
+  prometheus::Family<prometheus::Counter>& pull_bytes_;
+  prometheus::Family<prometheus::Histogram>& rpc_seconds_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Gauge>& global_step_;
+};
+
+// "OK", "INVALID_ARGUMENT", ... for a gRPC status code number.
+std::string GrpcCodeName(int code);
+
+}  // namespace towerps::ps
+
+#endif  // TOWERPS_PS_PS_METRICS_H_
