@@ -51,6 +51,10 @@ int main(int argc, char** argv) {
     std::cerr << "ps: --chunk_bytes must be at least 4096\n";
     return 2;
   }
+  if (const double d = absl::GetFlag(FLAGS_drain_s); !(d >= 0 && d <= 3600)) {
+    std::cerr << "ps: --drain_s=" << d << " must be in [0, 3600] seconds\n";
+    return 2;
+  }
   towerps::ps::ParameterServer ps(
       {.task_index = spec->task_index,
        .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),

@@ -39,7 +39,34 @@ PsMetrics::PsMetrics(prometheus::Registry& registry, const std::string& task)
                        .Name("towerps_ps_global_step")
                        .Help("The job's global step on this server.")
                        .Labels({{"task", task}})
-                       .Register(registry)) {}
+                       .Register(registry)),
+      pushes_(prometheus::BuildCounter()
+                  .Name("towerps_ps_pushes_total")
+                  .Help("Finished pushes by outcome: applied, duplicate (a retry, ignored) or "
+                        "stale (SYNC: its step was already applied; dropped).")
+                  .Labels({{"task", task}})
+                  .Register(registry)),
+      checkpoint_seconds_(prometheus::BuildHistogram()
+                              .Name("towerps_ps_checkpoint_seconds")
+                              .Help("Time to write this server's checkpoint shard.")
+                              .Labels({{"task", task}})
+                              .Register(registry)
+                              .Add({}, RpcBuckets())),
+      checkpoint_bytes_(prometheus::BuildCounter()
+                            .Name("towerps_ps_checkpoint_bytes_total")
+                            .Help("Bytes of the checkpoint shards this server wrote.")
+                            .Labels({{"task", task}})
+                            .Register(registry)
+                            .Add({})) {}
+
+void PsMetrics::CountPush(const std::string& training_job, const std::string& outcome) {
+  pushes_.Add({{"training_job", training_job}, {"outcome", outcome}}).Increment();
+}
+
+void PsMetrics::RecordCheckpoint(int64_t bytes, double seconds) {
+  checkpoint_seconds_.Observe(seconds);
+  checkpoint_bytes_.Increment(static_cast<double>(bytes));
+}
 
 void PsMetrics::AddPushBytes(const std::string& training_job, int64_t bytes) {
   push_bytes_.Add({{"training_job", training_job}}).Increment(static_cast<double>(bytes));

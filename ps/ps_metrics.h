@@ -6,6 +6,11 @@
 //   towerps_ps_rpc_seconds{method}              handler time, waits included (histogram)
 //   towerps_ps_requests_total{method,code}      finished RPCs by gRPC code name
 //   towerps_ps_global_step{training_job}        the job's step after a push
+//   towerps_ps_pushes_total{training_job,outcome}  pushes by outcome: applied,
+//                                               duplicate (a retry), stale (SYNC:
+//                                               its step already applied: dropped)
+//   towerps_ps_checkpoint_seconds               time to write this server's shard (histogram)
+//   towerps_ps_checkpoint_bytes_total           bytes of the shards written
 //
 // Every series also carries the constant label task ("ps:0").
 //
@@ -33,6 +38,10 @@ class PsMetrics {
   void AddPushBytes(const std::string& training_job, int64_t bytes);
   void AddPullBytes(const std::string& training_job, int64_t bytes);
   void SetGlobalStep(const std::string& training_job, int64_t step);
+  // One finished push of `training_job`: "applied", "duplicate" or "stale".
+  void CountPush(const std::string& training_job, const std::string& outcome);
+  // One shard written: its bytes and how long it took.
+  void RecordCheckpoint(int64_t bytes, double seconds);
   // One finished RPC: `method` ("Push"), `code` a gRPC code name ("OK").
   void RecordRpc(const std::string& method, const std::string& code, double seconds);
 
@@ -42,6 +51,9 @@ class PsMetrics {
   prometheus::Family<prometheus::Histogram>& rpc_seconds_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Gauge>& global_step_;
+  prometheus::Family<prometheus::Counter>& pushes_;
+  prometheus::Histogram& checkpoint_seconds_;
+  prometheus::Counter& checkpoint_bytes_;
 };
 
 // "OK", "INVALID_ARGUMENT", ... for a gRPC status code number.

@@ -39,6 +39,25 @@ TEST(PsMetricsTest, CountsBytesStepsAndRpcsWithTheirLabels) {
       << text;
 }
 
+TEST(PsMetricsTest, CountsPushOutcomesAndCheckpoints) {
+  prometheus::Registry registry;
+  PsMetrics m(registry, "ps:1");
+  m.CountPush("j", "applied");
+  m.CountPush("j", "applied");
+  m.CountPush("j", "stale");
+  m.RecordCheckpoint(1000, 0.5);
+  m.RecordCheckpoint(24, 0.25);
+  const std::string text = Scrape(registry);
+  for (const char* want :
+       {"towerps_ps_pushes_total{task=\"ps:1\",outcome=\"applied\",training_job=\"j\"} 2",
+        "towerps_ps_pushes_total{task=\"ps:1\",outcome=\"stale\",training_job=\"j\"} 1",
+        "towerps_ps_checkpoint_bytes_total{task=\"ps:1\"} 1024",
+        "towerps_ps_checkpoint_seconds_count{task=\"ps:1\"} 2",
+        "towerps_ps_checkpoint_seconds_sum{task=\"ps:1\"} 0.75"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
 TEST(GrpcCodeNameTest, NamesEveryCode) {
   EXPECT_EQ(GrpcCodeName(0), "OK");
   EXPECT_EQ(GrpcCodeName(14), "UNAVAILABLE");

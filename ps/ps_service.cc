@@ -78,6 +78,9 @@ grpc::Status ParameterServiceImpl::DoPush(grpc::ServerReader<v1::PushRequest>* r
   if (metrics_ != nullptr) {
     metrics_->AddPushBytes(job_id, bytes);
     metrics_->SetGlobalStep(job_id, r->global_step());
+    metrics_->CountPush(job_id, r->outcome() == v1::PushResponse::STALE       ? "stale"
+                                : r->outcome() == v1::PushResponse::DUPLICATE ? "duplicate"
+                                                                              : "applied");
   }
   ps_.RecordRequest(job_id, absl::Now() - start);
   return grpc::Status::OK;
@@ -128,9 +131,13 @@ grpc::Status ParameterServiceImpl::DeleteJob(grpc::ServerContext*,
 grpc::Status ParameterServiceImpl::SaveCheckpoint(grpc::ServerContext*,
                                                   const v1::SaveRequest* request,
                                                   v1::SaveResponse* response) {
+  const absl::Time start = absl::Now();
   auto r = ps_.Save(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *r;
+  if (metrics_ != nullptr) {
+    metrics_->RecordCheckpoint(r->bytes(), absl::ToDoubleSeconds(absl::Now() - start));
+  }
   return grpc::Status::OK;
 }
 

@@ -119,7 +119,8 @@ done
 for want in 'towerps_ps_push_bytes_total{task="ps:0",training_job="metrics"}' \
             'towerps_ps_requests_total{task="ps:0",code="OK",method="Push"}' \
             'towerps_ps_rpc_seconds_count{task="ps:0",method="Pull"}' \
-            'towerps_ps_global_step{task="ps:0",training_job="metrics"}'; do
+            'towerps_ps_global_step{task="ps:0",training_job="metrics"}' \
+            'towerps_ps_pushes_total{task="ps:0",outcome="applied",training_job="metrics"}'; do
   if grep -qF "$want" "$TMP/ps2.txt" 2>/dev/null; then pass "ps has $want"; else fail "ps lacks $want"; fi
 done
 if grep -qF 'towerps_worker_examples_total{task="worker:0",training_job="metrics"}' "$TMP/worker2.txt" 2>/dev/null; then
@@ -127,6 +128,11 @@ if grep -qF 'towerps_worker_examples_total{task="worker:0",training_job="metrics
 else
   fail "worker lacks towerps_worker_examples_total"
 fi
+# The model's weights and activations live on CPU:0 while it trains.
+MEM=$(grep -F 'towerps_worker_device_memory_bytes{task="worker:0",device="CPU:0"}' "$TMP/worker2.txt" 2>/dev/null | awk '{print int($2)}')
+[ "${MEM:-0}" -gt 0 ] && pass "worker: memory in use on CPU:0: $MEM bytes" || fail "worker: CPU:0 memory: '${MEM:-}'"
+APPLIED=$(grep -F 'towerps_ps_pushes_total{task="ps:0",outcome="applied"' "$TMP/ps2.txt" 2>/dev/null | awk '{print int($2)}')
+[ "${APPLIED:-0}" -ge "$STEPS1" ] && pass "ps: $APPLIED pushes applied (>= $STEPS1 steps seen earlier)" || fail "ps: applied pushes '${APPLIED:-}' < $STEPS1"
 
 echo "== a taken metrics port (the running ps's and worker's) fails at startup, naming it"
 read -r P2 W2 <<<"$(python3 "$PWD/deploy/free_ports.py" 2 --sep=" ")"

@@ -93,6 +93,10 @@ ABSL_FLAG(bool, serve, false,
 ABSL_FLAG(double, drain_s, 0,
           "--serve, after SIGTERM/SIGINT: seconds to report NOT_SERVING with the port still open "
           "(for load balancers and readiness probes) before shutting the server down.");
+ABSL_FLAG(double, stop_checkpoint_timeout_s, 30,
+          "Chief with --serve, after SIGTERM/SIGINT: longest wait for the running job's next step "
+          "boundary, where its checkpoint is written before it is queued again. The servers and "
+          "workers must still serve meanwhile: give them a --drain_s at least this long.");
 ABSL_FLAG(std::string, state_dir, "towerps_state",
           "Chief with --serve: job records, events, and default checkpoint and TensorBoard dirs.");
 ABSL_FLAG(std::string, bind_address, "",
@@ -220,13 +224,21 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
                                  : std::string());
   const int sig = stop.Wait();  // later signals are ignored
   const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_s));
+  const absl::Time drain_end = absl::Now() + drain;
   TLOG(INFO) << spec.TaskName() << ": signal " << sig << ", shutting down (drain " << drain
              << ")";
   towerps::common::BeginDraining(**server);  // health: NOT_SERVING before the port closes
-  absl::SleepFor(drain);                     // the port stays open while probes see it
+  if (manager != nullptr) {
+    // The running job stops at its next step boundary with a checkpoint and
+    // is queued again; the other processes keep serving meanwhile (their
+    // --drain_s), and so does this one: calls still arrive while it drains.
+    manager->Shutdown(absl::Seconds(absl::GetFlag(FLAGS_stop_checkpoint_timeout_s)));
+  }
+  absl::SleepFor(drain_end - absl::Now());  // the port stays open while probes see it
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   if (jobs_collector != nullptr) metrics_server->Remove(jobs_collector);  // before the manager goes
-  manager.reset();  // stops the running job; its record stays RUNNING for a restart
+  manager.reset();
+  TLOG(INFO) << spec.TaskName() << ": stopped";
   return 0;
 }
 
@@ -282,6 +294,15 @@ int main(int argc, char** argv) {
   env.blas_threads = absl::GetFlag(FLAGS_blas_threads);
   env.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);
   env.layout = absl::GetFlag(FLAGS_layout);
+  for (const auto& [name, value] : {std::pair<const char*, double>{"drain_s", absl::GetFlag(FLAGS_drain_s)},
+                                     {"stop_checkpoint_timeout_s",
+                                      absl::GetFlag(FLAGS_stop_checkpoint_timeout_s)}}) {
+    if (!(value >= 0 && value <= 3600)) {
+      return Fail("flags", absl::InvalidArgumentError(absl::StrCat("--", name, "=", value,
+                                                                   " must be in [0, 3600] seconds")),
+                  2);
+    }
+  }
   if (!env.layout.empty() && env.layout != "classic") {
     return Fail("flags", absl::InvalidArgumentError("--layout must be \"classic\" or empty"), 2);
   }
@@ -289,6 +310,7 @@ int main(int argc, char** argv) {
   // Metrics: on the host the gRPC server binds (--serve), with their own port.
   std::unique_ptr<towerps::common::MetricsServer> metrics_server;
   std::unique_ptr<towerps::worker::WorkerMetrics> metrics;
+  std::shared_ptr<towerps::worker::DeviceMemoryCollector> device_memory;
   if (absl::GetFlag(FLAGS_metrics_port) != 0) {
     std::string address = absl::GetFlag(FLAGS_bind_address);
     if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());
@@ -302,6 +324,9 @@ int main(int argc, char** argv) {
     metrics = std::make_unique<towerps::worker::WorkerMetrics>(
         metrics_server->registry(), absl::StrCat("worker:", spec->task_index));
     env.metrics = metrics.get();
+    device_memory = std::make_shared<towerps::worker::DeviceMemoryCollector>(
+        **devices, absl::StrCat("worker:", spec->task_index));
+    metrics_server->Register(device_memory);
     TLOG(INFO) << spec->TaskName() << ": metrics on port " << metrics_server->port();
   }
 

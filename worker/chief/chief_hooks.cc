@@ -18,6 +18,7 @@ void ChiefHooks::BeginJob(const v1::JobSpec& spec) {
   }
   absl::MutexLock lock(&mu_);
   tb_ = std::move(tb);
+  job_active_ = true;
 }
 
 void ChiefHooks::EndJob() {
@@ -26,6 +27,7 @@ void ChiefHooks::EndJob() {
     absl::MutexLock lock(&mu_);
     tb = std::move(tb_);
     tb_.reset();
+    job_active_ = false;
   }
   if (tb) tb->Flush().IgnoreError();
 }
@@ -49,6 +51,10 @@ JobHooks ChiefHooks::For(const v1::StartJobRequest& request) {
     OnMetrics(id, m, epoch_end, tb.get());
   };
   hooks.after_pull = [this, id, spec, schedule](int64_t step) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_requested_) return StopHere(id, spec, step);
+    }
     checkpointer_.MaybeSave(id, spec, step, *schedule);
     return absl::OkStatus();
   };
@@ -61,6 +67,27 @@ JobHooks ChiefHooks::For(const v1::StartJobRequest& request) {
     tb->Flush().IgnoreError();
   };
   return hooks;
+}
+
+ChiefHooks::StopResult ChiefHooks::StopAtNextStep(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  stop_requested_ = true;
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopped_ || !job_active_; };
+  mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  return stopped_ ? stop_result_ : StopResult{};
+}
+
+absl::Status ChiefHooks::StopHere(const std::string& job_id, const v1::JobSpec& spec,
+                                  int64_t step) {
+  absl::Status saved = absl::OkStatus();
+  if (!spec.checkpoint().disabled() && step > 0) {
+    mu_.Unlock();  // No lock across the servers' RPCs.
+    saved = checkpointer_.Save(job_id, spec, step);
+    mu_.Lock();
+  }
+  stopped_ = true;
+  stop_result_ = {.reached = true, .step = step, .checkpoint = saved};
+  return absl::CancelledError(absl::StrCat("the chief is shutting down: stopped at step ", step));
 }
 
 void ChiefHooks::OnMetrics(const std::string& id, const v1::Metrics& m, bool epoch_end,

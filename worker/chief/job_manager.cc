@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/cancellation.h"
 #include "common/job_spec.h"
@@ -44,10 +45,16 @@ class JobManager::Impl {
  public:
   explicit Impl(JobManagerOptions options) : options_(std::move(options)) {}
 
-  ~Impl() {
-    // The queue stops first, so no job is taken after the running one is
-    // cancelled.
+  ~Impl() { Shutdown(absl::ZeroDuration()); }
+
+  void Shutdown(absl::Duration checkpoint_timeout) {
+    // The queue stops first, so no job is taken after the running one stops.
     shutdown_.Cancel("the chief shut down");
+    if (hooks_ != nullptr && checkpoint_timeout > absl::ZeroDuration()) {
+      const ChiefHooks::StopResult stop = hooks_->StopAtNextStep(checkpoint_timeout);
+      absl::MutexLock lock(&mu_);
+      shutdown_stop_ = stop;
+    }
     if (store_ != nullptr) store_->CancelRunning("the chief shut down");
     if (runner_.joinable()) runner_.join();
   }
@@ -170,7 +177,7 @@ class JobManager::Impl {
         });
     hooks_->EndJob();
     if (shutdown_.cancelled() && !result.ok()) {
-      // Left RUNNING on disk: a restarted chief resumes it.
+      Requeue(id);
       return;
     }
     v1::JobState state = v1::SUCCEEDED;
@@ -193,6 +200,37 @@ class JobManager::Impl {
     if (!saved.ok()) TLOG(WARNING) << "chief: " << saved;
     TLOG(INFO) << "chief: job \"" << id << "\" " << v1::JobState_Name(state)
                << (error.empty() ? "" : ": " + error);
+  }
+
+  // The chief shut down while job `id` ran: it is QUEUED again (first in
+  // line, by its submit time) and resumes from its latest checkpoint, which
+  // is the one written at the step boundary it stopped at, if it reached one.
+  void Requeue(const std::string& id) {
+    ChiefHooks::StopResult stop;
+    {
+      absl::MutexLock lock(&mu_);
+      stop = shutdown_stop_;
+    }
+    std::string where = "from its latest checkpoint";
+    if (stop.reached && stop.checkpoint.ok()) {
+      where = absl::StrCat("from the checkpoint written at step ", stop.step, " as it stopped");
+    } else if (stop.reached) {
+      where = absl::StrCat("from its latest checkpoint (the one at step ", stop.step,
+                           " failed: ", stop.checkpoint.message(), ")");
+    } else {
+      where = "from its latest checkpoint (it reached no step boundary in time)";
+    }
+    const std::string message =
+        absl::StrCat("the chief shut down while this job ran: queued again, resumes ", where);
+    absl::Status saved = store_->UpdateWithEvent(
+        id,
+        [](v1::JobRecord& r) {
+          r.set_state(v1::QUEUED);
+          r.mutable_spec()->set_resume(true);
+        },
+        v1::JobEvent::STATE, message);
+    if (!saved.ok()) TLOG(WARNING) << "chief: " << saved;  // Open() requeues a RUNNING record.
+    TLOG(INFO) << "chief: job \"" << id << "\": " << message;
   }
 
   // One attempt: the restore point, the workers' run, and once every worker
@@ -251,12 +289,15 @@ class JobManager::Impl {
   std::thread runner_;
   // Stops the queue; each running job has its own token (JobStore::Run).
   common::CancellationToken shutdown_;
+  absl::Mutex mu_;
+  ChiefHooks::StopResult shutdown_stop_ ABSL_GUARDED_BY(mu_);  // What Shutdown() saw.
 };
 
 // ---------------------------------------------------------------------------
 
 JobManager::JobManager(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 JobManager::~JobManager() = default;
+void JobManager::Shutdown(absl::Duration checkpoint_timeout) { impl_->Shutdown(checkpoint_timeout); }
 
 absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions options) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("--state_dir is empty");

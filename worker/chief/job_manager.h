@@ -67,9 +67,17 @@ struct JobManagerOptions {
 class JobManager {
  public:
   static absl::StatusOr<std::unique_ptr<JobManager>> Create(JobManagerOptions options);
-  // Cancels the running job (its record stays RUNNING on disk, so a restarted
-  // chief resumes it) and joins the runner.
+  // Shutdown(0): stops the running job without waiting for a step boundary.
   ~JobManager();
+
+  // Stops the queue (no job is taken any more), then stops the running job,
+  // if any: waits up to `checkpoint_timeout` for its next step boundary,
+  // where the job's checkpoint is written (SYNC: every server at that step),
+  // then stops its workers. The job is QUEUED again with resume set, first in
+  // line, so that a restarted chief resumes it from that checkpoint (or the
+  // latest one, if no boundary came in time or the save failed; an event
+  // says which). Joins the runner. Idempotent; the manager takes no job after.
+  void Shutdown(absl::Duration checkpoint_timeout);
 
   // Loads the store and starts the runner thread.
   absl::Status Start();

@@ -119,7 +119,7 @@ TEST_F(JobManagerTest, JobsSurviveARestartOfTheChief) {
     ASSERT_TRUE(m->Submit(Job("a")).ok());
     ASSERT_TRUE(m->Submit(Job("b")).ok());
     ASSERT_TRUE(workers_[0]->AwaitStarts(1, absl::Seconds(30)));
-  }  // The chief stops while "a" runs.
+  }  // The chief stops while "a" runs (a crash is job_store_test's).
   auto m = StartManager(FakeWorkerClient::OnStart::kFinish);
   std::vector<v1::JobRecord> jobs = m->List();
   ASSERT_EQ(jobs.size(), 2u);
@@ -131,9 +131,44 @@ TEST_F(JobManagerTest, JobsSurviveARestartOfTheChief) {
   EXPECT_EQ(AwaitEnd(*m, "b").state(), v1::SUCCEEDED);
   std::vector<std::string> events = Messages(*m, "a");
   EXPECT_NE(std::find(events.begin(), events.end(),
-                      "the chief restarted while this job ran: queued again, resumes from its "
-                      "latest checkpoint"),
+                      "the chief shut down while this job ran: queued again, resumes from its "
+                      "latest checkpoint (it reached no step boundary in time)"),
             events.end());
+}
+
+// SIGTERM on the chief: Shutdown() puts the running job back in the queue
+// (on disk, before any restart), first in line, and the next chief resumes it.
+TEST_F(JobManagerTest, ShutdownQueuesTheRunningJobAgainAndTheNextChiefResumesIt) {
+  {
+    auto m = StartManager(FakeWorkerClient::OnStart::kRun);
+    ASSERT_TRUE(m->Submit(Job("a")).ok());
+    ASSERT_TRUE(m->Submit(Job("b")).ok());
+    ASSERT_TRUE(workers_[0]->AwaitStarts(1, absl::Seconds(30)));
+    // The fakes never pull, so no step boundary comes: the wait ends at its
+    // bound and the job is queued again all the same.
+    m->Shutdown(absl::Milliseconds(20));
+    EXPECT_GE(workers_[1]->stops(), 1);  // Its workers were stopped.
+    std::vector<v1::JobRecord> jobs = m->List();
+    ASSERT_EQ(jobs.size(), 2u);
+    EXPECT_EQ(jobs[0].state(), v1::QUEUED);
+    EXPECT_TRUE(jobs[0].spec().resume());
+    EXPECT_EQ(jobs[1].state(), v1::QUEUED);
+    EXPECT_FALSE(jobs[1].spec().resume());
+    std::vector<std::string> events = Messages(*m, "a");
+    EXPECT_NE(std::find(events.begin(), events.end(),
+                        "the chief shut down while this job ran: queued again, resumes from its "
+                        "latest checkpoint (it reached no step boundary in time)"),
+              events.end());
+    // Nothing more is taken after a shutdown.
+    ASSERT_TRUE(m->Submit(Job("c")).ok());
+    EXPECT_EQ(workers_[0]->starts(), 1);
+  }
+  auto m = StartManager(FakeWorkerClient::OnStart::kFinish);
+  v1::JobRecord a = AwaitEnd(*m, "a");
+  EXPECT_EQ(a.state(), v1::SUCCEEDED) << a.error();
+  EXPECT_TRUE(a.spec().resume());
+  EXPECT_EQ(AwaitEnd(*m, "b").state(), v1::SUCCEEDED);
+  EXPECT_EQ(AwaitEnd(*m, "c").state(), v1::SUCCEEDED);
 }
 
 TEST_F(JobManagerTest, SubmitFailsWhenTheRecordCannotBeWritten) {
