@@ -103,7 +103,15 @@ int ShutdownSignal::Wait() {
       return -1;
     }
   }
-  return received_;
+  return received_ == kReleasedByte ? 0 : received_;
+}
+
+void ShutdownSignal::Release() {
+  const char byte = static_cast<char>(kReleasedByte);
+  ssize_t n;
+  do {
+    n = write(write_fd_, &byte, 1);
+  } while (n < 0 && errno == EINTR);
 }
 
 }  // namespace towerps::common

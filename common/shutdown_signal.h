@@ -46,13 +46,21 @@ class ShutdownSignal {
   ShutdownSignal& operator=(const ShutdownSignal&) = delete;
 
   // Blocks until the first SIGTERM or SIGINT since Install() (returns at once
-  // if it already came) and returns its number. Every later call returns the
+  // if it already came) and returns its number, or 0 if Release() came first. Every later call returns the
   // same number at once. Returns -1 only if reading its own pipe fails
   // (a bug, never expected).
   int Wait();
 
+  // Makes Wait() return 0 (now or when called) unless a signal came first:
+  // for a thread that waits for a signal during work that may end without
+  // one. Later signals are still caught and ignored. Thread-safe.
+  void Release();
+
  private:
   ShutdownSignal(int read_fd, int write_fd) : read_fd_(read_fd), write_fd_(write_fd) {}
+
+  // What Release() writes to the pipe (no signal has this number).
+  static constexpr unsigned char kReleasedByte = 255;
 
   const int read_fd_;
   const int write_fd_;

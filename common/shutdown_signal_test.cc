@@ -28,6 +28,28 @@ TEST(ShutdownSignalTest, WaiterWakesAndReportsTheSignal) {
   EXPECT_EQ(got, SIGTERM);
 }
 
+TEST(ShutdownSignalTest, ReleaseWakesTheWaiterWithZero) {
+  auto stop = ShutdownSignal::Install();
+  ASSERT_TRUE(stop.ok()) << stop.status();
+  int got = -1;
+  std::thread waiter([&] { got = (*stop)->Wait(); });
+  (*stop)->Release();
+  waiter.join();
+  EXPECT_EQ(got, 0);
+  // A signal after the release is still caught (the process lives) and
+  // changes nothing.
+  SignalProcessFromAnotherThread(SIGTERM);
+  EXPECT_EQ((*stop)->Wait(), 0);
+}
+
+TEST(ShutdownSignalTest, ASignalBeforeReleaseWins) {
+  auto stop = ShutdownSignal::Install();
+  ASSERT_TRUE(stop.ok()) << stop.status();
+  SignalProcessFromAnotherThread(SIGINT);
+  (*stop)->Release();
+  EXPECT_EQ((*stop)->Wait(), SIGINT);
+}
+
 TEST(ShutdownSignalTest, ReportsSigint) {
   auto stop = ShutdownSignal::Install();
   ASSERT_TRUE(stop.ok()) << stop.status();

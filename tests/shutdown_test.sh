@@ -10,6 +10,8 @@
 #   left the job QUEUED with resume set, on disk (decoded with protoc).
 # - The same cluster started again resumes the job from that checkpoint and
 #   trains it to its last step with a sane accuracy.
+# - A one-job worker (no --serve) stops at its next step on SIGTERM and exits
+#   143 saying the job did not finish.
 # Waits follow state (health, steps, exits) with deadlines.
 set -uo pipefail
 
@@ -144,6 +146,38 @@ acc = float(j['metrics'].get('testAccuracy', 0))
 ok = j['state'] == 'SUCCEEDED' and steps and all(s == $TOTAL_STEPS for s in steps) and acc > 0.7
 print('ok' if ok else 'bad: %s steps=%s acc=%s' % (j['state'], steps, acc))")
 [ "$check" = ok ] && pass "SUCCEEDED at step $TOTAL_STEPS on every ps, test accuracy > 0.7" || fail "final: $check"
+
+echo "== a one-job worker (no --serve) stops at a step on SIGTERM and says the job did not finish"
+for p in "$PS0" "$PS1" "$WK1" "$WK0"; do kill -9 "$p" 2>/dev/null; done
+read -r P2 W2 < <(python3 "$PWD/deploy/free_ports.py" 2 --sep=" ")
+one=(--ps_hosts=127.0.0.1:$P2 --worker_hosts=127.0.0.1:$W2)
+"$PS_BIN" "${one[@]}" --job_name=ps --task_index=0 >"$TMP/one_ps.log" 2>&1 &
+ONE_PS=$!; PIDS+=($!)
+"$WORKER_BIN" "${one[@]}" --job_name=worker --task_index=0 --max_train_examples=1000 \
+  --epochs=1000 --log_every_steps=5 >"$TMP/one_worker.log" 2>&1 &
+ONE_WK=$!; PIDS+=($!)
+for ((t = 0; t < 1200; t++)); do
+  grep -q "step " "$TMP/one_worker.log" 2>/dev/null && break
+  kill -0 "$ONE_WK" 2>/dev/null || break
+  sleep 0.05
+done
+if grep -q "step " "$TMP/one_worker.log"; then
+  kill -TERM "$ONE_WK"
+  deadline=$((SECONDS + 30))
+  while kill -0 "$ONE_WK" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+  kill -9 "$ONE_WK" 2>/dev/null
+  wait "$ONE_WK"; rc=$?
+  if [ "$rc" -eq 143 ] && grep -q "stopped by signal 15 (SIGTERM) before the job finished" "$TMP/one_worker.log"; then
+    pass "one-job worker: exit 143 with the reason"
+  else
+    fail "one-job worker: exit $rc: $(tail -3 "$TMP/one_worker.log")"
+  fi
+else
+  fail "one-job worker never logged a step: $(tail -3 "$TMP/one_worker.log")"
+fi
+kill -TERM "$ONE_PS" 2>/dev/null
+wait "$ONE_PS"; rc=$?
+[ "$rc" -eq 0 ] && pass "its ps: exit 0 on SIGTERM" || fail "its ps: exit $rc"
 
 echo "$PASSES passed, $FAILS failed"
 [ "$FAILS" -eq 0 ]

@@ -5,6 +5,7 @@
 // - --serve: a long-running worker that runs the jobs the chief sends; the
 //   chief also serves JobService (towerctl's server) with its queue of jobs.
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/cancellation.h"
 #include "common/cluster_flags.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
@@ -249,15 +251,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("towerps worker. Example:\n  worker --ps_hosts=h1:2222 "
                                "--worker_hosts=h2:2222 --job_name=worker --task_index=0 --model=mlp");
   absl::ParseCommandLine(argc, argv);
-  // --serve: a real handler before anything else starts, so that SIGTERM/SIGINT
+  // A real handler before anything else starts, so that SIGTERM/SIGINT
   // landing on any thread (OpenBLAS's start before main) is caught, never the
-  // default action. A one-job run keeps the default action: nothing waits.
-  std::unique_ptr<towerps::common::ShutdownSignal> stop;
-  if (absl::GetFlag(FLAGS_serve)) {
-    auto installed = towerps::common::ShutdownSignal::Install();
-    if (!installed.ok()) return Fail("serve", installed.status(), 1);
-    stop = std::move(*installed);
-  }
+  // default action: --serve drains and stops; a one-job run stops training
+  // at its next step.
+  auto installed = towerps::common::ShutdownSignal::Install();
+  if (!installed.ok()) return Fail("signals", installed.status(), 1);
+  std::unique_ptr<towerps::common::ShutdownSignal> stop = std::move(*installed);
   absl::StatusOr<JobSpec> job = absl::GetFlag(FLAGS_job_spec).empty()
                                     ? towerps::worker::BuiltinJob(absl::GetFlag(FLAGS_model))
                                     : towerps::worker::ReadJobSpecFile(absl::GetFlag(FLAGS_job_spec));
@@ -338,7 +338,26 @@ int main(int argc, char** argv) {
   towerps::worker::JobHooks hooks;
   hooks.log = [](const std::string& line) { std::cout << line << std::endl; };
   hooks.log_every_steps = absl::GetFlag(FLAGS_log_every_steps);
+  // SIGTERM/SIGINT: the trainer stops at its next step (its pushes and pulls
+  // are whole), and the exit code says the job did not finish (128 + the
+  // signal, as a shell reports a process ended by it).
+  towerps::common::CancellationToken stop_training;
+  hooks.cancel = &stop_training;
+  int stopped_by = 0;
+  std::thread signal_watch([&] {
+    stopped_by = stop->Wait();
+    if (stopped_by > 0) stop_training.Cancel(absl::StrCat("stopped by signal ", stopped_by));
+  });
   auto result = towerps::worker::RunJob(env, *job, "", hooks);
+  stop->Release();
+  signal_watch.join();
+  if (stopped_by > 0) {
+    std::cerr << "worker: stopped by signal " << stopped_by << " ("
+              << (stopped_by == SIGINT ? "SIGINT" : "SIGTERM")
+              << ") before the job finished; nothing resumes a one-job run (use --serve and "
+                 "towerctl for that)\n";
+    return 128 + stopped_by;
+  }
   if (!result.ok()) {
     const bool setup = absl::IsInvalidArgument(result.status()) ||
                        absl::IsResourceExhausted(result.status());
