@@ -150,19 +150,21 @@ for i in 0 1; do
     >"$TMP/ps$i.log" 2>&1 &
   PIDS+=($!)
 done
-for i in 0 1; do
-  ip netns exec "$RUN-worker$i" timeout 300 "$WORKER_BIN" "${CLUSTER[@]}" --job_name=worker --task_index=$i \
-    --serve --state_dir="$TMP/state$i" >"$TMP/worker$i.log" 2>&1 &
-  PIDS+=($!)
-done
+# As in the README's "Several hosts": only the chief (worker 0) keeps state.
+ip netns exec "$RUN-worker0" timeout 300 "$WORKER_BIN" "${CLUSTER[@]}" --job_name=worker --task_index=0 \
+  --serve --state_dir="$TMP/state" >"$TMP/worker0.log" 2>&1 &
+PIDS+=($!)
+ip netns exec "$RUN-worker1" timeout 300 "$WORKER_BIN" "${CLUSTER[@]}" --job_name=worker --task_index=1 \
+  --serve >"$TMP/worker1.log" 2>&1 &
+PIDS+=($!)
 
 # From the client namespace: towerctl health until SERVING (60 s deadline),
 # failing early if the process died.
 TC=(in_ns client "$TOWERCTL" --timeout_s=5)
 wait_serving() {  # HOST PID
-  local a="$(addr "$1"):$PORT" t out
-  for ((t = 0; t < 600; t++)); do
-    out=$("${TC[@]}" health "$a" 2>&1) && { pass "$1 at $a: $out (from the client namespace)"; return 0; }
+  local a="$(addr "$1"):$PORT" deadline=$((SECONDS + 60)) out
+  while ((SECONDS < deadline)); do
+    out=$("${TC[@]}" --timeout_s=2 health "$a" 2>&1) && { pass "$1 at $a: $out (from the client namespace)"; return 0; }
     kill -0 "$2" 2>/dev/null || die "$1 exited before serving"
     sleep 0.1
   done
