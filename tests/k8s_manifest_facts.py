@@ -7,6 +7,7 @@ the file, object and field for each broken fact (-v: a PASS line for each
 one that holds too), then how many held, and exits 1 if any failed. Needs PyYAML (the kubernetes-validate venv has it).
 """
 import re
+import subprocess
 import sys
 
 import yaml
@@ -61,6 +62,23 @@ def quantity(q):
     return float(s)
 
 
+def run_command(container, env):
+    """The argv the container's command would exec, as the kubelet and /bin/sh
+    would build it: $(VAR) in env values expanded from the variables before
+    them, then `sh -c` run with `exec BINARY` turned into printing the argv."""
+    resolved = dict(env)
+    for e in container.get("env", []):
+        if "value" in e:
+            resolved[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: resolved.get(m.group(1), m.group(0)),
+                                         e["value"])
+    cmd = list(container.get("command", [])) + list(container.get("args", []))
+    if cmd[:2] != ["/bin/sh", "-c"] or len(cmd) != 3:
+        return None
+    script = re.sub(r"\bexec\s+", "exec printf '%s\\n' ", cmd[2], count=1)
+    out = subprocess.run(["/bin/sh", "-c", script], env=resolved, capture_output=True, text=True)
+    return out.stdout.splitlines() if out.returncode == 0 else None
+
+
 def check_statefulset(fname, objs, role, hosts_env):
     sts = objs.get(("StatefulSet", role))
     if not check(sts is not None, f"{fname}: has StatefulSet {role}"):
@@ -92,6 +110,19 @@ def check_statefulset(fname, objs, role, hosts_env):
               f"{where}: POD_NAMESPACE is defined before {var}")
     check(flags.get("--ps_hosts") == "$PS_HOSTS" and flags.get("--worker_hosts") == "$WORKER_HOSTS",
           f"{where}: --ps_hosts/--worker_hosts from $PS_HOSTS/$WORKER_HOSTS")
+
+    # What pod <role>-1 in namespace ns1 would really run.
+    limit = str(c.get("resources", {}).get("limits", {}).get("cpu", ""))
+    argv = run_command(c, {"POD_NAME": f"{role}-1", "POD_NAMESPACE": "ns1", "CPU_LIMIT": limit,
+                           "PATH": "/usr/bin:/bin"})
+    if check(argv is not None, f"{where}: the command runs under /bin/sh -c"):
+        hosts_ok = all(
+            any(re.fullmatch(rf"--{job}_hosts=({job}-\d+\.{job}\.ns1\.svc:\d+,?)+", a) for a in argv)
+            for job in ("ps", "worker"))
+        check(argv[0] == f"/usr/local/bin/{role}" and "--task_index=1" in argv
+              and f"--job_name={role}" in argv and hosts_ok,
+              f"{where}: pod {role}-1 in ns1 runs /usr/local/bin/{role} --job_name={role} "
+              f"--task_index=1 --ps_hosts=ps-N.ps.ns1.svc:PORT,... (got {argv})")
 
     # Replicas and the host lists: task i of every role must be pod i of its
     # StatefulSet under its headless Service.
@@ -176,6 +207,10 @@ def check_statefulset(fname, objs, role, hosts_env):
         check(flags.get("--blas_threads") == "$CPU_LIMIT" and cpu.get("resource") == "limits.cpu"
               and cpu.get("containerName") == c["name"],
               f"{where}: --blas_threads is the container's own CPU limit")
+    if role == "ps":
+        blas = env.get("OPENBLAS_NUM_THREADS", {}).get("valueFrom", {}).get("resourceFieldRef", {})
+        check(blas.get("resource") == "limits.cpu" and blas.get("containerName") == c["name"],
+              f"{where}: OPENBLAS_NUM_THREADS is the container's own CPU limit")
     return sts
 
 

@@ -13,7 +13,10 @@
 #    --worker_hosts, host names are the headless Services' pod names, the
 #    probes' port is the port the flags give the task, the drain fits the
 #    readiness period and the grace period, the GPU variant is the CPU worker
-#    plus `nvidia.com/gpu: 1`, ... And broken copies fail it, naming the fact.
+#    plus `nvidia.com/gpu: 1`, the container's `sh -c` command really expands
+#    to the right argv for pod X-1 in namespace ns1 (run under /bin/sh with
+#    printf in place of the binary), ... And broken copies fail it, naming
+#    the fact.
 #
 # Python with kubernetes-validate: $TOWERPS_K8S_PYTHON if it imports it
 # (tests/run.sh passes it with --test_env), else the venv tests/k8s_venv.sh
@@ -125,6 +128,8 @@ broken_facts probe_port worker.yaml '/readinessProbe:/,/port:/ s/port: 2222/port
 broken_facts worker_hosts ps.yaml 's/worker-1.worker/worker-2.worker/' "WORKER_HOSTS is the same"
 broken_facts grace worker.yaml 's/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 6/' \
   "terminationGracePeriodSeconds (6) >= --drain_s + 10"
+broken_facts env_typo ps.yaml 's/--ps_hosts="\$PS_HOSTS"/--ps_hosts="$PS_HOST"/' \
+  "pod ps-1 in ns1 runs /usr/local/bin/ps"
 broken_facts gpu_drift gpu/worker.yaml 's/memory: 8Gi/memory: 16Gi/' \
   "gpu/worker.yaml == worker.yaml apart from nvidia.com/gpu"
 
