@@ -12,6 +12,8 @@
 #    down on SIGTERM ("signal 15" in each task's log) and exited 0.
 # 2. A job file the chief rejects: the batch job FAILED with towerctl's exit
 #    2, its output names the bad field, and the cluster still stopped cleanly.
+# 3. scancel while a long job trains: the batch job is CANCELLED and every
+#    task still shut down on SIGTERM (Slurm's own, before its SIGKILL).
 #
 # Skipped, saying so, when Slurm and munge are not installed
 # (deploy/setup.sh --slurm installs them) or when not root. Waits follow
@@ -163,11 +165,10 @@ node_idle() { [ "$(sinfo -h -n "$NODE" -o %T)" = idle ]; }
 wait_for 30 "idle node in sinfo" node_idle
 pass "node $NODE idle after $(( $(date +%s) - start )) s"
 
-# run_job NAME JOB_FILE: sbatch on 4 tasks (2 ps, 2 workers; --overcommit:
-# the node has 2 CPUs); waits until the job has ended; sets JOB_ID, STATE,
-# EXIT (Slurm's "code:signal") and OUT (the batch output file).
-run_job() {
-  local base t info
+# submit_job NAME JOB_FILE: sbatch on 4 tasks (2 ps, 2 workers; --overcommit:
+# the node has 2 CPUs); sets JOB_ID and OUT (the batch output file).
+submit_job() {
+  local base
   base=$(free_block 4) || die "no 4 consecutive free ports"
   OUT="$T/$1.out"
   JOB_ID=$(TOWERPS_BIN_DIR="$T/bin" TOWERPS_BASE_PORT="$base" TOWERPS_STATE_DIR="$T/state_$1" \
@@ -176,6 +177,12 @@ run_job() {
     "$SBATCH_SCRIPT" "$2") || die "sbatch refused $1"
   JOBS+=("$JOB_ID")
   echo "$1: batch job $JOB_ID, tasks on ports $base-$((base + 3))"
+}
+
+# wait_job NAME: until batch job $JOB_ID has ended; sets STATE and EXIT
+# (Slurm's "code:signal").
+wait_job() {
+  local t info
   STATE="" EXIT=""
   for ((t = 0; t < 1200; t++)); do
     info=$(scontrol show job -o "$JOB_ID" 2>/dev/null)
@@ -186,6 +193,8 @@ run_job() {
   done
   die "$1: batch job $JOB_ID still $STATE after 120 s"
 }
+
+run_job() { submit_job "$1" "$2" && wait_job "$1"; }
 
 # every_task_stopped NAME: each task's log shows the SIGTERM shutdown.
 every_task_stopped() {
@@ -242,6 +251,25 @@ else
   fail "bad: the output does not name 'units': $(tail -n 5 "$OUT")"
 fi
 every_task_stopped bad
+
+echo "== scancel while a job trains: the cluster stops on SIGTERM all the same"
+python3 - "$MLP_JOB" "$T/mlp_long.json" <<'PY'
+import json, sys
+job = json.load(open(sys.argv[1]))
+job["job_id"] = "slurm_long"
+job["epochs"] = 50
+json.dump(job, open(sys.argv[2], "w"))
+PY
+t0=$(date +%s)
+submit_job long "$T/mlp_long.json"
+training() { grep -q "PROGRESS" "$OUT"; }
+wait_for 60 "progress of the long job in $OUT" training
+scancel "$JOB_ID"
+wait_job long
+echo "long: $STATE, exit $EXIT, $(( $(date +%s) - t0 )) s"
+[ "$STATE" = CANCELLED ] && pass "long: batch job CANCELLED" || fail "long: batch job $STATE (want CANCELLED)"
+grep -q "STATE *SUCCEEDED" "$OUT" && fail "long: the 50-epoch job SUCCEEDED before scancel"
+every_task_stopped long
 
 echo "slurm_test: $(( $(date +%s) - start )) s"
 if [ "$FAILS" -gt 0 ]; then
