@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything towerps needs on a fresh Debian 12 machine. Idempotent:
 # does nothing when every package is already there. Run as root (or with sudo).
+# Opt-in extras: --slurm (see below).
 set -euo pipefail
 
 PACKAGES=(
@@ -15,6 +16,18 @@ PACKAGES=(
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
   python3 iproute2 procps
 )
+
+# --- Opt-in: Slurm for tests/slurm_test.sh (issue 14) ---
+# `deploy/setup.sh --slurm` also installs Debian's Slurm 22.05 (slurmctld,
+# slurmd, sbatch/srun/sinfo) and munge; tests/slurm_test.sh is skipped without
+# them. Not in the list above: only that test needs them.
+for arg in "$@"; do
+  case "$arg" in
+    --slurm) PACKAGES+=(slurm-wlm munge) ;;
+    *) echo "setup: unknown flag $arg (usage: deploy/setup.sh [--slurm])" >&2; exit 2 ;;
+  esac
+done
+# --- end Slurm opt-in ---
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -25,6 +25,7 @@ done
 deploy/setup.sh >/dev/null || exit 1
 . tests/tb_venv.sh
 . tests/health_venv.sh
+. tests/k8s_venv.sh  # issue 14: kubernetes-validate for //tests:k8s_manifests_test
 BUSY=()
 cleanup() { for p in "${BUSY[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap cleanup EXIT
@@ -39,7 +40,8 @@ query() { bazel query --noshow_progress "$1" 2>/dev/null | sort; }
 mapfile -t UNIT < <(query "kind(cc_test, $union) except attr(tags, gpu, $union)")
 mapfile -t MULTI < <(query "kind(sh_test, $union) except attr(tags, gpu, $union)")
 ARGS=(--test_output=summary --test_summary=short --test_env=TOWERPS_TB_PYTHON="$TB_PYTHON"
-      --test_env=TOWERPS_HEALTH_PYTHON="$HEALTH_PYTHON")
+      --test_env=TOWERPS_HEALTH_PYTHON="$HEALTH_PYTHON"
+      --test_env=TOWERPS_K8S_PYTHON="$K8S_PYTHON")
 
 declare -A PASS RUNS
 FAILED_LOGS=()

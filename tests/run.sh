@@ -6,9 +6,11 @@ cd "$(dirname "$0")/.."
 deploy/setup.sh || exit 1
 . tests/tb_venv.sh
 . tests/health_venv.sh
+. tests/k8s_venv.sh  # issue 14: kubernetes-validate for //tests:k8s_manifests_test
 log=$(mktemp)
 bazel test --test_output=errors --test_summary=short --test_tag_filters=-gpu \
   --test_env=TOWERPS_TB_PYTHON="$TB_PYTHON" --test_env=TOWERPS_HEALTH_PYTHON="$HEALTH_PYTHON" \
+  --test_env=TOWERPS_K8S_PYTHON="$K8S_PYTHON" \
   //... "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
