@@ -193,16 +193,26 @@ def check_statefulset(fname, objs, role, hosts_env):
         if check(req is not None and lim is not None, f"{where}: {r} request and limit set"):
             check(quantity(lim) >= quantity(req), f"{where}: {r} limit {lim} >= request {req}")
 
-    # State: the claim template is mounted.
-    claims = {t["metadata"]["name"] for t in spec.get("volumeClaimTemplates", [])}
+    # State: every pod mounts the one shared claim (state.yaml) at the same
+    # path, since the ps write their shards where the chief reads them.
+    claims = {v["name"] for v in pod.get("volumes", [])
+              if v.get("persistentVolumeClaim", {}).get("claimName") == SHARED_CLAIM}
     mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
-    check(claims and claims <= mounts.keys(),
-          f"{where}: volumeClaimTemplates {sorted(claims)} mounted ({sorted(mounts)})")
+    check(not spec.get("volumeClaimTemplates"), f"{where}: no per-pod volumeClaimTemplates")
+    check(claims and claims <= mounts.keys()
+          and {mounts[n] for n in claims} == {STATE_PATH},
+          f"{where}: claim {SHARED_CLAIM} mounted at {STATE_PATH} ({mounts})")
     if role == "worker":
         check("--serve" in flags, f"{where}: workers run --serve (worker-0 is the chief)")
         sd = flags.get("--state_dir", "")
-        check(any(sd == p or sd.startswith(p.rstrip("/") + "/") for n, p in mounts.items() if n in claims),
-              f"{where}: --state_dir {sd} is on a claimed volume {sorted(mounts.values())}")
+        check(sd == STATE_PATH, f"{where}: --state_dir {sd} is the shared volume's {STATE_PATH}")
+        timeout = flags.get("--stop_checkpoint_timeout_s")
+        if check(timeout is not None and re.fullmatch(r"\d+(\.\d+)?", timeout or ""),
+                 f"{where}: --stop_checkpoint_timeout_s set (got {timeout})"):
+            # The others keep serving for their drain while the chief
+            # reaches a step boundary and writes the checkpoint.
+            check(isinstance(drain, float) and float(timeout) < drain,
+                  f"{where}: --stop_checkpoint_timeout_s ({timeout}) < --drain_s ({drain})")
         cpu = env.get("CPU_LIMIT", {}).get("valueFrom", {}).get("resourceFieldRef", {})
         check(flags.get("--blas_threads") == "$CPU_LIMIT" and cpu.get("resource") == "limits.cpu"
               and cpu.get("containerName") == c["name"],
@@ -212,6 +222,17 @@ def check_statefulset(fname, objs, role, hosts_env):
         check(blas.get("resource") == "limits.cpu" and blas.get("containerName") == c["name"],
               f"{where}: OPENBLAS_NUM_THREADS is the container's own CPU limit")
     return sts
+
+
+SHARED_CLAIM = "towerps-state"
+STATE_PATH = "/var/lib/towerps"
+
+
+def check_state_claim(objs):
+    pvc = objs.get(("PersistentVolumeClaim", SHARED_CLAIM))
+    if check(pvc is not None, f"state.yaml: PersistentVolumeClaim {SHARED_CLAIM}"):
+        check(pvc["spec"].get("accessModes") == ["ReadWriteMany"],
+              f"state.yaml: {SHARED_CLAIM} is ReadWriteMany (got {pvc['spec'].get('accessModes')})")
 
 
 def main():
@@ -225,6 +246,7 @@ def main():
     ps = load(f"{d}/ps.yaml")
     wk = load(f"{d}/worker.yaml")
     gpu = load(f"{d}/gpu/worker.yaml")
+    check_state_claim(load(f"{d}/state.yaml"))
     sets = [check_statefulset("ps.yaml", ps, "ps", "PS_HOSTS"),
             check_statefulset("worker.yaml", wk, "worker", "WORKER_HOSTS"),
             check_statefulset("gpu/worker.yaml", gpu, "worker", "WORKER_HOSTS")]

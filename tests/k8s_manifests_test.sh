@@ -50,7 +50,7 @@ kv() { KV_OUT=$("$PY" -m kubernetes_validate "$@" 2>&1); }
 # three the facts check must be among them.
 mapfile -t FILES < <(cd "$K8S_DIR" && find -L . -name '*.yaml' | sed 's|^\./||' | sort)
 echo "manifests: ${FILES[*]}"
-for f in ps.yaml worker.yaml gpu/worker.yaml; do
+for f in ps.yaml worker.yaml gpu/worker.yaml state.yaml; do
   [[ " ${FILES[*]} " == *" $f "* ]] || die "deploy/k8s/$f is missing"
 done
 
@@ -130,6 +130,10 @@ broken_facts grace worker.yaml 's/terminationGracePeriodSeconds: 30/terminationG
   "terminationGracePeriodSeconds (6) >= --drain_s + 10"
 broken_facts env_typo ps.yaml 's/--ps_hosts="\$PS_HOSTS"/--ps_hosts="$PS_HOST"/' \
   "pod ps-1 in ns1 runs /usr/local/bin/ps"
+broken_facts shared_state state.yaml 's/\["ReadWriteMany"\]/["ReadWriteOnce"]/' \
+  "towerps-state is ReadWriteMany"
+broken_facts stop_timeout worker.yaml 's/--stop_checkpoint_timeout_s=8/--stop_checkpoint_timeout_s=20/' \
+  "--stop_checkpoint_timeout_s (20) < --drain_s (10.0)"
 broken_facts gpu_drift gpu/worker.yaml 's/memory: 8Gi/memory: 16Gi/' \
   "gpu/worker.yaml == worker.yaml apart from nvidia.com/gpu"
 
