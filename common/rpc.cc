@@ -85,11 +85,15 @@ void EnableHealthAndReflectionOnce() {
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    int* bound_port, const std::vector<std::string>& health_names) {
+    int* bound_port, const std::vector<std::string>& health_names,
+    const RpcSecurity* security) {
   EnableHealthAndReflectionOnce();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address,
+                           security != nullptr ? security->ServerCredentials()
+                                               : grpc::InsecureServerCredentials(),
+                           &port);
   // gRPC sets SO_REUSEPORT by default: a second server on a taken port would
   // start without error and share the calls with the first. Never wanted.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -122,7 +126,8 @@ void BeginDraining(grpc::Server& server) {
   if (auto* health = server.GetHealthCheckService()) health->Shutdown();
 }
 
-std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& address,
+                                          const RpcSecurity* security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -135,7 +140,11 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   // At 100 ms, a freshly started server on a loaded machine missed it over
   // and over ("tcp handshaker shutdown") for many seconds.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (security == nullptr) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, security->ChannelCredentials(), args, security->ClientInterceptors());
 }
 
 void TuneAllocatorForLargeMessages() {

@@ -14,6 +14,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/server.h"
 #include "grpcpp/impl/codegen/service_type.h"
+#include "common/rpc_security.h"
 
 namespace towerps::common {
 
@@ -31,7 +32,9 @@ constexpr int64_t kDefaultChunkBytes = 1 << 20;
 // service) and server reflection. Health reports the overall status ("") and
 // each name in `health_names` (full service names, such as
 // "towerps.v1.ParameterService"); Check answers any other name with
-// NOT_FOUND, which health clients print as SERVICE_UNKNOWN. Their lifecycle:
+// NOT_FOUND, which health clients print as SERVICE_UNKNOWN. `security` (not
+// owned; null: plaintext, no token) sets TLS / mutual TLS and the token check
+// on every call but health's (common/rpc_security.h). Their lifecycle:
 //
 //   StartServer --> NOT_SERVING --SetServing--> SERVING --BeginDraining--> NOT_SERVING
 //                        |                                                 (final)
@@ -42,7 +45,8 @@ constexpr int64_t kDefaultChunkBytes = 1 << 20;
 // the port opens may still read SERVING.)
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    int* bound_port, const std::vector<std::string>& health_names = {});
+    int* bound_port, const std::vector<std::string>& health_names = {},
+    const RpcSecurity* security = nullptr);
 
 // Reports the overall status and every name given to StartServer as
 // SERVING: call once the process can take calls. No effect after
@@ -54,8 +58,11 @@ void SetServing(grpc::Server& server);
 // sending calls.
 void BeginDraining(grpc::Server& server);
 
-// An insecure channel with our message-size limits.
-std::shared_ptr<grpc::Channel> NewChannel(const std::string& address);
+// A channel with our message-size limits. `security` (not owned; null:
+// plaintext, no token) sets its TLS credentials and adds the token to every
+// call.
+std::shared_ptr<grpc::Channel> NewChannel(const std::string& address,
+                                          const RpcSecurity* security = nullptr);
 
 // Large tensors are sent every step. glibc returns big blocks to the kernel on
 // free and faults fresh pages in on the next malloc (seen as ~17% of a
