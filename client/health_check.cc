@@ -24,8 +24,9 @@ const char* ServingStateName(ServingState state) {
 }
 
 absl::StatusOr<ServingState> CheckHealth(const std::string& address, const std::string& service,
-                                         absl::Duration timeout) {
-  auto stub = grpc::health::v1::Health::NewStub(common::NewChannel(address));
+                                         absl::Duration timeout,
+                                         const common::RpcSecurity* security) {
+  auto stub = grpc::health::v1::Health::NewStub(common::NewChannel(address, security));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   grpc::health::v1::HealthCheckRequest request;

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc_security.h"
 
 namespace towerps::client {
 
@@ -29,9 +30,12 @@ const char* ServingStateName(ServingState state);
 // most `timeout`. A server's NOT_FOUND (a name it does not know) is
 // kServiceUnknown, not an error. Errors: Unavailable or DeadlineExceeded when
 // the address cannot be reached in time; Unimplemented when the server has no
-// health service; any other status the server returned.
+// health service; any other status the server returned. `security` (not
+// owned; null: plaintext) sets TLS; health needs no token, but one is sent
+// when given.
 absl::StatusOr<ServingState> CheckHealth(const std::string& address, const std::string& service,
-                                         absl::Duration timeout);
+                                         absl::Duration timeout,
+                                         const common::RpcSecurity* security = nullptr);
 
 }  // namespace towerps::client
 

@@ -72,6 +72,13 @@ Global options (anywhere on the line; also as --name VALUE):
   --chief=HOST:PORT     The chief's JobService. Default: $TOWERCTL_CHIEF.
   --output=table|json   json: the response as protobuf JSON (logs: one JSON
                         object per event and line). Default: table.
+  --tls_ca=PEM          TLS: verify the chief (or the health address) with these
+                        CA certificates; it must name the address dialed (SAN).
+  --tls_cert=PEM --tls_key=PEM
+                        Client certificate and key, for servers that require
+                        mutual TLS.
+  --auth_token_file=F   The cluster's bearer token (alternative:
+                        $TOWERPS_AUTH_TOKEN; not both). Health needs none.
   --timeout_s=N         Deadline of each call in seconds. Default: 10. Followed
                         streams (logs -f, submit --wait) have none; export has
                         60 x N.
@@ -106,6 +113,7 @@ struct Options {
   std::string chief;
   bool json = false;
   double timeout_s = 10;
+  std::shared_ptr<const common::RpcSecurity> security;
 };
 
 // One command's run: its options, output streams and stub.
@@ -715,7 +723,7 @@ int Health(const TowerctlEnv& env, const Options& opts, const std::vector<std::s
   if (!Positional(env, "health", positional, {"HOST:PORT"}, &code)) return code;
   const std::string& address = positional[0];
   absl::StatusOr<ServingState> state =
-      CheckHealth(address, service, absl::Seconds(opts.timeout_s));
+      CheckHealth(address, service, absl::Seconds(opts.timeout_s), opts.security.get());
   if (!state.ok()) {
     if (absl::IsUnavailable(state.status()) || absl::IsDeadlineExceeded(state.status())) {
       env.err << "towerctl: cannot reach " << address << ": "
@@ -741,8 +749,9 @@ int Health(const TowerctlEnv& env, const Options& opts, const std::vector<std::s
 }  // namespace
 
 JobServiceStubFactory DefaultJobServiceStubFactory() {
-  return [](const std::string& chief) -> std::unique_ptr<v1::JobService::StubInterface> {
-    return v1::JobService::NewStub(common::NewChannel(chief));
+  return [](const std::string& chief, const common::RpcSecurity& security)
+             -> std::unique_ptr<v1::JobService::StubInterface> {
+    return v1::JobService::NewStub(common::NewChannel(chief, &security));
   };
 }
 
@@ -751,6 +760,7 @@ std::string TowerctlUsage() { return kUsage; }
 int RunTowerctl(const std::vector<std::string>& args, const TowerctlEnv& env) {
   Options opts;
   std::string chief_flag, output = "table", timeout;
+  common::RpcSecurityOptions security;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -761,7 +771,11 @@ int RunTowerctl(const std::vector<std::string>& args, const TowerctlEnv& env) {
     std::string error;
     if (TakeGlobalOption(args, &i, "chief", &chief_flag, &error) ||
         TakeGlobalOption(args, &i, "output", &output, &error) ||
-        TakeGlobalOption(args, &i, "timeout_s", &timeout, &error)) {
+        TakeGlobalOption(args, &i, "timeout_s", &timeout, &error) ||
+        TakeGlobalOption(args, &i, "tls_cert", &security.tls_cert, &error) ||
+        TakeGlobalOption(args, &i, "tls_key", &security.tls_key, &error) ||
+        TakeGlobalOption(args, &i, "tls_ca", &security.tls_ca, &error) ||
+        TakeGlobalOption(args, &i, "auth_token_file", &security.auth_token_file, &error)) {
       if (!error.empty()) return UsageError(env, error);
       continue;
     }
@@ -796,6 +810,11 @@ int RunTowerctl(const std::vector<std::string>& args, const TowerctlEnv& env) {
     return UsageError(env, absl::StrCat("--timeout_s must be a positive number of seconds, not \"",
                                         timeout, "\""));
   }
+  security.auth_token_env = env.auth_token_from_env;
+  absl::StatusOr<std::shared_ptr<const common::RpcSecurity>> made =
+      common::RpcSecurity::Create(security, common::RpcRole::kClient);
+  if (!made.ok()) return UsageError(env, std::string(made.status().message()));
+  opts.security = *std::move(made);
   if (command == "health") return Health(env, opts, rest);
   opts.chief = !chief_flag.empty() ? chief_flag : env.chief_from_env;
   if (opts.chief.empty()) {
@@ -824,7 +843,7 @@ int RunTowerctl(const std::vector<std::string>& args, const TowerctlEnv& env) {
     rest = positional;
   }
 
-  Call call{env, opts, env.stub_factory(opts.chief)};
+  Call call{env, opts, env.stub_factory(opts.chief, *opts.security)};
   if (call.stub == nullptr) {
     env.err << "towerctl: cannot make a client for the chief at " << opts.chief << "\n";
     return kExitUnreachable;

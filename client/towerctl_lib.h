@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/rpc_security.h"
 #include "proto/job_service.grpc.pb.h"
 
 namespace towerps::client {
@@ -25,11 +26,12 @@ enum ExitCode : int {
   kExitUnreachable = 3,  // The chief cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED).
 };
 
-// Makes a JobService stub for the chief's "host:port".
-using JobServiceStubFactory =
-    std::function<std::unique_ptr<v1::JobService::StubInterface>(const std::string& chief)>;
+// Makes a JobService stub for the chief's "host:port", with the TLS and token
+// settings of the command line.
+using JobServiceStubFactory = std::function<std::unique_ptr<v1::JobService::StubInterface>(
+    const std::string& chief, const common::RpcSecurity& security)>;
 
-// An insecure channel with common::NewChannel's limits.
+// A channel made by common::NewChannel (its limits; `security`'s TLS and token).
 JobServiceStubFactory DefaultJobServiceStubFactory();
 
 // What towerctl takes from its process. The streams are not owned and must
@@ -42,6 +44,9 @@ struct TowerctlEnv {
   bool stdout_is_tty = false;
   // $TOWERCTL_CHIEF, used when --chief is not given. Default: empty (unset).
   std::string chief_from_env;
+  // $TOWERPS_AUTH_TOKEN, used as the token when --auth_token_file is not
+  // given (both set is an error). Default: empty (unset).
+  std::string auth_token_from_env;
   // Default: DefaultJobServiceStubFactory().
   JobServiceStubFactory stub_factory = DefaultJobServiceStubFactory();
 };

@@ -413,9 +413,9 @@ TEST_F(TowerctlTest, ChiefComesFromTheFlagOrTheEnvironment) {
   std::vector<std::string> asked;
   std::ostringstream out, err;
   TowerctlEnv env{out, err, false, chief_};
-  env.stub_factory = [&asked](const std::string& chief) {
+  env.stub_factory = [&asked](const std::string& chief, const common::RpcSecurity& security) {
     asked.push_back(chief);
-    return DefaultJobServiceStubFactory()(chief);
+    return DefaultJobServiceStubFactory()(chief, security);
   };
   EXPECT_EQ(RunTowerctl({"list"}, env), 0) << err.str();
   EXPECT_TRUE(Contains(out.str(), "mnist"));

@@ -11,7 +11,9 @@
 
 int main(int argc, char** argv) {
   const char* chief = std::getenv("TOWERCTL_CHIEF");
+  const char* token = std::getenv(towerps::common::kAuthTokenEnvVar);
   towerps::client::TowerctlEnv env{std::cout, std::cerr, isatty(STDOUT_FILENO) == 1,
                                    chief != nullptr ? chief : ""};
+  env.auth_token_from_env = token != nullptr ? token : "";
   return towerps::client::RunTowerctl(std::vector<std::string>(argv + 1, argv + argc), env);
 }

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
+#include "common/rpc_security_flags.h"
 #include "common/shutdown_signal.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/parameter_server.h"
@@ -55,6 +56,11 @@ int main(int argc, char** argv) {
     std::cerr << "ps: --drain_s=" << d << " must be in [0, 3600] seconds\n";
     return 2;
   }
+  auto security = towerps::common::RpcSecurityFromCommandLine(towerps::common::RpcRole::kServer);
+  if (!security.ok()) {
+    std::cerr << "ps: " << security.status().message() << "\n";
+    return 2;
+  }
   towerps::ps::ParameterServer ps(
       {.task_index = spec->task_index,
        .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),
@@ -78,7 +84,8 @@ int main(int argc, char** argv) {
   towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes), metrics.get());
   int port = 0;
   auto server = towerps::common::StartServer(
-      address, {&service}, &port, {towerps::v1::ParameterService::service_full_name()});
+      address, {&service}, &port, {towerps::v1::ParameterService::service_full_name()},
+      security->get());
   if (!server.ok()) {
     std::cerr << "ps: " << server.status().message() << "\n";
     return 1;
@@ -87,6 +94,7 @@ int main(int argc, char** argv) {
   towerps::common::SetServing(**server);
   TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
              << address << " (port " << port << ")";
+  TLOG(INFO) << "ps " << spec->task_index << ": " << (*security)->Describe();
   const int sig = (*stop)->Wait();  // later signals are ignored
   const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_s));
   TLOG(INFO) << "ps " << spec->task_index << ": signal " << sig << ", shutting down (drain "

@@ -23,6 +23,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/rpc.h"
+#include "common/rpc_security_flags.h"
 #include "common/shutdown_signal.h"
 #include "google/protobuf/util/json_util.h"
 #include "proto/job.pb.h"
@@ -196,6 +197,7 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
     mopts.cluster = spec;
     mopts.state_dir = absl::GetFlag(FLAGS_state_dir);
     mopts.local = &runtime;
+    mopts.security = env.security;
     auto m = towerps::worker::JobManager::Create(mopts);
     if (!m.ok()) return Fail("job service", m.status(), 2);
     manager = std::move(*m);
@@ -215,7 +217,8 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
   int port = 0;
   std::vector<std::string> health_names = {towerps::v1::WorkerService::service_full_name()};
   if (job_service != nullptr) health_names.push_back(towerps::v1::JobService::service_full_name());
-  auto server = towerps::common::StartServer(address, services, &port, health_names);
+  auto server = towerps::common::StartServer(address, services, &port, health_names,
+                                             env.security.get());
   if (!server.ok()) return Fail("serve", server.status(), 1);
   // The runtime takes calls as soon as it exists, and the chief's job store
   // was loaded by manager->Start() above: ready (grpc.health.v1 SERVING).
@@ -224,6 +227,7 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
              << (spec.is_chief() ? absl::StrCat("; chief: JobService up, state in ",
                                                 absl::GetFlag(FLAGS_state_dir))
                                  : std::string());
+  TLOG(INFO) << spec.TaskName() << ": " << env.security->Describe();
   const int sig = stop.Wait();  // later signals are ignored
   const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_s));
   const absl::Time drain_end = absl::Now() + drain;
@@ -286,8 +290,12 @@ int main(int argc, char** argv) {
   };
   auto devices = towerps::worker::DeviceManager::Create(dopts);
   if (!devices.ok()) return Fail("devices", devices.status(), 2);
+  auto security =
+      towerps::common::RpcSecurityFromCommandLine(towerps::common::RpcRole::kServerAndClient);
+  if (!security.ok()) return Fail("flags", security.status(), 2);
   towerps::worker::WorkerEnv env;
   env.cluster = *spec;
+  env.security = *security;
   env.devices = devices->get();
   env.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   env.wait_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s));

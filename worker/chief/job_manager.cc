@@ -63,7 +63,8 @@ class JobManager::Impl {
     TOWERPS_ASSIGN_OR_RETURN(store_, JobStore::Open(options_.state_dir));
     const common::ClusterSpec& c = options_.cluster;
     for (int p = 0; p < static_cast<int>(c.ps.size()); ++p) {
-      ps_.push_back(options_.ps_factory ? options_.ps_factory(p) : NewGrpcPsControl(c.ps[p]));
+      ps_.push_back(options_.ps_factory ? options_.ps_factory(p)
+                                        : NewGrpcPsControl(c.ps[p], options_.security));
     }
     checkpointer_ = std::make_unique<Checkpointer>(Pointers(ps_), *store_);
     hooks_ = std::make_unique<ChiefHooks>(*store_, *checkpointer_);
@@ -74,7 +75,7 @@ class JobManager::Impl {
       } else if (w == c.task_index) {
         workers_.push_back(NewInProcessWorkerClient(*options_.local, hooks));
       } else {
-        workers_.push_back(NewGrpcWorkerClient(c.worker[w]));
+        workers_.push_back(NewGrpcWorkerClient(c.worker[w], options_.security));
       }
     }
     DispatcherOptions d;

@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/cluster_spec.h"
+#include "common/rpc_security.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
 #include "worker/chief/ps_control.h"
@@ -57,6 +58,9 @@ struct JobManagerOptions {
   absl::Duration control_timeout = absl::Minutes(5);
   // Wait before restarting a failed attempt.
   absl::Duration restart_backoff = absl::Seconds(1);
+  // TLS and token of the channels to the servers and workers. Default:
+  // plaintext, no token.
+  std::shared_ptr<const common::RpcSecurity> security = common::RpcSecurity::Insecure();
 
   // Seams for tests. Default: gRPC clients to the cluster's addresses, and
   // `local` in-process (with `hooks`) for the chief's own task.

@@ -12,8 +12,8 @@ namespace {
 
 class GrpcPsControl final : public PsControl {
  public:
-  explicit GrpcPsControl(const std::string& address)
-      : stub_(v1::ParameterService::NewStub(common::NewChannel(address))) {}
+  GrpcPsControl(const std::string& address, const common::RpcSecurity& security)
+      : stub_(v1::ParameterService::NewStub(common::NewChannel(address, &security))) {}
 
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const std::string& job_id,
                                                   absl::Duration timeout) override {
@@ -60,8 +60,9 @@ class GrpcPsControl final : public PsControl {
 
 }  // namespace
 
-std::unique_ptr<PsControl> NewGrpcPsControl(const std::string& address) {
-  return std::make_unique<GrpcPsControl>(address);
+std::unique_ptr<PsControl> NewGrpcPsControl(
+    const std::string& address, std::shared_ptr<const common::RpcSecurity> security) {
+  return std::make_unique<GrpcPsControl>(address, *security);
 }
 
 }  // namespace towerps::worker

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc_security.h"
 #include "proto/ps.pb.h"
 
 namespace towerps::worker {
@@ -34,7 +35,8 @@ class PsControl {
 };
 
 // A ps process at `address` ("host:port").
-std::unique_ptr<PsControl> NewGrpcPsControl(const std::string& address);
+std::unique_ptr<PsControl> NewGrpcPsControl(
+    const std::string& address, std::shared_ptr<const common::RpcSecurity> security);
 
 }  // namespace towerps::worker
 

@@ -17,8 +17,8 @@ std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
 
 class GrpcWorkerClient final : public WorkerClient {
  public:
-  explicit GrpcWorkerClient(const std::string& address)
-      : stub_(v1::WorkerService::NewStub(common::NewChannel(address))) {}
+  GrpcWorkerClient(const std::string& address, const common::RpcSecurity& security)
+      : stub_(v1::WorkerService::NewStub(common::NewChannel(address, &security))) {}
 
   absl::Status StartJob(const v1::StartJobRequest& request) override {
     grpc::ClientContext ctx;
@@ -78,8 +78,9 @@ class InProcessWorkerClient final : public WorkerClient {
 
 }  // namespace
 
-std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address) {
-  return std::make_unique<GrpcWorkerClient>(address);
+std::unique_ptr<WorkerClient> NewGrpcWorkerClient(
+    const std::string& address, std::shared_ptr<const common::RpcSecurity> security) {
+  return std::make_unique<GrpcWorkerClient>(address, *security);
 }
 
 std::unique_ptr<WorkerClient> NewInProcessWorkerClient(WorkerRuntime& runtime,

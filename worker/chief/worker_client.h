@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc_security.h"
 #include "proto/worker.pb.h"
 #include "worker/train/job_runner.h"
 #include "worker/train/worker_service.h"
@@ -44,7 +45,8 @@ using JobHooksProvider = std::function<JobHooks(const v1::StartJobRequest&)>;
 
 // A worker process at `address` ("host:port"). StartJob waits for the
 // channel to be ready for up to 5 s; StopJob up to 35 s.
-std::unique_ptr<WorkerClient> NewGrpcWorkerClient(const std::string& address);
+std::unique_ptr<WorkerClient> NewGrpcWorkerClient(
+    const std::string& address, std::shared_ptr<const common::RpcSecurity> security);
 
 // The chief's own worker: `runtime` (not owned, must outlive the client)
 // runs each job with the hooks `hooks(request)` returns.

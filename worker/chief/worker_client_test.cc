@@ -17,7 +17,7 @@ bool IsUnreachable(const absl::Status& s) {
 constexpr char kNobody[] = "127.0.0.1:1";
 
 TEST(GrpcWorkerClientTest, AWorkerThatDoesNotAnswer) {
-  std::unique_ptr<WorkerClient> w = NewGrpcWorkerClient(kNobody);
+  std::unique_ptr<WorkerClient> w = NewGrpcWorkerClient(kNobody, common::RpcSecurity::Insecure());
   const absl::Time start = absl::Now();
   absl::Status st = w->GetStatus(absl::Milliseconds(500)).status();
   EXPECT_TRUE(IsUnreachable(st)) << st;
@@ -25,7 +25,7 @@ TEST(GrpcWorkerClientTest, AWorkerThatDoesNotAnswer) {
 }
 
 TEST(GrpcPsControlTest, APsThatDoesNotAnswer) {
-  std::unique_ptr<PsControl> ps = NewGrpcPsControl(kNobody);
+  std::unique_ptr<PsControl> ps = NewGrpcPsControl(kNobody, common::RpcSecurity::Insecure());
   absl::Status st = ps->GetStatus("", absl::Milliseconds(500)).status();
   EXPECT_TRUE(IsUnreachable(st)) << st;
   st = ps->DeleteJob("j", absl::Milliseconds(300)).status();

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/cancellation.h"
+#include "common/rpc_security.h"
 #include "common/cluster_spec.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
@@ -37,6 +38,8 @@ struct WorkerEnv {
   bool log_device_placement = false;
   std::string layout;            // "" or "classic".
   WorkerMetrics* metrics = nullptr;  // Not owned; may be null (no --metrics_port).
+  // TLS and token of the channels to the servers. Default: plaintext, no token.
+  std::shared_ptr<const common::RpcSecurity> security = common::RpcSecurity::Insecure();
 };
 
 // Callbacks and controls of one run. All optional.

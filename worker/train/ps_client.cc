@@ -42,7 +42,7 @@ class GrpcParameterClient : public ParameterClient {
     }
     const int n = static_cast<int>(options_.ps_addresses.size());
     for (int s = 0; s < n; ++s) {
-      channels_.push_back(common::NewChannel(options_.ps_addresses[s]));
+      channels_.push_back(common::NewChannel(options_.ps_addresses[s], options_.security.get()));
       stubs_.push_back(v1::ParameterService::NewStub(channels_.back()));
       on_server_.push_back(placement_.VariablesOn(s));
     }

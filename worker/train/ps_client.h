@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/cancellation.h"
+#include "common/rpc_security.h"
 #include "common/tensor.h"
 #include "proto/job.pb.h"
 #include "proto/ps.pb.h"
@@ -56,6 +57,8 @@ struct ParameterClientOptions {
   // flight: Register, Pull and Push then return CANCELLED at once. Not owned;
   // may be null.
   const common::CancellationToken* cancel = nullptr;
+  // TLS and token of the channels. Default: plaintext, no token.
+  std::shared_ptr<const common::RpcSecurity> security = common::RpcSecurity::Insecure();
 };
 
 struct PushResult {
