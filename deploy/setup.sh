@@ -16,6 +16,9 @@ PACKAGES=(
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
   python3 iproute2 procps
 )
+# --- TLS (issue 15): openssl makes tests/tls_test.sh's certificates (README: "TLS and tokens") ---
+PACKAGES+=(openssl)
+# --- end TLS ---
 
 # --- Opt-in: Slurm for tests/slurm_test.sh (issue 14) ---
 # `deploy/setup.sh --slurm` also installs Debian's Slurm 22.05 (slurmctld,

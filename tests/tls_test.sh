@@ -57,30 +57,9 @@ else
   PY="$HEALTH_PYTHON"
 fi
 
-# --- certificates -----------------------------------------------------------
+# --- certificates (tests/make_certs.sh: ca, node, client; other_ca, rogue) -----------
 C="$TMP/certs"
-mkdir -p "$C"
-ossl() { openssl "$@" >>"$C/openssl.log" 2>&1 || die "openssl $1 failed: $(tail -5 "$C/openssl.log")"; }
-# new_ca NAME
-new_ca() {
-  ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-    -subj "/CN=towerps test $1" -keyout "$C/$1.key" -out "$C/$1.pem"
-}
-# new_cert CA NAME EXTENSIONS
-new_cert() {
-  ossl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-    -subj "/CN=towerps $2" -keyout "$C/$2.key" -out "$C/$2.csr"
-  printf '%s\n' "$3" >"$C/$2.ext"
-  ossl x509 -req -in "$C/$2.csr" -CA "$C/$1.pem" -CAkey "$C/$1.key" -CAcreateserial \
-    -days 2 -extfile "$C/$2.ext" -out "$C/$2.pem"
-}
-new_ca ca
-new_ca other_ca
-# The cluster's processes serve with it and present it when they call each other.
-new_cert ca node $'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth'
-new_cert ca client 'extendedKeyUsage=clientAuth'
-new_cert other_ca rogue 'extendedKeyUsage=clientAuth'
-# A server certificate the client must not accept: signed by the other CA.
+"${PWD}/tests/make_certs.sh" "$C" || die "cannot make certificates"
 TOKEN="tok-$(openssl rand -hex 16)"
 printf '%s\n' "$TOKEN" >"$TMP/token"
 printf 'not-%s\n' "$TOKEN" >"$TMP/wrong_token"

@@ -12,7 +12,12 @@
 //
 //   bazel run -c opt //tests/bench:ps_throughput -- [--rounds=10]
 //       [--chunk_sizes=1048576,4194304,16777216] [--json=PATH]
-//       [--no_malloc_tuning]
+//       [--no_malloc_tuning] [--tls_dir=DIR]
+//
+// --tls_dir (issue 15): a directory made by tests/make_certs.sh; adds a
+// `ps_tls` row per chunk size: the same ps path over mutual TLS (P-256
+// certificates) with a bearer token checked on every call, on its own two
+// servers, so that `ps_tls` vs `ps` is the cost of transport security.
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -36,6 +41,7 @@
 #include "absl/strings/str_split.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
+#include "common/rpc_security.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "proto/job.pb.h"
@@ -59,6 +65,8 @@ ABSL_FLAG(std::string, chunk_sizes, "1048576,4194304,16777216",
 ABSL_FLAG(std::string, json, "", "If set, also write the rows as JSON to this path.");
 ABSL_FLAG(bool, no_malloc_tuning, false,
           "Skip common::TuneAllocatorForLargeMessages(), to measure its effect.");
+ABSL_FLAG(std::string, tls_dir, "",
+          "Directory from tests/make_certs.sh: adds ps_tls rows (mutual TLS + token).");
 ABSL_FLAG(int64_t, tcp_io_bytes, 1 << 20, "Bytes per read()/write() call on the TCP path.");
 
 namespace towerps::bench {
@@ -78,6 +86,7 @@ struct BenchOptions {
   std::string json_path;
   bool malloc_tuning = true;
   int64_t tcp_io_bytes = 1 << 20;
+  std::string tls_dir;  // "": no ps_tls rows.
 };
 
 struct Row {
@@ -187,8 +196,10 @@ absl::StatusOr<Row> RunEcho(const BenchOptions& opt, Payload payload, int64_t ch
 // the initializer's values and its SGD check is independent.
 absl::StatusOr<Row> RunPs(const BenchOptions& opt, int64_t chunk,
                           const std::vector<std::string>& addresses,
-                          const std::vector<v1::VariableDef>& vars, int64_t model_bytes) {
+                          const std::vector<v1::VariableDef>& vars, int64_t model_bytes,
+                          std::shared_ptr<const common::RpcSecurity> security = nullptr) {
   worker::ParameterClientOptions co;
+  if (security != nullptr) co.security = security;
   co.ps_addresses = addresses;
   co.job_id = absl::StrCat("bench_chunk_", chunk);
   co.chunk_bytes = chunk;
@@ -246,7 +257,7 @@ absl::StatusOr<Row> RunPs(const BenchOptions& opt, int64_t chunk,
       if (!std::isfinite(got) || std::fabs(got - expected) > tol) ++wrong;
     }
   }
-  return MakeRow("ps", chunk, sec, model_bytes, wrong);
+  return MakeRow(security != nullptr ? "ps_tls" : "ps", chunk, sec, model_bytes, wrong);
 }
 
 // A FormatSpec, not a char*: the format is checked at compile time (clang
@@ -314,6 +325,30 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
     echo_stubs.push_back(Echo::NewStub(common::NewChannel(absl::StrCat("127.0.0.1:", port))));
   }
 
+  // The same servers again behind mutual TLS and a token, for the ps_tls rows.
+  std::shared_ptr<const common::RpcSecurity> tls;
+  std::vector<std::string> tls_addresses;
+  if (!opt.tls_dir.empty()) {
+    common::RpcSecurityOptions so;
+    so.tls_cert = opt.tls_dir + "/node.pem";
+    so.tls_key = opt.tls_dir + "/node.key";
+    so.tls_ca = opt.tls_dir + "/ca.pem";
+    so.auth_token_env = "bench-token-0123456789abcdef";
+    TOWERPS_ASSIGN_OR_RETURN(tls, common::RpcSecurity::Create(so, common::RpcRole::kServerAndClient));
+    for (int s = 0; s < kNumServers; ++s) {
+      servers.push_back(std::make_unique<ps::ParameterServer>(
+          ps::ParameterServerOptions{.task_index = s}));
+      services.push_back(std::make_unique<ps::ParameterServiceImpl>(
+          *servers.back(), common::kDefaultChunkBytes));
+      int port = 0;
+      TOWERPS_ASSIGN_OR_RETURN(
+          auto server,
+          common::StartServer("127.0.0.1:0", {services.back().get()}, &port, {}, tls.get()));
+      grpc_servers.push_back(std::move(server));
+      tls_addresses.push_back(absl::StrCat("127.0.0.1:", port));
+    }
+  }
+
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   std::cout << "ps_throughput: one round = pull all weights + push all gradients of "
                "dense_stack\n"
@@ -331,6 +366,9 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
             << opt.tcp_io_bytes << "-byte calls\n"
             << "  GB/s moved = (pushed + pulled bytes) / round time; goodput = model bytes / "
                "round time; 1 GB = 1e9 B\n"
+            << "         ps_tls = the ps path over mutual TLS with a bearer token ("
+            << (tls != nullptr ? "--tls_dir=" + opt.tls_dir : std::string("off: no --tls_dir"))
+            << ")\n"
             << "  cores: " << cores << "; warm-up rounds: " << opt.warmup
             << " (untimed); timed rounds: " << opt.rounds << "; malloc tuning: "
             << (opt.malloc_tuning ? "on" : "off") << "\n\n";
@@ -370,6 +408,15 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
       print(*r);
       rows.push_back(*r);
     }
+    if (tls != nullptr) {
+      TOWERPS_ASSIGN_OR_RETURN(Row t, RunPs(opt, chunk, tls_addresses, vars, model_bytes, tls));
+      t.vs_tcp = t.gbps_moved / tcp.gbps_moved;
+      t.vs_echo_bytes = t.gbps_moved / eb.gbps_moved;
+      print(t);
+      std::cout << absl::StrFormat("%-18s %12s %10s   (ps_tls / ps GB/s: %.3f)\n", "", "", "",
+                                   t.gbps_moved / p.gbps_moved);
+      rows.push_back(t);
+    }
   }
   for (const Row& r : rows) *all_right = *all_right && r.wrong == 0;
   std::cout << "\nvs_tcp: GB/s over the tcp row's; vs_echo_b: GB/s over grpc_echo_bytes' at "
@@ -400,6 +447,7 @@ int main(int argc, char** argv) {
   opt.json_path = absl::GetFlag(FLAGS_json);
   opt.malloc_tuning = !absl::GetFlag(FLAGS_no_malloc_tuning);
   opt.tcp_io_bytes = absl::GetFlag(FLAGS_tcp_io_bytes);
+  opt.tls_dir = absl::GetFlag(FLAGS_tls_dir);
   for (absl::string_view part :
        absl::StrSplit(absl::GetFlag(FLAGS_chunk_sizes), ',', absl::SkipEmpty())) {
     int64_t c = 0;
