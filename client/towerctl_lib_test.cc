@@ -404,6 +404,30 @@ TEST_F(TowerctlTest, UsageErrorsExit2AndNameTheProblem) {
   }
 }
 
+// Issue 15: the security flags are checked before any call, naming the flag
+// and the path (exit 2); both the token file and $TOWERPS_AUTH_TOKEN is an
+// error.
+TEST_F(TowerctlTest, BadSecurityFlagsAreUsageErrorsNamingTheFlag) {
+  Result r = RunRaw({"--chief=127.0.0.1:1", "--tls_cert=/x/c.pem", "list"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(Contains(r.err, "--tls_cert=/x/c.pem needs --tls_key")) << r.err;
+  r = RunRaw({"--chief=127.0.0.1:1", "--tls_ca", "/absent/ca.pem", "list"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(Contains(r.err, "--tls_ca=/absent/ca.pem: cannot read")) << r.err;
+  r = RunRaw({"--auth_token_file=/absent/token", "health", "127.0.0.1:1"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(Contains(r.err, "--auth_token_file=/absent/token: cannot read")) << r.err;
+
+  const std::string token = TmpPath("token");
+  std::ofstream(token) << "Tok3nFromFile\n";
+  std::ostringstream out, err;
+  TowerctlEnv env{out, err, false, chief_};
+  env.auth_token_from_env = "Tok3nFromEnv";
+  EXPECT_EQ(RunTowerctl({"--auth_token_file=" + token, "list"}, env), 2);
+  EXPECT_TRUE(Contains(err.str(), "both set")) << err.str();
+  EXPECT_FALSE(Contains(err.str(), "Tok3nFrom")) << err.str();
+}
+
 TEST_F(TowerctlTest, ChiefComesFromTheFlagOrTheEnvironment) {
   Result missing = RunRaw({"list"});
   EXPECT_EQ(missing.code, 2);
