@@ -2,10 +2,10 @@
 # TLS, mutual TLS and the bearer token on every channel (issue 15), on real
 # processes on 127.0.0.1: 1 ps and 2 workers --serve (worker 0 is the chief),
 # all with --tls_cert/--tls_key/--tls_ca (servers require client
-# certificates) and --auth_token_file. Certificates are made here with
-# openssl into the test's temp dir: a CA, a server/client certificate for the
-# cluster (SAN IP:127.0.0.1), a client certificate for towerctl, and a second,
-# unrelated CA with its own client certificate.
+# certificates) and --auth_token_file. Certificates are made at run time by
+# tests/make_certs.sh (openssl) in the test's temp dir: a CA, a server/client
+# certificate for the cluster (SAN IP:127.0.0.1), a client certificate for
+# towerctl, and a second, unrelated CA with its own client certificate.
 #   (a) a short job submitted with the right CA, certificate and token trains
 #       (loss goes down, SUCCEEDED, test accuracy above a floor);
 #   (b) without the token every service refuses (chief's JobService through
