@@ -30,7 +30,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,31p' "$0"; }
+usage() { sed -n '2,29p' "$0"; }
 die() { echo "docker_up: $*" >&2; exit 1; }
 
 ACTION=up HOST_NET=0 PROJECT=towerps VOLUMES=0

@@ -144,14 +144,14 @@ start=$SECONDS
 stop_s=$((SECONDS - start))
 # shellcheck disable=SC2086
 codes=$("$DOCKER" inspect -f '{{.Name}}={{.State.ExitCode}}' $ids | tr '\n' ' ')
-[ "$stop_s" -le 10 ] && pass "stop took $stop_s s (SIGTERM through init, not the 30 s kill timeout)" \
+[ "$stop_s" -le 20 ] && pass "stop took $stop_s s (SIGTERM through init, not the 30 s kill timeout)" \
   || fail "stop took $stop_s s"
 grep -qvE '=0$' <(tr ' ' '\n' <<<"${codes% }") && fail "exit codes after SIGTERM: $codes" \
   || pass "every task exited 0 on SIGTERM: $codes"
 start=$SECONDS
 "${COMPOSE[@]}" down -v --timeout 30 >/dev/null 2>&1 || fail "docker-compose down -v failed"
 down_s=$((SECONDS - start))
-[ "$down_s" -le 10 ] && pass "down -v took $down_s s" || fail "down -v took $down_s s"
+[ "$down_s" -le 20 ] && pass "down -v took $down_s s" || fail "down -v took $down_s s"
 left=$(leftovers)
 [ -z "$left" ] && pass "no container, volume or network of $PROJECT left" || fail "left behind: $left"
 
