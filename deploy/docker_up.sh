@@ -101,12 +101,12 @@ start_engine() {
   until engine_running; do
     if ! kill -0 "$pid" 2>/dev/null; then
       rm -f "$ENGINE_PID"
-      die "dockerd exited while starting: $(tail -n 3 "$ENGINE_LOG" | tr '\n' ' ')"
+      die "dockerd exited while starting: $(tail -n 1 "$ENGINE_LOG") (log: $ENGINE_LOG)"
     fi
     if [ "$SECONDS" -ge "$deadline" ]; then
       kill "$pid" 2>/dev/null || true
       rm -f "$ENGINE_PID"
-      die "dockerd did not answer within 60 s: $(tail -n 3 "$ENGINE_LOG" | tr '\n' ' ')"
+      die "dockerd did not answer within 60 s: $(tail -n 1 "$ENGINE_LOG") (log: $ENGINE_LOG)"
     fi
     sleep 0.2
   done
@@ -181,9 +181,15 @@ build_image() {
   mkdir "$ctx/jobs"
   cp -L deploy/jobs/*.json "$ctx/jobs/"
   echo "docker_up: docker build --network host -t $IMAGE ..."
-  local start=$SECONDS
+  local start=$SECONDS old
+  old=$("$DOCKER" image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)
   "$DOCKER" build --network host --build-arg BASE="$BASE_IMAGE" -t "$IMAGE" "$ctx" >"$ctx/build.log" 2>&1 \
     || { tail -n 20 "$ctx/build.log" >&2; die "docker build failed"; }
+  # The image this tag named before, now untagged: dropped unless in use
+  # (its layers shared with the new one stay, as the build cache).
+  if [ -n "$old" ] && [ "$old" != "$("$DOCKER" image inspect -f '{{.Id}}' "$IMAGE")" ]; then
+    "$DOCKER" rmi "$old" >/dev/null 2>&1 || true
+  fi
   echo "docker_up: $IMAGE built in $((SECONDS - start)) s ($("$DOCKER" image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1 / 1e6}'))"
 }
 
