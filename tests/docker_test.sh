@@ -6,9 +6,10 @@
 # `docker-compose ps` shows every service healthy, the image has every
 # library its binaries need and no compiler, towerctl (on the host) submits a
 # short MLP job that SUCCEEDS with a sane test accuracy, its checkpoint lies
-# in the shared state volume, `stop` is quick with exit code 0 everywhere
-# (init: true, SIGTERM handled), and `down -v` leaves no container, volume or
-# network of the project. Everything the test made goes, also on failure;
+# in the shared state volume, a task killed inside its container is restarted
+# by the policy, the chief's job records survive its restart, `stop` is quick
+# with exit code 0 everywhere (init: true, SIGTERM handled), and `down -v`
+# leaves no container, volume or network of the project. Everything the test made goes, also on failure;
 # a dockerd it started is stopped again.
 #
 # Needs root and the engine (docker.io, docker-compose, debootstrap:
@@ -136,6 +137,40 @@ print("ok %.4f" % acc if j.get("state") == "SUCCEEDED" and m.get("hasTest") and 
 out=$("${COMPOSE[@]}" exec -T ps1 sh -c 'ls /var/lib/towerps/state/jobs/docker_short/checkpoints/' 2>&1)
 grep -q MANIFEST <<<"$out" && grep -q 'ckpt-' <<<"$out" \
   && pass "checkpoint and MANIFEST in the shared state volume (seen from ps1)" || fail "state volume: $out"
+
+# Waits (deadline 90 s) until service $1 has restarted at least $2 times and
+# is healthy again.
+wait_restarted() {
+  local id deadline=$((SECONDS + 90)) st
+  id=$("${COMPOSE[@]}" ps -q "$1")
+  while true; do
+    st=$("$DOCKER" inspect -f '{{.RestartCount}} {{.State.StartedAt}} {{.State.Health.Status}}' "$id" 2>&1)
+    [ "${st%% *}" -ge "$2" ] 2>/dev/null && [ "${st##* }" = healthy ] && return 0
+    [ "$SECONDS" -lt "$deadline" ] || { echo "$1: $st"; return 1; }
+    sleep 0.5
+  done
+}
+
+echo "== restart policy and the state volume [$(elapsed)]"
+# SIGKILL to the ps process (not to the container's init, PID 1): the
+# container exits and `restart: unless-stopped` brings it back.
+"${COMPOSE[@]}" exec -T ps1 sh -c 'kill -9 -1' >/dev/null 2>&1
+wait_restarted ps1 1 && pass "ps1 killed inside its container: restarted by the policy, healthy again" \
+  || fail "ps1 not restarted and healthy within 90 s"
+# The chief restarted: its job records come back from the state volume.
+started=$("$DOCKER" inspect -f '{{.State.StartedAt}}' "$("${COMPOSE[@]}" ps -q worker0)")
+"${COMPOSE[@]}" restart --timeout 30 worker0 >/dev/null 2>&1 || fail "docker-compose restart worker0"
+deadline=$((SECONDS + 90))
+until out=$("$TOWERCTL" --chief="127.0.0.1:$W0" --timeout_s=5 list 2>&1) && grep -q "docker_short.*SUCCEEDED" <<<"$out"; do
+  [ "$SECONDS" -lt "$deadline" ] || break
+  sleep 0.5
+done
+now=$("$DOCKER" inspect -f '{{.State.StartedAt}}' "$("${COMPOSE[@]}" ps -q worker0)")
+if [ "$now" != "$started" ] && grep -q "docker_short.*SUCCEEDED" <<<"$out"; then
+  pass "chief restarted: docker_short still listed SUCCEEDED (job store in the volume)"
+else
+  fail "after restarting worker0 (started $started, now $now): $out"
+fi
 
 echo "== stop and down [$(elapsed)]"
 ids=$("${COMPOSE[@]}" ps -q)
