@@ -161,13 +161,17 @@ wait_restarted ps1 1 && pass "ps1 killed inside its container: restarted by the 
   || fail "ps1 not restarted and healthy within 90 s"
 
 echo "== docker-compose stop while a job trains; start again: it resumes [$(elapsed)]"
-# The whole deploy/jobs/mlp.json (2 epochs, 470 steps) under its own id.
+# deploy/jobs/mlp.json for 4 epochs of 30000 examples (468 steps, about 15 s
+# here), so that the stop lands mid-job even on a slow machine.
 python3 - deploy/jobs/mlp.json "$TMP/long.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 d["job_id"] = "docker_long"
+d["epochs"] = 4
+d["data"]["max_train_examples"] = "30000"
 json.dump(d, open(sys.argv[2], "w"), indent=1)
 PY
+ids=$("${COMPOSE[@]}" ps -q)
 "$TOWERCTL" --chief="127.0.0.1:$W0" submit "$TMP/long.json" >/dev/null || fail "submit docker_long"
 deadline=$((SECONDS + 120)) step=0
 while [ "${step:-0}" -le 20 ] && [ "$SECONDS" -lt "$deadline" ]; do
@@ -176,7 +180,6 @@ while [ "${step:-0}" -le 20 ] && [ "$SECONDS" -lt "$deadline" ]; do
     | python3 -c 'import json,sys; print(int(json.load(sys.stdin).get("live",{}).get("globalStep","0")))' 2>/dev/null)
 done
 [ "${step:-0}" -gt 20 ] && pass "docker_long running (step $step)" || fail "docker_long did not pass step 20 in 120 s"
-ids=$("${COMPOSE[@]}" ps -q)
 start=$SECONDS
 "${COMPOSE[@]}" stop --timeout 30 >/dev/null 2>&1
 stop_s=$((SECONDS - start))
@@ -196,7 +199,7 @@ timeout 300 "$TOWERCTL" --chief="127.0.0.1:$W0" logs -f docker_long >"$TMP/long.
 [ "$rc" -eq 0 ] && pass "docker_long resumed and followed to success" || fail "logs -f docker_long: exit $rc: $(tail -n 3 "$TMP/long.log")"
 saved=$(grep -oE "resumes from the checkpoint written at step [0-9]+" "$TMP/long.log" | head -1 | grep -oE "[0-9]+$")
 if [ -n "$saved" ] && grep -qE "restoring checkpoint ckpt-0*$saved \(step $saved\)" "$TMP/long.log"; then
-  pass "the chief checkpointed it at step $saved on SIGTERM (state volume) and restored it there"
+  pass "the chief checkpointed it at step $saved of 468 on SIGTERM (state volume) and restored it there"
 else
   fail "no stop checkpoint and restore in its events: $(grep -iE "queued again|restor" "$TMP/long.log" | head -3)"
 fi
