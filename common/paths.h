@@ -19,6 +19,7 @@
 #define TOWERPS_COMMON_PATHS_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
