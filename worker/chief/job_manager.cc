@@ -149,6 +149,16 @@ class JobManager::Impl {
                       const std::function<bool(const v1::ExportChunk&)>& write) {
     TOWERPS_RETURN_IF_ERROR(Started());
     TOWERPS_ASSIGN_OR_RETURN(v1::JobRecord record, store_->Get(job_id));
+    // Read only from under --state_dir, like every write (a record may
+    // predate the check at submit).
+    if (!record.checkpoint_dir().empty()) {
+      auto dir = state_roots_.Resolve("checkpoint_dir", record.checkpoint_dir());
+      if (!dir.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("export: job \"", job_id, "\": ", dir.status().message()));
+      }
+      record.set_checkpoint_dir(*dir);
+    }
     return ExportJob(record, chunk_bytes, write);
   }
 
