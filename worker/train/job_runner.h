@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/cancellation.h"
 #include "common/cluster_spec.h"
+#include "common/paths.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
 #include "proto/tensor.pb.h"
@@ -37,6 +38,10 @@ struct WorkerEnv {
   bool log_device_placement = false;
   std::string layout;            // "" or "classic".
   WorkerMetrics* metrics = nullptr;  // Not owned; may be null (no --metrics_port).
+  // Where data.dir may point (--data_root and --state_dir; set with --serve,
+  // where jobs come from StartJob): InvalidArgument naming data.dir otherwise.
+  // Not owned; null: anywhere (a job from the command line).
+  const common::PathRoots* data_roots = nullptr;
 };
 
 // Callbacks and controls of one run. All optional.
