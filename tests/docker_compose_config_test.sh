@@ -55,6 +55,15 @@ for name, svc in main["services"].items():
         bad.append("%s: init/healthcheck/restart missing" % name)
     if not any(str(v).startswith("state:/var/lib/towerps") for v in svc.get("volumes", [])):
         bad.append("%s: state volume not mounted" % name)
+# The ps write checkpoint shards only under their own --state_dir, and the
+# chief reads them under its own: the same folder, on the shared volume.
+def flag(svc, name):
+    cmd = svc.get("command") or []
+    cmd = cmd.split() if isinstance(cmd, str) else cmd
+    return next((c.split("=", 1)[1] for c in cmd if str(c).startswith(name + "=")), None)
+dirs = {name: flag(svc, "--state_dir") for name, svc in main["services"].items() if name != "worker1"}
+if len(set(dirs.values())) != 1 or None in dirs.values() or not str(dirs["ps0"]).startswith("/var/lib/towerps"):
+    bad.append("--state_dir differs or is off the volume: %s" % dirs)
 ps_hosts = "127.0.0.1:31000,127.0.0.1:22221"
 worker_hosts = "127.0.0.1:31002,127.0.0.1:22223"
 for name, port in want.items():
