@@ -83,7 +83,7 @@ trap 'echo "local_cluster: stopping" >&2; exit 130' INT TERM
 WORKER_ONLY=() JOB_FLAGS=()
 for f in "${EXTRA[@]}"; do
   case "$f" in
-    --virtual_devices=*|--visible_devices=*|--log_device_placement*|--allow_soft_placement*|--layout=*|--blas_threads=*|--chunk_bytes=*|--wait_timeout_s=*)
+    --virtual_devices=*|--visible_devices=*|--log_device_placement*|--allow_soft_placement*|--layout=*|--blas_threads=*|--chunk_bytes=*|--wait_timeout_s=*|--data_root=*)
       WORKER_ONLY+=("$f") ;;
     *) JOB_FLAGS+=("$f") ;;
   esac
@@ -91,7 +91,9 @@ done
 
 COMMON=(--ps_hosts="$PS_HOSTS" --worker_hosts="$WORKER_HOSTS")
 for ((i = 0; i < NUM_PS; i++)); do
-  "$BIN/ps/ps" "${COMMON[@]}" --job_name=ps --task_index=$i >"$LOG_DIR/ps$i.log" 2>&1 &
+  # The ps writes checkpoint shards only under its --state_dir: the chief's.
+  "$BIN/ps/ps" "${COMMON[@]}" --job_name=ps --task_index=$i --state_dir="$STATE_DIR" \
+    >"$LOG_DIR/ps$i.log" 2>&1 &
   PIDS+=($!)
   echo $! >"$LOG_DIR/ps$i.pid"
 done

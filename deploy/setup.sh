@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything towerps needs on a fresh Debian 12 machine. Idempotent:
 # does nothing when every package is already there. Run as root (or with sudo).
-# Opt-in extras: --slurm (see below).
+# Opt-in extras: --slurm, --compose, --docker (see below).
 set -euo pipefail
 
 PACKAGES=(
@@ -24,13 +24,20 @@ PACKAGES+=(openssl)
 # `deploy/setup.sh --slurm` also installs Debian's Slurm 22.05 (slurmctld,
 # slurmd, sbatch/srun/sinfo) and munge; tests/slurm_test.sh is skipped without
 # them. Not in the list above: only that test needs them.
+# --- Opt-in: Docker (issue 14, docker) ---
+# Not for every user either: --compose adds docker-compose alone (enough to
+# validate the compose files, no engine: tests/run.sh), --docker the Docker
+# engine, docker-compose and debootstrap (deploy/docker_up.sh,
+# tests/docker_test.sh).
 for arg in "$@"; do
   case "$arg" in
     --slurm) PACKAGES+=(slurm-wlm munge) ;;
-    *) echo "setup: unknown flag $arg (usage: deploy/setup.sh [--slurm])" >&2; exit 2 ;;
+    --compose) PACKAGES+=(docker-compose) ;;                    # docker
+    --docker) PACKAGES+=(docker.io docker-compose debootstrap) ;;  # docker
+    *) echo "setup: unknown flag $arg (usage: deploy/setup.sh [--slurm] [--compose] [--docker])" >&2; exit 2 ;;
   esac
 done
-# --- end Slurm opt-in ---
+# --- end Slurm and Docker opt-ins ---
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -10,6 +10,7 @@
 #include "common/cluster_flags.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/paths.h"
 #include "common/rpc.h"
 #include "common/rpc_security_flags.h"
 #include "common/shutdown_signal.h"
@@ -27,6 +28,11 @@ ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics at http://<bind host>:<port>/metrics. Default 0: off.");
 ABSL_FLAG(double, wait_log_interval_s, 5,
           "A sync step open this long logs which workers it waits for.");
+ABSL_FLAG(std::string, state_dir, "towerps_state",
+          "Checkpoint shards are written (SaveCheckpoint) and restored (Register's "
+          "restore_from) only under this directory; any other path is refused. Give it the "
+          "chief's --state_dir (the same directory, or a shared file system mounted at the "
+          "same path). Default: towerps_state, like the chief's.");
 ABSL_FLAG(double, drain_s, 0,
           "After SIGTERM/SIGINT: seconds to report NOT_SERVING with the port still open "
           "(for load balancers and readiness probes) before shutting the server down.");
@@ -61,10 +67,17 @@ int main(int argc, char** argv) {
     std::cerr << "ps: " << security.status().message() << "\n";
     return 2;
   }
+  auto state_roots =
+      towerps::common::PathRoots::Create("--state_dir", {absl::GetFlag(FLAGS_state_dir)});
+  if (!state_roots.ok()) {
+    std::cerr << "ps: " << state_roots.status().message() << "\n";
+    return 2;
+  }
   towerps::ps::ParameterServer ps(
       {.task_index = spec->task_index,
        .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),
-       .wait_log_interval = absl::Seconds(absl::GetFlag(FLAGS_wait_log_interval_s))});
+       .wait_log_interval = absl::Seconds(absl::GetFlag(FLAGS_wait_log_interval_s)),
+       .checkpoint_roots = *state_roots});
   std::string address = absl::GetFlag(FLAGS_bind_address);
   if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());
   std::unique_ptr<towerps::common::MetricsServer> metrics_server;
@@ -93,7 +106,8 @@ int main(int argc, char** argv) {
   // Nothing to load: a listening ps can take calls (grpc.health.v1 SERVING).
   towerps::common::SetServing(**server);
   TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
-             << address << " (port " << port << ")";
+             << address << " (port " << port << "); checkpoints only under "
+             << state_roots->roots()[0];
   TLOG(INFO) << "ps " << spec->task_index << ": " << (*security)->Describe();
   const int sig = (*stop)->Wait();  // later signals are ignored
   const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_s));

@@ -312,8 +312,25 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::FindJob(const std::string&
   return it->second;
 }
 
+absl::StatusOr<std::string> ParameterServer::ConfinedDir(absl::string_view field,
+                                                         const std::string& dir) const {
+  if (!options_.checkpoint_roots.has_value()) return dir;
+  return options_.checkpoint_roots->Resolve(field, dir);
+}
+
 absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
-    const v1::RegisterRequest& request) {
+    const v1::RegisterRequest& original) {
+  // restore_from is read from as checked: its normal form, under --state_dir.
+  v1::RegisterRequest confined;
+  if (!original.restore_from().empty()) {
+    TOWERPS_ASSIGN_OR_RETURN(std::string dir,
+                             ConfinedDir("register: restore_from", original.restore_from()));
+    if (dir != original.restore_from()) {
+      confined = original;
+      confined.set_restore_from(dir);
+    }
+  }
+  const v1::RegisterRequest& request = confined.job_id().empty() ? original : confined;
   TOWERPS_RETURN_IF_ERROR(ValidateRegister(request, options_.max_job_bytes));
   const v1::TrainingConfig config = Normalized(request.config());
   v1::RegisterResponse response;
@@ -461,10 +478,14 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::CreateJob(
 }
 
 absl::StatusOr<v1::SaveResponse> ParameterServer::Save(const v1::SaveRequest& request) {
-  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
   if (request.checkpoint_dir().empty()) {
     return absl::InvalidArgumentError("save: checkpoint_dir is empty");
   }
+  // Checked before anything else: a caller learns nothing about jobs from a
+  // path outside --state_dir, and the shard goes to the path as checked.
+  TOWERPS_ASSIGN_OR_RETURN(const std::string checkpoint_dir,
+                           ConfinedDir("save: checkpoint_dir", request.checkpoint_dir()));
+  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
   common::ShardState state;
   state.job_id = job->id;
   state.ps_task = options_.task_index;
@@ -486,7 +507,7 @@ absl::StatusOr<v1::SaveResponse> ParameterServer::Save(const v1::SaveRequest& re
     }
     for (const auto& w : job->workers) state.worker_completed.push_back(w.completed);
   }
-  TOWERPS_ASSIGN_OR_RETURN(std::string path, common::WriteShard(request.checkpoint_dir(), state));
+  TOWERPS_ASSIGN_OR_RETURN(std::string path, common::WriteShard(checkpoint_dir, state));
   int64_t bytes = 0;
   for (const auto& v : state.vars) {
     bytes += 4 * static_cast<int64_t>(v.value.size());

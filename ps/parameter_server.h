@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/paths.h"
 #include "proto/ps.pb.h"
 #include "proto/tensor.pb.h"
 
@@ -63,6 +65,11 @@ struct ParameterServerOptions {
   absl::Duration wait_log_interval = absl::Seconds(5);
   // Largest job a Register may create on this server. Default: 8 GiB.
   int64_t max_job_bytes = int64_t{8} << 30;
+  // Where Save's checkpoint_dir and Register's restore_from may point (the
+  // ps's --state_dir): anything else is refused with InvalidArgument naming
+  // the field. Unset: anywhere (in-process tests only; the ps binary always
+  // sets it).
+  std::optional<common::PathRoots> checkpoint_roots;
 };
 
 // The values of a job's variables at one global step; immutable.
@@ -105,7 +112,8 @@ class ParameterServer {
   // for a bad dtype, shape, update or moving_average_decay; nothing is
   // created then); ResourceExhausted if too large. On restore_from,
   // FailedPrecondition if the shard's variables (names, shapes, update rule,
-  // optimizer slots) do not match.
+  // optimizer slots) do not match; InvalidArgument naming restore_from when it
+  // is outside options.checkpoint_roots.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
 
   // NotFound for an unknown job; InvalidArgument for a bad header.
@@ -140,6 +148,8 @@ class ParameterServer {
   // step, async progress) under request.checkpoint_dir, atomically. The state
   // is copied under the job's lock; the file is written without it. NotFound
   // for an unknown job; errors from the file system name the path.
+  // InvalidArgument naming checkpoint_dir when it is outside
+  // options.checkpoint_roots (nothing is written or created then).
   absl::StatusOr<v1::SaveResponse> Save(const v1::SaveRequest& request);
 
   // Counts one served push or pull of `job_id` taking `service_time` (the
@@ -151,6 +161,9 @@ class ParameterServer {
   absl::StatusOr<std::vector<v1::VariableDef>> Variables(const std::string& job_id);
 
  private:
+  // `dir` in its normal form when it is under options_.checkpoint_roots (or
+  // as given when they are unset); InvalidArgument naming `field` otherwise.
+  absl::StatusOr<std::string> ConfinedDir(absl::string_view field, const std::string& dir) const;
   absl::StatusOr<std::shared_ptr<internal::Job>> FindJob(const std::string& id);
   // What StatusResponse, RegisterResponse and HeartbeatResponse report.
   int64_t Incarnation() const { return static_cast<int64_t>(incarnation_ >> 1); }

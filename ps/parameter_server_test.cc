@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <thread>
 
@@ -457,6 +458,54 @@ TEST(CheckpointTest, RestoreRefusesAShardOfAnotherModel) {
   missing.set_restore_from(dir + "/nope");
   missing.set_num_ps(1);
   EXPECT_EQ(b.Register(missing).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Issue 15: Save and restore stay under --state_dir (checkpoint_roots).
+TEST(CheckpointTest, SaveAndRestoreOutsideTheStateDirAreRefused) {
+  const std::string tmp = std::string(getenv("TEST_TMPDIR"));
+  const std::string root = tmp + "/confined_state";
+  const std::string outside = tmp + "/confined_outside";
+  auto roots = common::PathRoots::Create("--state_dir", {root});
+  ASSERT_TRUE(roots.ok());
+  ParameterServerOptions o;
+  o.checkpoint_roots = *roots;
+  ParameterServer ps(o);
+  ASSERT_TRUE(ps.Register(AdamJob()).ok());
+  for (const std::string& dir : {outside + "/ckpt", std::string("../confined_outside/ckpt"),
+                                 root + "/../confined_outside/ckpt", std::string("/x/deep/dir")}) {
+    v1::SaveRequest save;
+    save.set_job_id("j");
+    save.set_checkpoint_dir(dir);
+    save.set_num_ps(1);
+    auto saved = ps.Save(save);
+    EXPECT_EQ(saved.status().code(), absl::StatusCode::kInvalidArgument) << dir;
+    EXPECT_NE(saved.status().message().find("save: checkpoint_dir \"" + dir + "\""),
+              std::string::npos)
+        << saved.status();
+    EXPECT_NE(saved.status().message().find("is outside --state_dir"), std::string::npos)
+        << saved.status();
+  }
+  EXPECT_FALSE(std::filesystem::exists(outside));
+  EXPECT_FALSE(std::filesystem::exists("/x/deep"));
+  // Relative paths go under the root; the shard is written there.
+  v1::SaveRequest save;
+  save.set_job_id("j");
+  save.set_checkpoint_dir("jobs/j/ckpt-0000000000");
+  save.set_num_ps(1);
+  auto saved = ps.Save(save);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->path().rfind(root + "/jobs/j/ckpt-0000000000/", 0), 0u) << saved->path();
+  // Restore: from inside, fine; from outside, refused before anything is read.
+  ParameterServer b(o);
+  v1::RegisterRequest r = AdamJob();
+  r.set_restore_from(outside);
+  r.set_num_ps(1);
+  auto reg = b.Register(r);
+  EXPECT_EQ(reg.status().code(), absl::StatusCode::kInvalidArgument) << reg.status();
+  EXPECT_NE(reg.status().message().find("register: restore_from"), std::string::npos);
+  EXPECT_EQ(b.Status(v1::StatusRequest()).jobs_size(), 0);
+  r.set_restore_from(root + "/jobs/j/ckpt-0000000000");
+  EXPECT_TRUE(b.Register(r).ok());
 }
 
 // Batch norm's moving statistics beside a trained variable in one job:

@@ -44,7 +44,7 @@ read -r PS_PORT WK_PORT <<<"$(python3 "$PWD/deploy/free_ports.py" 2 --sep=" ")"
 PS_ADDR="127.0.0.1:$PS_PORT" WK_ADDR="127.0.0.1:$WK_PORT"
 CLUSTER=(--ps_hosts="$PS_ADDR" --worker_hosts="$WK_ADDR")
 
-timeout 120 "$PS_BIN" "${CLUSTER[@]}" --job_name=ps --task_index=0 --drain_s=5 >"$TMP/ps.log" 2>&1 &
+timeout 120 "$PS_BIN" "${CLUSTER[@]}" --job_name=ps --task_index=0 --drain_s=5 --state_dir="$TMP/state" >"$TMP/ps.log" 2>&1 &
 PS_PID=$!; PIDS+=($!)
 timeout 120 "$WORKER_BIN" "${CLUSTER[@]}" --job_name=worker --task_index=0 --serve \
   --drain_s=5 --state_dir="$TMP/state" >"$TMP/worker.log" 2>&1 &

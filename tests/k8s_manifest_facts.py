@@ -202,10 +202,12 @@ def check_statefulset(fname, objs, role, hosts_env):
     check(claims and claims <= mounts.keys()
           and {mounts[n] for n in claims} == {STATE_PATH},
           f"{where}: claim {SHARED_CLAIM} mounted at {STATE_PATH} ({mounts})")
+    # Issue 15: the chief keeps its state and each ps writes its shards only
+    # under --state_dir: both on the shared volume's path.
+    sd = flags.get("--state_dir", "")
+    check(sd == STATE_PATH, f"{where}: --state_dir {sd} is the shared volume's {STATE_PATH}")
     if role == "worker":
         check("--serve" in flags, f"{where}: workers run --serve (worker-0 is the chief)")
-        sd = flags.get("--state_dir", "")
-        check(sd == STATE_PATH, f"{where}: --state_dir {sd} is the shared volume's {STATE_PATH}")
         timeout = flags.get("--stop_checkpoint_timeout_s")
         if check(timeout is not None and re.fullmatch(r"\d+(\.\d+)?", timeout or ""),
                  f"{where}: --stop_checkpoint_timeout_s set (got {timeout})"):

@@ -134,6 +134,9 @@ broken_facts shared_state state.yaml 's/\["ReadWriteMany"\]/["ReadWriteOnce"]/' 
   "towerps-state is ReadWriteMany"
 broken_facts stop_timeout worker.yaml 's/--stop_checkpoint_timeout_s=8/--stop_checkpoint_timeout_s=20/' \
   "--stop_checkpoint_timeout_s (20) < --drain_s (10.0)"
+# Issue 15: a ps writes shards only under its --state_dir, the shared volume.
+broken_facts ps_state_dir ps.yaml 's|--state_dir=/var/lib/towerps|--state_dir=/tmp/x|' \
+  "--state_dir /tmp/x is the shared volume's /var/lib/towerps"
 broken_facts gpu_drift gpu/worker.yaml 's/memory: 8Gi/memory: 16Gi/' \
   "gpu/worker.yaml == worker.yaml apart from nvidia.com/gpu"
 

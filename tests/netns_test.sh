@@ -147,7 +147,7 @@ CLUSTER=(--ps_hosts="$PS_HOSTS" --worker_hosts="$WORKER_HOSTS")
 export OPENBLAS_NUM_THREADS=1
 for i in 0 1; do
   ip netns exec "$RUN-ps$i" timeout 300 "$PS_BIN" "${CLUSTER[@]}" --job_name=ps --task_index=$i \
-    >"$TMP/ps$i.log" 2>&1 &
+    --state_dir="$TMP/state" >"$TMP/ps$i.log" 2>&1 &
   PIDS+=($!)
 done
 # As in the README's "Several hosts": only the chief (worker 0) keeps state.

@@ -3,7 +3,8 @@
 # Ends with a plain "N passed, N failed" line counted over Bazel test targets.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-deploy/setup.sh || exit 1
+# --compose (issue 14): docker-compose, for docker_compose_config_test.
+deploy/setup.sh --compose || exit 1
 . tests/tb_venv.sh
 . tests/health_venv.sh
 . tests/k8s_venv.sh  # issue 14: kubernetes-validate for //tests:k8s_manifests_test

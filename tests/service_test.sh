@@ -258,15 +258,17 @@ echo "== a ps killed with SIGKILL and restarted: the job resumes from its last c
 # 360 steps; ps 1 is killed as soon as the first checkpoint (step 15) is in
 # the MANIFEST, watched on disk (a towerctl poll would lag by dozens of steps).
 job r.txtpb reference 12 "checkpoint { every_steps: 15 }"
-job k.txtpb killed 12 "checkpoint { every_steps: 15 dir: \"$TMP/ckpt_killed\" }"
+# A relative checkpoint.dir: the chief puts it under its --state_dir (issue 15).
+CKPT_KILLED="$TOWERPS_LOG_DIR/state/ckpt_killed"
+job k.txtpb killed 12 "checkpoint { every_steps: 15 dir: \"ckpt_killed\" }"
 "$TOWERCTL" submit "$TMP/r.txtpb" >/dev/null
 timeout 300 "$TOWERCTL" logs -f reference >/dev/null 2>&1 || fail "reference run"
 "$TOWERCTL" submit "$TMP/k.txtpb" >/dev/null
-for ((t = 0; t < 30000; t++)); do [ -s "$TMP/ckpt_killed/MANIFEST" ] && break; sleep 0.01; done
+for ((t = 0; t < 30000; t++)); do [ -s "$CKPT_KILLED/MANIFEST" ] && break; sleep 0.01; done
 P1=$(cat "$TOWERPS_LOG_DIR/ps1.pid")
 mapfile -d '' PS1_CMD <"/proc/$P1/cmdline"
 kill -9 "$P1"
-echo "killed ps 1 (pid $P1) after the first checkpoint: $(ls "$TMP/ckpt_killed" | tr '\n' ' ')"
+echo "killed ps 1 (pid $P1) after the first checkpoint: $(ls "$CKPT_KILLED" | tr '\n' ' ')"
 # Restarted once the old process is gone and its port free.
 for ((t = 0; t < 300; t++)); do kill -0 "$P1" 2>/dev/null || break; sleep 0.05; done
 "${PS1_CMD[@]}" >"$TOWERPS_LOG_DIR/ps1.restarted.log" 2>&1 &

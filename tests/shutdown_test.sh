@@ -40,9 +40,9 @@ DRAIN_S=10
 # start ROUND: the four processes; their pids in PS0 PS1 WK0 WK1.
 start() {
   local r="$1" common=(--ps_hosts="$PS_HOSTS" --worker_hosts="$WORKER_HOSTS")
-  "$PS_BIN" "${common[@]}" --job_name=ps --task_index=0 --drain_s=$DRAIN_S >"$TMP/ps0.$r.log" 2>&1 &
+  "$PS_BIN" "${common[@]}" --job_name=ps --task_index=0 --drain_s=$DRAIN_S --state_dir="$STATE" >"$TMP/ps0.$r.log" 2>&1 &
   PS0=$!; PIDS+=($!)
-  "$PS_BIN" "${common[@]}" --job_name=ps --task_index=1 --drain_s=$DRAIN_S >"$TMP/ps1.$r.log" 2>&1 &
+  "$PS_BIN" "${common[@]}" --job_name=ps --task_index=1 --drain_s=$DRAIN_S --state_dir="$STATE" >"$TMP/ps1.$r.log" 2>&1 &
   PS1=$!; PIDS+=($!)
   "$WORKER_BIN" "${common[@]}" --job_name=worker --task_index=1 --serve --drain_s=$DRAIN_S \
     >"$TMP/worker1.$r.log" 2>&1 &

@@ -98,8 +98,9 @@ out=$(TOWERPS_AUTH_TOKEN=x timeout 30 "$PS_BIN" "${CLUSTER[@]}" --job_name=ps \
   fail "bad flags: token file and env: exit $rc: $out"
 
 # --- the cluster ------------------------------------------------------------------
+# The ps writes checkpoint shards only under its --state_dir: the chief's.
 timeout 300 "$PS_BIN" "${CLUSTER[@]}" "${SECURE[@]}" --job_name=ps --task_index=0 \
-  >"$TMP/ps.log" 2>&1 &
+  --state_dir="$TMP/state" >"$TMP/ps.log" 2>&1 &
 PIDS+=($!)
 for w in 0 1; do
   timeout 300 "$WORKER_BIN" "${CLUSTER[@]}" "${SECURE[@]}" --job_name=worker --task_index=$w \

@@ -22,6 +22,7 @@
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/metrics.h"
+#include "common/paths.h"
 #include "common/rpc.h"
 #include "common/rpc_security_flags.h"
 #include "common/shutdown_signal.h"
@@ -101,7 +102,12 @@ ABSL_FLAG(double, stop_checkpoint_timeout_s, 30,
           "boundary, where its checkpoint is written before it is queued again. The servers and "
           "workers must still serve meanwhile: give them a --drain_s at least this long.");
 ABSL_FLAG(std::string, state_dir, "towerps_state",
-          "Chief with --serve: job records, events, and default checkpoint and TensorBoard dirs.");
+          "Chief with --serve: job records, events, and default checkpoint and TensorBoard dirs. "
+          "A job's checkpoint.dir and tensorboard_dir must lie under it (relative ones are taken "
+          "below it); the ps tasks need the same directory as their --state_dir.");
+ABSL_FLAG(std::string, data_root, "/usr/share/datasets",
+          "With --serve: comma-separated directories a job's data.dir may name, besides "
+          "--state_dir; any other data.dir is refused.");
 ABSL_FLAG(std::string, bind_address, "",
           "With --serve: address to listen on. Default: 0.0.0.0 with this task's port.");
 ABSL_FLAG(int, metrics_port, 0,
@@ -115,6 +121,14 @@ using towerps::v1::JobSpec;
 int Fail(const std::string& what, const absl::Status& s, int code = 1) {
   std::cerr << "worker: " << what << ": " << s.message() << "\n";
   return code;
+}
+
+std::vector<std::string> DataRootFlag() {
+  std::vector<std::string> roots;
+  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_data_root), ',', absl::SkipEmpty())) {
+    roots.emplace_back(absl::StripAsciiWhitespace(r));
+  }
+  return roots;
 }
 
 absl::Status ApplyOverrides(JobSpec* job) {
@@ -196,6 +210,7 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
     towerps::worker::JobManagerOptions mopts;
     mopts.cluster = spec;
     mopts.state_dir = absl::GetFlag(FLAGS_state_dir);
+    mopts.data_roots = DataRootFlag();
     mopts.local = &runtime;
     mopts.security = env.security;
     auto m = towerps::worker::JobManager::Create(mopts);
@@ -339,6 +354,14 @@ int main(int argc, char** argv) {
   }
 
   if (absl::GetFlag(FLAGS_serve)) {
+    // Jobs come from StartJob: their data.dir only under --data_root or
+    // --state_dir (the chief checked at submit; every worker checks again).
+    std::vector<std::string> data_roots = DataRootFlag();
+    data_roots.push_back(absl::GetFlag(FLAGS_state_dir));
+    auto roots = towerps::common::PathRoots::Create("--data_root", std::move(data_roots));
+    if (!roots.ok()) return Fail("flags", roots.status(), 2);
+    env.data_roots = &*roots;
+    TLOG(INFO) << spec->TaskName() << ": data only under " << roots->Describe();
     TLOG(INFO) << spec->TaskName() << ": " << towerps::worker::DescribeGpus(towerps::worker::QueryGpus());
     return Serve(*spec, env, *stop, metrics_server.get());
   }

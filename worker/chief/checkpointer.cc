@@ -11,13 +11,17 @@
 
 namespace towerps::worker {
 
-Checkpointer::Checkpointer(std::vector<PsControl*> ps, JobStore& store)
-    : ps_(std::move(ps)), store_(store) {}
+Checkpointer::Checkpointer(std::vector<PsControl*> ps, JobStore& store,
+                           const common::PathRoots* roots)
+    : ps_(std::move(ps)), store_(store), roots_(roots) {}
 
 absl::Status Checkpointer::Save(const std::string& job_id, const v1::JobSpec& spec,
                                 int64_t step) {
   const int nps = static_cast<int>(ps_.size());
-  const std::string dir = spec.checkpoint().dir();
+  std::string dir = spec.checkpoint().dir();
+  if (roots_ != nullptr) {
+    TOWERPS_ASSIGN_OR_RETURN(dir, roots_->Resolve("checkpoint.dir", dir));
+  }
   const std::string name = common::CheckpointDirName(step);
   std::vector<v1::SaveResponse> saved(nps);
   std::vector<absl::Status> r = common::RunInParallel(nps, [&](int p) {

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/paths.h"
 #include "proto/job.pb.h"
 #include "worker/chief/job_store.h"
 #include "worker/chief/ps_control.h"
@@ -19,11 +20,17 @@ namespace towerps::worker {
 
 class Checkpointer {
  public:
-  Checkpointer(std::vector<PsControl*> ps, JobStore& store);
+  // `roots`: where checkpoint.dir may point (the chief's --state_dir). Not
+  // owned; null: anywhere (tests).
+  Checkpointer(std::vector<PsControl*> ps, JobStore& store,
+               const common::PathRoots* roots = nullptr);
 
   // Every ps writes its shard of `job_id` under <spec.checkpoint.dir>/
   // ckpt-<step>; then the manifest names it as the checkpoint of `step` and
   // the job's record its checkpoint_step. A ps's error annotated "ps N".
+  // InvalidArgument naming checkpoint.dir when it is outside the roots
+  // (checked again here: the spec was checked at submit, but a record may
+  // predate that, and links can change); nothing is asked of a ps then.
   absl::Status Save(const std::string& job_id, const v1::JobSpec& spec, int64_t step);
 
   // Per attempt, touched only by the chief's training thread.
@@ -40,6 +47,7 @@ class Checkpointer {
  private:
   const std::vector<PsControl*> ps_;  // Not owned.
   JobStore& store_;
+  const common::PathRoots* const roots_;  // Not owned; may be null.
 };
 
 }  // namespace towerps::worker

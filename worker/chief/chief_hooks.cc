@@ -2,15 +2,32 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status.h"
 
 namespace towerps::worker {
 
-ChiefHooks::ChiefHooks(JobStore& store, Checkpointer& checkpointer)
-    : store_(store), checkpointer_(checkpointer) {}
+ChiefHooks::ChiefHooks(JobStore& store, Checkpointer& checkpointer,
+                       const common::PathRoots* roots)
+    : store_(store), checkpointer_(checkpointer), roots_(roots) {}
+
+namespace {
+
+// The event writer for `spec`, its tensorboard_dir checked against `roots`
+// again where it is written (it was at submit; a link may have changed).
+absl::StatusOr<std::unique_ptr<common::EventWriter>> OpenEvents(const v1::JobSpec& spec,
+                                                                const common::PathRoots* roots) {
+  std::string dir = spec.tensorboard_dir();
+  if (roots != nullptr) {
+    TOWERPS_ASSIGN_OR_RETURN(dir, roots->Resolve("tensorboard_dir", dir));
+  }
+  return common::EventWriter::Create(dir);
+}
+
+}  // namespace
 
 void ChiefHooks::BeginJob(const v1::JobSpec& spec) {
   std::shared_ptr<common::EventWriter> tb;
-  if (auto w = common::EventWriter::Create(spec.tensorboard_dir()); w.ok()) {
+  if (auto w = OpenEvents(spec, roots_); w.ok()) {
     tb = std::move(*w);
   } else {
     store_.AddEvent(spec.job_id(), v1::JobEvent::LOG,

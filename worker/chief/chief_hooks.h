@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/paths.h"
 #include "common/storage/event_writer.h"
 #include "proto/worker.pb.h"
 #include "worker/chief/checkpointer.h"
@@ -26,9 +27,13 @@ namespace towerps::worker {
 
 class ChiefHooks {
  public:
-  ChiefHooks(JobStore& store, Checkpointer& checkpointer);
+  // `roots`: where tensorboard_dir may point (the chief's --state_dir). Not
+  // owned; null: anywhere (tests).
+  ChiefHooks(JobStore& store, Checkpointer& checkpointer,
+             const common::PathRoots* roots = nullptr);
 
-  // Opens the job's TensorBoard writer (a failure is an event of the job).
+  // Opens the job's TensorBoard writer (a failure, or a tensorboard_dir
+  // outside the roots, is an event of the job: it trains without events).
   void BeginJob(const v1::JobSpec& spec);
   // Flushes and closes it.
   void EndJob();
@@ -60,6 +65,7 @@ class ChiefHooks {
 
   JobStore& store_;
   Checkpointer& checkpointer_;
+  const common::PathRoots* const roots_;  // Not owned; may be null.
   absl::Mutex mu_;
   std::shared_ptr<common::EventWriter> tb_ ABSL_GUARDED_BY(mu_);  // Null: none.
   bool job_active_ ABSL_GUARDED_BY(mu_) = false;  // Between BeginJob and EndJob.

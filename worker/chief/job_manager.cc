@@ -10,6 +10,7 @@
 #include "common/cancellation.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
+#include "common/paths.h"
 #include "common/status.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
@@ -43,7 +44,10 @@ std::vector<T*> Pointers(const std::vector<std::unique_ptr<T>>& v) {
 // runner thread.
 class JobManager::Impl {
  public:
-  explicit Impl(JobManagerOptions options) : options_(std::move(options)) {}
+  Impl(JobManagerOptions options, common::PathRoots state_roots, common::PathRoots data_roots)
+      : options_(std::move(options)),
+        state_roots_(std::move(state_roots)),
+        data_roots_(std::move(data_roots)) {}
 
   ~Impl() { Shutdown(absl::ZeroDuration()); }
 
@@ -66,8 +70,8 @@ class JobManager::Impl {
       ps_.push_back(options_.ps_factory ? options_.ps_factory(p)
                                         : NewGrpcPsControl(c.ps[p], options_.security));
     }
-    checkpointer_ = std::make_unique<Checkpointer>(Pointers(ps_), *store_);
-    hooks_ = std::make_unique<ChiefHooks>(*store_, *checkpointer_);
+    checkpointer_ = std::make_unique<Checkpointer>(Pointers(ps_), *store_, &state_roots_);
+    hooks_ = std::make_unique<ChiefHooks>(*store_, *checkpointer_, &state_roots_);
     JobHooksProvider hooks = [this](const v1::StartJobRequest& r) { return hooks_->For(r); };
     for (int w = 0; w < static_cast<int>(c.worker.size()); ++w) {
       if (options_.worker_factory) {
@@ -98,6 +102,9 @@ class JobManager::Impl {
           "job spec: job_id \"", spec.job_id(),
           "\" must be 1-64 letters, digits, '-', '_' or '.' (not starting with '.')"));
     }
+    // Paths first: a dir outside the roots is refused before anything looks
+    // into it (data files are looked for next).
+    TOWERPS_RETURN_IF_ERROR(ConfineJobPaths(state_roots_, data_roots_, &spec));
     TOWERPS_RETURN_IF_ERROR(
         ValidateSubmission(spec, static_cast<int>(options_.cluster.worker.size())));
     if (!named) spec.clear_job_id();
@@ -143,6 +150,16 @@ class JobManager::Impl {
                       const std::function<bool(const v1::ExportChunk&)>& write) {
     TOWERPS_RETURN_IF_ERROR(Started());
     TOWERPS_ASSIGN_OR_RETURN(v1::JobRecord record, store_->Get(job_id));
+    // Read only from under --state_dir, like every write (a record may
+    // predate the check at submit).
+    if (!record.checkpoint_dir().empty()) {
+      auto dir = state_roots_.Resolve("checkpoint_dir", record.checkpoint_dir());
+      if (!dir.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("export: job \"", job_id, "\": ", dir.status().message()));
+      }
+      record.set_checkpoint_dir(*dir);
+    }
     return ExportJob(record, chunk_bytes, write);
   }
 
@@ -280,6 +297,8 @@ class JobManager::Impl {
   }
 
   const JobManagerOptions options_;
+  const common::PathRoots state_roots_;  // --state_dir: checkpoint and TensorBoard dirs.
+  const common::PathRoots data_roots_;   // --data_root and --state_dir: data.dir.
   // Set once by Start(), before the runner starts; constant afterwards.
   std::unique_ptr<JobStore> store_;
   std::vector<std::unique_ptr<PsControl>> ps_;
@@ -302,13 +321,23 @@ void JobManager::Shutdown(absl::Duration checkpoint_timeout) { impl_->Shutdown(c
 
 absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(JobManagerOptions options) {
   if (options.state_dir.empty()) return absl::InvalidArgumentError("--state_dir is empty");
+  // Absolute, so that the default dirs the store fills in (and sends to the
+  // servers) mean the same directory on every process.
+  options.state_dir = common::AbsoluteNormalPath(options.state_dir);
+  TOWERPS_ASSIGN_OR_RETURN(common::PathRoots state_roots,
+                           common::PathRoots::Create("--state_dir", {options.state_dir}));
+  std::vector<std::string> data = options.data_roots;
+  data.push_back(options.state_dir);
+  TOWERPS_ASSIGN_OR_RETURN(common::PathRoots data_roots,
+                           common::PathRoots::Create("--data_root", std::move(data)));
   if (options.local == nullptr && !options.worker_factory) {
     return absl::InvalidArgumentError("job manager: no local worker");
   }
   if (!options.cluster.is_chief()) {
     return absl::FailedPreconditionError("the job service runs on the chief (worker 0) only");
   }
-  return std::unique_ptr<JobManager>(new JobManager(std::make_unique<Impl>(std::move(options))));
+  return std::unique_ptr<JobManager>(new JobManager(std::make_unique<Impl>(
+      std::move(options), std::move(state_roots), std::move(data_roots))));
 }
 
 absl::Status JobManager::Start() { return impl_->Start(); }

@@ -47,7 +47,12 @@ namespace towerps::worker {
 
 struct JobManagerOptions {
   common::ClusterSpec cluster;  // REQUIRED; this task is the chief.
-  std::string state_dir;        // REQUIRED: job records, events, default dirs.
+  // REQUIRED: job records, events, default dirs. Every checkpoint and
+  // TensorBoard dir a job names must lie under it (a relative one is below
+  // it); made absolute against the current directory.
+  std::string state_dir;
+  // Where data.dir may point, besides state_dir (--data_root).
+  std::vector<std::string> data_roots = {"/usr/share/datasets"};
   // The chief's own worker. Not owned. REQUIRED unless `worker_factory` is set.
   WorkerRuntime* local = nullptr;
   // How often the runner polls workers while a job runs.

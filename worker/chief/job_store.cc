@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/paths.h"
 #include "common/status.h"
 #include "common/storage/file_util.h"
 
@@ -63,6 +64,15 @@ absl::Status JobStore::Load() {
       TLOG(WARNING) << "chief: skipping corrupt job record " << path << ": "
                     << (rec.ok() ? "not a JobRecord" : rec.status().ToString());
       continue;
+    }
+    // Records written before issue 15 may name dirs relative to the chief's
+    // working directory: they keep that meaning, made absolute (the roots
+    // are checked where the dirs are used).
+    for (std::string* dir : {e->record.mutable_spec()->mutable_checkpoint()->mutable_dir(),
+                             e->record.mutable_spec()->mutable_tensorboard_dir(),
+                             e->record.mutable_checkpoint_dir(),
+                             e->record.mutable_tensorboard_dir()}) {
+      if (!dir->empty() && (*dir)[0] != '/') *dir = common::AbsoluteNormalPath(*dir);
     }
     const std::string events_path = absl::StrCat(JobDir(id), "/", kEventsFile);
     if (auto ev = common::ReadFileToString(events_path); ev.ok()) {

@@ -152,5 +152,27 @@ TEST(JobStoreTest, DuplicateIdsAndCancel) {
   EXPECT_EQ(store->Resubmit("a").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Issue 15: a record from before the paths were confined may name dirs
+// relative to the chief's working directory; reloaded, they are absolute
+// with that same meaning.
+TEST(JobStoreTest, RelativeDirsOfOldRecordsAreMadeAbsoluteOnLoad) {
+  const std::string dir = FreshDir("legacy");
+  {
+    auto store = Open(dir);
+    v1::JobSpec spec = Spec("old");
+    spec.mutable_checkpoint()->set_dir("towerps_state/jobs/old/checkpoints");
+    spec.set_tensorboard_dir("towerps_state/jobs/old/tensorboard");
+    ASSERT_TRUE(store->Add(spec).ok());
+  }
+  auto store = Open(dir);
+  auto r = store->Get("old");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string cwd = std::filesystem::current_path().string();
+  EXPECT_EQ(r->checkpoint_dir(), cwd + "/towerps_state/jobs/old/checkpoints");
+  EXPECT_EQ(r->spec().checkpoint().dir(), cwd + "/towerps_state/jobs/old/checkpoints");
+  EXPECT_EQ(r->tensorboard_dir(), cwd + "/towerps_state/jobs/old/tensorboard");
+  EXPECT_EQ(r->spec().tensorboard_dir(), cwd + "/towerps_state/jobs/old/tensorboard");
+}
+
 }  // namespace
 }  // namespace towerps::worker

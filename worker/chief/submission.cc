@@ -72,4 +72,24 @@ absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers) {
   return absl::OkStatus();
 }
 
+absl::Status ConfineJobPaths(const common::PathRoots& state, const common::PathRoots& data,
+                             v1::JobSpec* job) {
+  auto confine = [](const common::PathRoots& roots, const char* field,
+                    std::string* path) -> absl::Status {
+    if (path->empty()) return absl::OkStatus();
+    auto resolved = roots.Resolve(field, *path);
+    if (!resolved.ok()) return common::Annotate(resolved.status(), "job spec");
+    *path = *resolved;
+    return absl::OkStatus();
+  };
+  TOWERPS_RETURN_IF_ERROR(
+      confine(state, "checkpoint.dir", job->mutable_checkpoint()->mutable_dir()));
+  TOWERPS_RETURN_IF_ERROR(confine(state, "tensorboard_dir", job->mutable_tensorboard_dir()));
+  const v1::DataSpec::Source source = job->data().source();
+  if (source == v1::DataSpec::FASHION_MNIST || source == v1::DataSpec::CIFAR10) {
+    TOWERPS_RETURN_IF_ERROR(confine(data, "data.dir", job->mutable_data()->mutable_dir()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace towerps::worker

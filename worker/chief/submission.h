@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/paths.h"
 #include "proto/job.pb.h"
 
 namespace towerps::worker {
@@ -23,6 +24,15 @@ bool ValidJobId(const std::string& id);
 // model's input and output widths against the data set, and that the data
 // files exist. `job` has defaults applied. InvalidArgument otherwise.
 absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers);
+
+// Every path the spec names, resolved under the chief's roots and rewritten
+// in its absolute normal form: checkpoint.dir and tensorboard_dir under
+// `state` (--state_dir; a relative one below it), data.dir under `data`
+// (--data_root) for the sources that read files. Empty dirs stay empty (the
+// store puts them under the state dir). InvalidArgument naming the field,
+// e.g. `job spec: checkpoint.dir "/etc/x" is outside --state_dir "/s"`.
+absl::Status ConfineJobPaths(const common::PathRoots& state, const common::PathRoots& data,
+                             v1::JobSpec* job);
 
 }  // namespace towerps::worker
 

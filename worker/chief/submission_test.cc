@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
@@ -145,6 +147,55 @@ TEST(ValidJobIdTest, Names) {
   EXPECT_FALSE(ValidJobId(".hidden"));
   EXPECT_FALSE(ValidJobId("a/b"));
   EXPECT_FALSE(ValidJobId(std::string(65, 'a')));
+}
+
+// Issue 15: the dirs a spec names are resolved under the chief's roots.
+TEST(ConfineJobPathsTest, RelativeDirsGoUnderTheStateDirAndOutsideOnesAreRefused) {
+  const std::string tmp = std::string(getenv("TEST_TMPDIR"));
+  auto state = common::PathRoots::Create("--state_dir", {tmp + "/state"});
+  auto data = common::PathRoots::Create("--data_root", {"/usr/share/datasets", tmp + "/state"});
+  ASSERT_TRUE(state.ok() && data.ok());
+  v1::JobSpec j = Mlp();
+  j.mutable_checkpoint()->set_dir("mine/ckpt/");
+  j.set_tensorboard_dir(tmp + "/state/./tb");
+  ASSERT_TRUE(ConfineJobPaths(*state, *data, &j).ok());
+  EXPECT_EQ(j.checkpoint().dir(), common::AbsoluteNormalPath(tmp + "/state/mine/ckpt"));
+  EXPECT_EQ(j.tensorboard_dir(), common::AbsoluteNormalPath(tmp + "/state/tb"));
+  EXPECT_EQ(j.data().dir(), "/usr/share/datasets/fashion-mnist");  // the default, inside
+
+  // Empty dirs stay empty: the store fills in its defaults.
+  v1::JobSpec e = Mlp();
+  e.mutable_checkpoint()->clear_dir();
+  ASSERT_TRUE(ConfineJobPaths(*state, *data, &e).ok());
+  EXPECT_TRUE(e.checkpoint().dir().empty());
+
+  struct Case {
+    std::function<void(v1::JobSpec&)> set;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::JobSpec& s) { s.mutable_checkpoint()->set_dir("/etc/x"); },
+       "job spec: checkpoint.dir \"/etc/x\" is outside --state_dir"},
+      {[](v1::JobSpec& s) { s.mutable_checkpoint()->set_dir("../../y"); },
+       "job spec: checkpoint.dir \"../../y\" (it resolves to \""},
+      {[](v1::JobSpec& s) { s.set_tensorboard_dir("/tmp"); },
+       "job spec: tensorboard_dir \"/tmp\" is outside --state_dir"},
+      {[](v1::JobSpec& s) { s.mutable_data()->set_dir("/etc"); },
+       "job spec: data.dir \"/etc\" is outside --data_root \"/usr/share/datasets\""},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec bad = Mlp();
+    c.set(bad);
+    absl::Status st = ConfineJobPaths(*state, *data, &bad);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(c.want), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("is outside --"), std::string::npos) << st.message();
+  }
+  // A synthetic data set names no files: its dir is not looked at.
+  v1::JobSpec ones = Mlp();
+  ones.mutable_data()->set_source(v1::DataSpec::ONES);
+  ones.mutable_data()->set_dir("/etc");
+  EXPECT_TRUE(ConfineJobPaths(*state, *data, &ones).ok());
 }
 
 }  // namespace

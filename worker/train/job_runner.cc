@@ -163,9 +163,13 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
     test = train;
   } else {
     auto load = d.source() == v1::DataSpec::CIFAR10 ? LoadCifar10 : LoadFashionMnist;
-    auto tr = load(d.dir(), true, d.max_train_examples());
+    std::string dir = d.dir();
+    if (env.data_roots != nullptr) {  // A job from StartJob: only under --data_root.
+      TOWERPS_ASSIGN_OR_RETURN(dir, env.data_roots->Resolve("data.dir", d.dir()));
+    }
+    auto tr = load(dir, true, d.max_train_examples());
     if (!tr.ok()) return common::Annotate(tr.status(), "train data");
-    auto te = load(d.dir(), false, d.max_test_examples());
+    auto te = load(dir, false, d.max_test_examples());
     if (!te.ok()) return common::Annotate(te.status(), "test data");
     train = std::move(*tr);
     test = std::move(*te);

@@ -19,6 +19,7 @@
 #include "common/cancellation.h"
 #include "common/rpc_security.h"
 #include "common/cluster_spec.h"
+#include "common/paths.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
 #include "proto/tensor.pb.h"
@@ -40,6 +41,10 @@ struct WorkerEnv {
   WorkerMetrics* metrics = nullptr;  // Not owned; may be null (no --metrics_port).
   // TLS and token of the channels to the servers. Default: plaintext, no token.
   std::shared_ptr<const common::RpcSecurity> security = common::RpcSecurity::Insecure();
+  // Where data.dir may point (--data_root and --state_dir; set with --serve,
+  // where jobs come from StartJob): InvalidArgument naming data.dir otherwise.
+  // Not owned; null: anywhere (a job from the command line).
+  const common::PathRoots* data_roots = nullptr;
 };
 
 // Callbacks and controls of one run. All optional.

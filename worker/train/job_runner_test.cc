@@ -190,6 +190,22 @@ TEST_F(JobRunnerTest, MissingDataIsNotFoundNamingTheSet) {
               HasSubstr("/nonexistent/fashion"));
 }
 
+// Issue 15: with data roots set (--serve), data.dir outside them is refused
+// before anything is read.
+TEST_F(JobRunnerTest, DataOutsideTheDataRootsIsInvalidArgumentNamingTheField) {
+  auto roots = common::PathRoots::Create("--data_root", {"/usr/share/datasets"});
+  ASSERT_TRUE(roots.ok());
+  env_.data_roots = &*roots;
+  v1::JobSpec job = SmallJob();
+  job.mutable_data()->set_source(v1::DataSpec::FASHION_MNIST);
+  job.mutable_data()->set_dir("/etc");
+  auto result = RunJob(env_, job, "", hooks_);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("data.dir \"/etc\" is outside --data_root \"/usr/share/datasets\""));
+  env_.data_roots = nullptr;
+}
+
 TEST_F(JobRunnerTest, Cifar10JobTrainsOnItsFiles) {
   // A tiny CIFAR-10 set: 2 records in each of the six batch files.
   const std::string dir = testing::TempDir() + "/cifar";
