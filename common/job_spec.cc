@@ -282,6 +282,7 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
     }
     absl::Status utf8 = CheckUtf8(job, "");
     if (!utf8.ok()) return utf8;
+    if (job.ByteSizeLong() == 0) return absl::InvalidArgumentError("job spec sets no field");
     return job;
   }
   struct Collector : google::protobuf::io::ErrorCollector {
@@ -297,6 +298,11 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
   }
   absl::Status utf8 = CheckUtf8(job, "");
   if (!utf8.ok()) return utf8;
+  if (job.ByteSizeLong() == 0) {
+    // Only comments, or "{}": refused here for the same reason as empty
+    // text (and it would print back as empty text).
+    return absl::InvalidArgumentError("job spec sets no field");
+  }
   return job;
 }
 
