@@ -24,6 +24,9 @@ bool SameSpec(const JobSpec& a, const JobSpec& b) {
   cmp.set_treat_nan_as_equal(true);
   google::protobuf::util::MessageDifferencer differ;
   differ.set_field_comparator(&cmp);
+  // A field set to its default equals an unset one: proto3 keeps -0.0 as
+  // set, and JSON's "-0" reads back as 0 (the same value to every reader).
+  differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
   return differ.Compare(a, b);
 }
 
