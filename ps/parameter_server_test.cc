@@ -136,6 +136,23 @@ TEST(ParameterServerTest, BadRegistrationsAreRejected) {
   EXPECT_NE(ps.Register(r).status().message().find("learning_rate"), std::string::npos);
 }
 
+// Shapes whose element count overflows int64 (issue 15) are refused by the
+// size check, naming the variable, never multiplied out.
+TEST(ParameterServerTest, ShapesThatOverflowAreRefusedNamingTheVariable) {
+  ParameterServer ps({});  // the default limit, 8 GiB
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{int64_t{1} << 31, (int64_t{1} << 33) - 1},
+                                         {int64_t{1} << 33, int64_t{1} << 33, int64_t{1} << 33},
+                                         {3, int64_t{1} << 31}}) {
+    auto r = TwoVarJob(v1::SYNC, 2);
+    r.mutable_variables(0)->clear_shape();
+    for (int64_t d : shape) r.mutable_variables(0)->add_shape(d);
+    auto st = ps.Register(r).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+    EXPECT_NE(st.message().find("variable \"a\" of shape"), std::string::npos) << st;
+  }
+}
+
 TEST(ParameterServerTest, SyncAveragesWeightedByExamplesAndAppliesOnce) {
   ParameterServer ps({});
   ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
