@@ -9,6 +9,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace towerps::worker {
 namespace {
@@ -48,6 +49,11 @@ bool IsUtf8(absl::string_view s) {
     i += len;
   }
   return true;
+}
+
+// Whether every field is unset or holds its default (-0.0 counts as 0).
+bool SetsNoField(const v1::JobSpec& job) {
+  return google::protobuf::util::MessageDifferencer::Equivalent(job, v1::JobSpec());
 }
 
 // InvalidArgument naming the first string field (e.g. "data.dir") of `m`
@@ -282,7 +288,7 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
     }
     absl::Status utf8 = CheckUtf8(job, "");
     if (!utf8.ok()) return utf8;
-    if (job.ByteSizeLong() == 0) return absl::InvalidArgumentError("job spec sets no field");
+    if (SetsNoField(job)) return absl::InvalidArgumentError("job spec sets no field");
     return job;
   }
   struct Collector : google::protobuf::io::ErrorCollector {
@@ -298,7 +304,7 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
   }
   absl::Status utf8 = CheckUtf8(job, "");
   if (!utf8.ok()) return utf8;
-  if (job.ByteSizeLong() == 0) {
+  if (SetsNoField(job)) {
     // Only comments, or "{}": refused here for the same reason as empty
     // text (and it would print back as empty text).
     return absl::InvalidArgumentError("job spec sets no field");

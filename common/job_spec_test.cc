@@ -42,6 +42,17 @@ TEST(ParseJobSpecTest, StringsThatAreNotUtf8AreRefusedNamingTheField) {
   EXPECT_EQ(ok->data().dir(), "/d\u00e9j\u0939\U0001F600");
 }
 
+// Found by tests/fuzz:job_spec_fuzzer ("#"): such a spec printed back is
+// empty text, which is refused.
+TEST(ParseJobSpecTest, SpecSettingNoFieldIsRefused) {
+  for (const char* text : {"# only a comment\n", "{}", " { } ", "peer_timeout_s: -0",
+                           "model {}", "{\"peerTimeoutS\": -0}"}) {
+    auto job = ParseJobSpec(text);
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_EQ(job.status().message(), "job spec sets no field") << text;
+  }
+}
+
 TEST(ParseJobSpecTest, EmptyTextIsRefusedAsEmpty) {
   for (const std::string text : {"", " \n\t\r\n"}) {
     auto job = ParseJobSpec(text);
