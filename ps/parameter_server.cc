@@ -188,9 +188,12 @@ absl::Status CheckWorkerTask(const char* what, int64_t task, int num_workers) {
 absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
   if (r.job_id().empty()) return absl::InvalidArgumentError("register: job_id is empty");
   const auto& c = r.config();
-  if (c.num_workers() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("register: config.num_workers = ", c.num_workers(), " (want >= 1)"));
+  if (c.num_workers() < 1 || c.num_workers() > kMaxWorkers) {
+    // The server keeps a record per worker: an unbounded count is a memory
+    // bomb in one request (found by tests/fuzz:ps_fuzzer).
+    return absl::InvalidArgumentError(absl::StrCat("register: config.num_workers = ",
+                                                   c.num_workers(), " (want 1..", kMaxWorkers,
+                                                   ")"));
   }
   if (c.replicas_to_aggregate() < 0 || c.replicas_to_aggregate() > c.num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat(

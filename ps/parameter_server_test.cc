@@ -136,6 +136,23 @@ TEST(ParameterServerTest, BadRegistrationsAreRejected) {
   EXPECT_NE(ps.Register(r).status().message().find("learning_rate"), std::string::npos);
 }
 
+// Found by tests/fuzz:ps_fuzzer: a register naming 2^31 workers made the
+// server allocate a record per worker (tens of GB) before any other check.
+TEST(ParameterServerTest, WorkerCountIsBounded) {
+  ParameterServer ps({});
+  for (int workers : {kMaxWorkers + 1, 1 << 30, 0, -3}) {
+    auto r = TwoVarJob(v1::SYNC, 2);
+    r.mutable_config()->set_num_workers(workers);
+    r.mutable_config()->set_replicas_to_aggregate(0);
+    auto st = ps.Register(r).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << workers;
+    EXPECT_NE(st.message().find("config.num_workers"), std::string::npos) << st;
+  }
+  auto r = TwoVarJob(v1::SYNC, 2);
+  r.mutable_config()->set_num_workers(kMaxWorkers);
+  EXPECT_TRUE(ps.Register(r).ok());
+}
+
 // Shapes whose element count overflows int64 (issue 15) are refused by the
 // size check, naming the variable, never multiplied out.
 TEST(ParameterServerTest, ShapesThatOverflowAreRefusedNamingTheVariable) {
