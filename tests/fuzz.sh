@@ -72,8 +72,8 @@ for t in "${targets[@]}"; do
   timeout --signal=KILL $((seconds + 120)) "$bin/$t" \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$artifacts/$t/" "$work/$t/corpus" >"$log" 2>&1 || rc=$?
-  runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
-  cov=$(grep -oE '(DONE|pulse|NEW|REDUCE|INITED) +cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 |
+  runs=$(grep -ao 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
+  cov=$(grep -aoE '(DONE|pulse|NEW|REDUCE|INITED) +cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 |
         sed -E 's/.*cov: ([0-9]+) ft: ([0-9]+)/cov=\1 ft=\2/')
   corpus=$(find "$work/$t/corpus" -type f | wc -l)
   crashers=$(find "$artifacts/$t" -type f | wc -l)
@@ -85,7 +85,7 @@ for t in "${targets[@]}"; do
   echo "fuzz: $t: runs=${runs:-?} ${cov:-cov=?} corpus=$corpus crashes=$crashers ($((SECONDS - start)) s) $verdict"
   if [ "$verdict" != ok ]; then
     echo "---- $t: last lines of its log"
-    grep -v '^#[0-9]' "$log" | tail -40
+    grep -av '^#[0-9]' "$log" | tail -40
     echo "----"
     find "$artifacts/$t" -type f | sed "s/^/fuzz: $t: crasher kept: /"
   fi
