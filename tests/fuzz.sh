@@ -69,7 +69,9 @@ for t in "${targets[@]}"; do
   rc=0
   # -timeout: one input may take 10 s; the outer timeout catches a hang of
   # libFuzzer itself.
-  timeout --signal=KILL $((seconds + 120)) "$bin/$t" \
+  # TMPDIR inside $work: a target's own temp files go with it, even after a
+  # crash (libFuzzer exits without running atexit handlers).
+  TMPDIR="$work/$t" timeout --signal=KILL $((seconds + 120)) "$bin/$t" \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$artifacts/$t/" "$work/$t/corpus" >"$log" 2>&1 || rc=$?
   runs=$(grep -ao 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
