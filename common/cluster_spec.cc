@@ -201,9 +201,13 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromTfConfig(const std::string& json) {
   int index = 0;
   auto idx = tf.find("index");
   if (idx != tf.end()) {
+    // The range first: converting a double outside int's range (1e53) is
+    // undefined behaviour (found by tests/fuzz:cluster_spec_fuzzer).
     if (idx->second.kind_case() != google::protobuf::Value::kNumberValue ||
+        !(idx->second.number_value() >= 0 && idx->second.number_value() <= 1e6) ||
         idx->second.number_value() != static_cast<int>(idx->second.number_value())) {
-      return absl::InvalidArgumentError("TF_CONFIG: task.index must be an integer");
+      return absl::InvalidArgumentError(
+          "TF_CONFIG: task.index must be an integer from 0 to 1000000");
     }
     index = static_cast<int>(idx->second.number_value());
   }

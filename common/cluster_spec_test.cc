@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace towerps::common {
@@ -108,6 +109,25 @@ TEST(ClusterSpecTest, RoleMustMatchTheBinary) {
   EXPECT_TRUE(ClusterSpecForRole("ps", "a:1", "b:1", "ps", 0, "").ok());
   ExpectRejected(ClusterSpecForRole("ps", "a:1", "b:1", "worker", 0, ""),
                  "this binary runs ps tasks, but the job name is \"worker\"");
+}
+
+}  // namespace
+}  // namespace towerps::common
+
+namespace towerps::common {
+namespace {
+
+// Found by tests/fuzz:cluster_spec_fuzzer: an index such as 1e53 was
+// converted to int before its range was checked (undefined behaviour).
+TEST(ClusterSpecTest, TfConfigIndexOutOfIntRangeIsRefused) {
+  for (const char* index : {"1e53", "-1e53", "2147483648", "-1", "1.5", "\"0\""}) {
+    auto s = ClusterSpecFromTfConfig(
+        absl::StrCat(R"({"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "ps", "index": )",
+                     index, "}}"));
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << index;
+    EXPECT_NE(s.status().message().find("task.index must be an integer"), std::string::npos)
+        << s.status();
+  }
 }
 
 }  // namespace

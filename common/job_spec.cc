@@ -2,16 +2,90 @@
 
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 
 namespace towerps::worker {
 namespace {
 
 constexpr char kWhitespace[] = " \t\r\n\f\v";
+
+// Whether `s` is well-formed UTF-8 (shortest forms only, no surrogates, at
+// most U+10FFFF), which proto3 requires of every string field.
+bool IsUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = s[i];
+    int len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xc2 && c <= 0xdf) {
+      len = 2, cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3, cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (int k = 1; k < len; ++k) {
+      const unsigned char d = s[i + k];
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// Whether every field is unset or holds its default (-0.0 counts as 0).
+bool SetsNoField(const v1::JobSpec& job) {
+  return google::protobuf::util::MessageDifferencer::Equivalent(job, v1::JobSpec());
+}
+
+// InvalidArgument naming the first string field (e.g. "data.dir") of `m`
+// that is not UTF-8. The text format parser takes any bytes (an escape such
+// as "\377" makes one); such a spec could not be sent to the chief, whose
+// proto3 parser refuses it, nor printed back as JSON.
+absl::Status CheckUtf8(const google::protobuf::Message& m, const std::string& prefix) {
+  const google::protobuf::Reflection* r = m.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    const std::string name = absl::StrCat(prefix, f->name());
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      const std::string item = f->is_repeated() ? absl::StrCat(name, "[", i, "]") : name;
+      if (f->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
+        std::string scratch;
+        const std::string& v = f->is_repeated() ? r->GetRepeatedStringReference(m, f, i, &scratch)
+                                                : r->GetStringReference(m, f, &scratch);
+        if (!IsUtf8(v)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("job spec: ", item, " is not valid UTF-8"));
+        }
+      } else if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) {
+        const auto& sub = f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f);
+        absl::Status st = CheckUtf8(sub, item + ".");
+        if (!st.ok()) return st;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 void SetImage(v1::ModelSpec* m, int channels, int height, int width) {
   m->set_input_dim(channels * height * width);
@@ -212,6 +286,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
       return absl::InvalidArgumentError(
           absl::StrCat("job spec (JSON): ", why.substr(0, why.find('\n'))));
     }
+    absl::Status utf8 = CheckUtf8(job, "");
+    if (!utf8.ok()) return utf8;
+    if (SetsNoField(job)) return absl::InvalidArgumentError("job spec sets no field");
     return job;
   }
   struct Collector : google::protobuf::io::ErrorCollector {
@@ -224,6 +301,13 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text) {
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &job)) {
     return absl::InvalidArgumentError(absl::StrCat("job spec (text format): ", errors.first));
+  }
+  absl::Status utf8 = CheckUtf8(job, "");
+  if (!utf8.ok()) return utf8;
+  if (SetsNoField(job)) {
+    // Only comments, or "{}": refused here for the same reason as empty
+    // text (and it would print back as empty text).
+    return absl::InvalidArgumentError("job spec sets no field");
   }
   return job;
 }

@@ -31,7 +31,10 @@ namespace towerps::worker {
 absl::StatusOr<v1::JobSpec> BuiltinJob(const std::string& name);
 
 // Parses a JobSpec from JSON (if the text starts with '{') or text format.
-// InvalidArgument names the problem; empty or whitespace-only text is
+// InvalidArgument names the problem (a string field that is not UTF-8, as
+// proto3 requires, by its path: "job spec: data.dir is not valid UTF-8");
+// a spec that sets no field (only comments, or "{}") is refused as "job spec
+// sets no field"; empty or whitespace-only text is
 // refused as "job spec is empty" (text format would read it as a spec with
 // no field set, refused much later for a missing model width).
 absl::StatusOr<v1::JobSpec> ParseJobSpec(const std::string& text);

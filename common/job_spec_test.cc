@@ -29,6 +29,30 @@ TEST(ParseJobSpecTest, ReadsJsonAndTextFormat) {
   EXPECT_EQ(text->model().input_dim(), 5);
 }
 
+// Found by tests/fuzz:job_spec_fuzzer: text format takes any bytes in a
+// string, which proto3 (the chief's parser, the JSON printer) refuses.
+TEST(ParseJobSpecTest, StringsThatAreNotUtf8AreRefusedNamingTheField) {
+  auto text = ParseJobSpec("data { dir: \"/usr/\\377x\" }");
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(text.status().message(), "job spec: data.dir is not valid UTF-8");
+  auto layer = ParseJobSpec("model { layers { name: \"a\" } layers { name: \"\\300\\200\" } }");
+  EXPECT_EQ(layer.status().message(), "job spec: model.layers[1].name is not valid UTF-8");
+  auto ok = ParseJobSpec("data { dir: \"/d\\303\\251j\\340\\244\\271\\360\\237\\230\\200\" }");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->data().dir(), "/d\u00e9j\u0939\U0001F600");
+}
+
+// Found by tests/fuzz:job_spec_fuzzer ("#"): such a spec printed back is
+// empty text, which is refused.
+TEST(ParseJobSpecTest, SpecSettingNoFieldIsRefused) {
+  for (const char* text : {"# only a comment\n", "{}", " { } ", "peer_timeout_s: -0",
+                           "model {}", "{\"peerTimeoutS\": -0}"}) {
+    auto job = ParseJobSpec(text);
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_EQ(job.status().message(), "job spec sets no field") << text;
+  }
+}
+
 TEST(ParseJobSpecTest, EmptyTextIsRefusedAsEmpty) {
   for (const std::string text : {"", " \n\t\r\n"}) {
     auto job = ParseJobSpec(text);

@@ -20,6 +20,12 @@ PACKAGES=(
 PACKAGES+=(openssl)
 # --- end TLS ---
 
+# --- Fuzzing (issue 15): clang 14 and its runtime libraries (libFuzzer,
+# ASan, UBSan) for tests/fuzz.sh (--config=fuzz); clang also builds
+# --config=clang. ---
+PACKAGES+=(clang libclang-rt-14-dev)  # clang: /usr/bin/clang, which .bazelrc names
+# --- end fuzzing ---
+
 # --- Opt-in: Slurm for tests/slurm_test.sh (issue 14) ---
 # `deploy/setup.sh --slurm` also installs Debian's Slurm 22.05 (slurmctld,
 # slurmd, sbatch/srun/sinfo) and munge; tests/slurm_test.sh is skipped without

@@ -188,9 +188,12 @@ absl::Status CheckWorkerTask(const char* what, int64_t task, int num_workers) {
 absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
   if (r.job_id().empty()) return absl::InvalidArgumentError("register: job_id is empty");
   const auto& c = r.config();
-  if (c.num_workers() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("register: config.num_workers = ", c.num_workers(), " (want >= 1)"));
+  if (c.num_workers() < 1 || c.num_workers() > kMaxWorkers) {
+    // The server keeps a record per worker: an unbounded count is a memory
+    // bomb in one request (found by tests/fuzz:ps_fuzzer).
+    return absl::InvalidArgumentError(absl::StrCat("register: config.num_workers = ",
+                                                   c.num_workers(), " (want 1..", kMaxWorkers,
+                                                   ")"));
   }
   if (c.replicas_to_aggregate() < 0 || c.replicas_to_aggregate() > c.num_workers()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -226,13 +229,24 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
     // Before anything is created: a bad update rule must never reach CreateJob.
     TOWERPS_RETURN_IF_ERROR(common::Annotate(ValidateVariableUpdate(v), "register"));
     int64_t n = 1;
+    bool too_big = false;
     for (int64_t d : v.shape()) {
       if (d <= 0 || d > max_bytes) {
         return absl::InvalidArgumentError(absl::StrCat(
             "register: variable \"", v.name(), "\" has invalid dimension ", d));
       }
+      // Checked before multiplying: shapes such as [2^31, 2^33 - 1] would
+      // overflow int64.
+      if (n > max_bytes / 4 / d) {
+        too_big = true;
+        break;
+      }
       n *= d;
-      if (n * 4 > max_bytes) break;
+    }
+    if (too_big) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "register: variable \"", v.name(), "\" of shape [", absl::StrJoin(v.shape(), ", "),
+          "] needs more than ", max_bytes, " bytes on this server (limit --max_job_bytes)"));
     }
     total += n * 4;
     if (total > max_bytes) {

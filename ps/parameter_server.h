@@ -56,6 +56,10 @@ namespace towerps::ps {
 // TrainingConfig.peer_timeout_s when a job leaves it 0.
 constexpr double kDefaultPeerTimeoutS = 60;
 
+// The most workers a job may have (TrainingConfig.num_workers); Register
+// refuses more with InvalidArgument.
+constexpr int kMaxWorkers = 10000;
+
 struct ParameterServerOptions {
   int task_index = 0;
   // Longest a Pull waits server-side before answering DEADLINE_EXCEEDED (the

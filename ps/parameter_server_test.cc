@@ -137,6 +137,40 @@ TEST(ParameterServerTest, BadRegistrationsAreRejected) {
   EXPECT_NE(ps.Register(r).status().message().find("learning_rate"), std::string::npos);
 }
 
+// Found by tests/fuzz:ps_fuzzer: a register naming 2^31 workers made the
+// server allocate a record per worker (tens of GB) before any other check.
+TEST(ParameterServerTest, WorkerCountIsBounded) {
+  ParameterServer ps({});
+  for (int workers : {kMaxWorkers + 1, 1 << 30, 0, -3}) {
+    auto r = TwoVarJob(v1::SYNC, 2);
+    r.mutable_config()->set_num_workers(workers);
+    r.mutable_config()->set_replicas_to_aggregate(0);
+    auto st = ps.Register(r).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << workers;
+    EXPECT_NE(st.message().find("config.num_workers"), std::string::npos) << st;
+  }
+  auto r = TwoVarJob(v1::SYNC, 2);
+  r.mutable_config()->set_num_workers(kMaxWorkers);
+  EXPECT_TRUE(ps.Register(r).ok());
+}
+
+// Shapes whose element count overflows int64 (issue 15) are refused by the
+// size check, naming the variable, never multiplied out.
+TEST(ParameterServerTest, ShapesThatOverflowAreRefusedNamingTheVariable) {
+  ParameterServer ps({});  // the default limit, 8 GiB
+  for (const std::vector<int64_t>& shape :
+       std::vector<std::vector<int64_t>>{{int64_t{1} << 31, (int64_t{1} << 33) - 1},
+                                         {int64_t{1} << 33, int64_t{1} << 33, int64_t{1} << 33},
+                                         {3, int64_t{1} << 31}}) {
+    auto r = TwoVarJob(v1::SYNC, 2);
+    r.mutable_variables(0)->clear_shape();
+    for (int64_t d : shape) r.mutable_variables(0)->add_shape(d);
+    auto st = ps.Register(r).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+    EXPECT_NE(st.message().find("variable \"a\" of shape"), std::string::npos) << st;
+  }
+}
+
 TEST(ParameterServerTest, SyncAveragesWeightedByExamplesAndAppliesOnce) {
   ParameterServer ps({});
   ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());

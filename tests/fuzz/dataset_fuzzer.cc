@@ -1,0 +1,78 @@
+// Fuzzes the data set readers (worker/model/dataset): Fashion-MNIST's IDX
+// files (plain or gzip) and CIFAR-10's binary batch files. Input: byte 0
+// picks the reader (even: IDX, odd: CIFAR-10) and byte 1 is max_examples;
+// for IDX, bytes 2-5 (little-endian) are the length of the images file,
+// which follows, and the rest is the labels file; for CIFAR-10 the rest is
+// test_batch.bin.
+// Invariants: a refusal is InvalidArgument naming a file; an accepted set
+// has one label in [0, 10) per feature row, rows of rows*cols (or 3072)
+// values in [0, 1], and no more than max_examples rows when it is set.
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "absl/status/status.h"
+#include "tests/fuzz/fuzz_util.h"
+#include "worker/model/dataset.h"
+
+namespace {
+
+void CheckDataset(const towerps::worker::Dataset& d, int64_t max_examples) {
+  FUZZ_CHECK(d.features.rank() == 2, "features of rank %d", d.features.rank());
+  const int64_t n = d.size();
+  FUZZ_CHECK(n > 0, "an empty set accepted");
+  FUZZ_CHECK(max_examples == 0 || n <= max_examples, "%lld rows, max %lld",
+             static_cast<long long>(n), static_cast<long long>(max_examples));
+  FUZZ_CHECK(static_cast<int64_t>(d.labels.size()) == n, "%zu labels for %lld rows",
+             d.labels.size(), static_cast<long long>(n));
+  FUZZ_CHECK(d.num_classes == 10, "num_classes %d", d.num_classes);
+  for (int32_t label : d.labels) FUZZ_CHECK(label >= 0 && label < 10, "label %d", label);
+  FUZZ_CHECK(d.image.is_image() && d.image.num_elements() == d.features.dim(1),
+             "image shape does not match the rows");
+  for (int64_t i = 0; i < d.features.num_elements(); ++i) {
+    const float v = d.features[i];
+    FUZZ_CHECK(v >= 0 && v <= 1, "pixel %f", v);
+  }
+}
+
+void CheckRefusal(const absl::Status& s, const std::string& dir) {
+  FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument, "%s", s.ToString().c_str());
+  FUZZ_CHECK(s.message().find(dir) != std::string::npos, "not naming the file: %s",
+             s.ToString().c_str());
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2) return 0;
+  const std::string dir = towerps::fuzz::FuzzTempDir() + "/data";
+  const int64_t max_examples = data[1];
+  if (data[0] % 2 == 1) {
+    towerps::fuzz::WriteFuzzFile(dir + "/test_batch.bin", data + 2, size - 2);
+    auto set = towerps::worker::LoadCifar10(dir, /*train=*/false, max_examples);
+    if (set.ok()) {
+      CheckDataset(*set, max_examples);
+      FUZZ_CHECK(set->image.channels == 3 && set->image.height == 32 && set->image.width == 32,
+                 "CIFAR-10 image shape");
+    } else {
+      CheckRefusal(set.status(), dir);
+    }
+    return 0;
+  }
+  if (size < 6) return 0;
+  uint32_t images_len = 0;
+  std::memcpy(&images_len, data + 2, 4);
+  const size_t rest = size - 6;
+  if (images_len > rest) images_len = static_cast<uint32_t>(rest);
+  const std::string images = dir + "/images-idx3-ubyte";
+  const std::string labels = dir + "/labels-idx1-ubyte";
+  towerps::fuzz::WriteFuzzFile(images, data + 6, images_len);
+  towerps::fuzz::WriteFuzzFile(labels, data + 6 + images_len, rest - images_len);
+  auto set = towerps::worker::LoadIdx(images, labels, 1.0f / 255, max_examples);
+  if (set.ok()) {
+    CheckDataset(*set, max_examples);
+  } else {
+    CheckRefusal(set.status(), dir);
+  }
+  return 0;
+}

@@ -1,0 +1,187 @@
+// Fuzzes the parameter server's RPC handlers in-process, with no network: a
+// fresh ParameterServer per input, fed a sequence of serialized requests.
+// Input: records of [op byte][length, 2 bytes little-endian][payload], the
+// payload a serialized request picked by op % 7:
+//   0 RegisterRequest  (ParameterServiceImpl::RegisterVariables)
+//   1 PushRequest      (header and slices of one push stream, as the
+//                       service's Push drives BeginPush/AddSlice/FinishPush)
+//   2 PullRequest      (ParameterServer::Pull with no wait, then the service's
+//                       chunking into PullResponse slices)
+//   3 HeartbeatRequest 4 StatusRequest 5 DeleteJobRequest
+//   6 SaveRequest      (SaveCheckpoint)
+// A payload that does not parse is skipped. Every directory a request names
+// (checkpoint_dir, restore_from) is replaced by one under this process's temp
+// directory, so the fuzzer never writes elsewhere.
+// Invariants: no crash, no exception out of a handler (gRPC would answer
+// UNKNOWN), an error code the API documents with a message; a pull's chunks
+// cover the snapshot exactly.
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/slice_writer.h"
+#include "google/protobuf/stubs/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/ps.pb.h"
+#include "ps/parameter_server.h"
+#include "ps/ps_service.h"
+#include "tests/fuzz/fuzz_util.h"
+
+namespace {
+
+namespace v1 = towerps::v1;
+using towerps::ps::ParameterServer;
+
+constexpr int64_t kMaxJobBytes = int64_t{16} << 20;
+
+void CheckError(grpc::StatusCode code, const std::string& message, const char* what) {
+  FUZZ_CHECK(code != grpc::StatusCode::UNKNOWN && code != grpc::StatusCode::INTERNAL &&
+                 code != grpc::StatusCode::DATA_LOSS,
+             "%s: code %d: %s", what, static_cast<int>(code), message.c_str());
+  FUZZ_CHECK(!message.empty(), "%s: an error without a message", what);
+}
+
+void CheckError(const absl::Status& s, const char* what) {
+  if (s.ok()) return;
+  CheckError(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()), what);
+}
+
+// Both the request's directories forced under the temp directory.
+std::string CheckpointDir() { return towerps::fuzz::FuzzTempDir() + "/ps/ckpt-0000000001"; }
+
+void DoPush(ParameterServer& ps, const v1::PushRequest& msg) {
+  auto session = ps.BeginPush(msg.header());
+  if (!session.ok()) return CheckError(session.status(), "BeginPush");
+  for (const auto& slice : msg.slices()) {
+    const absl::Status s = (*session)->AddSlice(slice);
+    if (!s.ok()) return CheckError(s, "AddSlice");
+  }
+  auto r = ps.FinishPush(std::move(*session));
+  CheckError(r.status(), "FinishPush");
+}
+
+void DoPull(ParameterServer& ps, const v1::PullRequest& request) {
+  auto snap = ps.Pull(request, absl::Now());
+  if (!snap.ok()) {
+    const auto code = snap.status().code();
+    FUZZ_CHECK(code != absl::StatusCode::kUnknown && code != absl::StatusCode::kInternal,
+               "Pull: %s", snap.status().ToString().c_str());
+    return;
+  }
+  const towerps::ps::WeightsSnapshot& w = **snap;
+  const int64_t chunk =
+      std::clamp<int64_t>(request.chunk_bytes() > 0 ? request.chunk_bytes() : 4096, 4096,
+                          int64_t{32} << 20) / 4 * 4;
+  std::vector<std::vector<float>> seen(w.values.size());
+  v1::PullResponse msg;
+  towerps::common::SliceWriter<v1::PullResponse> out(&msg, chunk, [&](const v1::PullResponse& m) {
+    for (const auto& s : m.slices()) {
+      FUZZ_CHECK(s.var_index() < seen.size(), "slice of variable %u", s.var_index());
+      auto& v = seen[s.var_index()];
+      FUZZ_CHECK(s.offset() == v.size() && s.data().size() % 4 == 0, "slice out of order");
+      const size_t n = s.data().size() / 4;
+      v.resize(v.size() + n);
+      std::memcpy(v.data() + s.offset(), s.data().data(), s.data().size());
+    }
+    return true;
+  });
+  for (size_t v = 0; v < w.values.size(); ++v) {
+    out.Add(static_cast<uint32_t>(v), w.values[v].data(), static_cast<int64_t>(w.values[v].size()));
+  }
+  FUZZ_CHECK(out.Finish(/*even_if_empty=*/w.values.empty()), "pull chunks not written");
+  for (size_t v = 0; v < w.values.size(); ++v) {
+    FUZZ_CHECK(seen[v].size() == w.values[v].size() &&
+                   (seen[v].empty() ||
+                    std::memcmp(seen[v].data(), w.values[v].data(), seen[v].size() * 4) == 0),
+               "pulled variable %zu differs from the snapshot", v);
+  }
+}
+
+template <typename Request>
+bool Parse(const uint8_t* data, size_t size, Request* r) {
+  return r->ParseFromArray(data, static_cast<int>(size));
+}
+
+}  // namespace
+
+// Protobuf's own log line for each string that is not UTF-8 would drown the
+// output (the parse fails and the record is skipped, as gRPC would).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int,
+                                     const std::string&) {});
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  towerps::ps::ParameterServerOptions options;
+  options.max_pull_wait = absl::ZeroDuration();
+  options.max_job_bytes = kMaxJobBytes;
+  ParameterServer ps(options);
+  towerps::ps::ParameterServiceImpl service(ps, /*default_chunk_bytes=*/4096);
+  grpc::ServerContext context;
+
+  size_t pos = 0;
+  while (pos + 3 <= size) {
+    const int op = data[pos] % 7;
+    const size_t len = std::min<size_t>(data[pos + 1] | (data[pos + 2] << 8), size - pos - 3);
+    const uint8_t* payload = data + pos + 3;
+    pos += 3 + len;
+    grpc::Status s;
+    switch (op) {
+      case 0: {
+        v1::RegisterRequest r;
+        if (!Parse(payload, len, &r)) continue;
+        if (!r.restore_from().empty()) r.set_restore_from(CheckpointDir());
+        v1::RegisterResponse out;
+        s = service.RegisterVariables(&context, &r, &out);
+        break;
+      }
+      case 1: {
+        v1::PushRequest r;
+        if (Parse(payload, len, &r)) DoPush(ps, r);
+        continue;
+      }
+      case 2: {
+        v1::PullRequest r;
+        if (Parse(payload, len, &r)) DoPull(ps, r);
+        continue;
+      }
+      case 3: {
+        v1::HeartbeatRequest r;
+        if (!Parse(payload, len, &r)) continue;
+        v1::HeartbeatResponse out;
+        s = service.Heartbeat(&context, &r, &out);
+        break;
+      }
+      case 4: {
+        v1::StatusRequest r;
+        if (!Parse(payload, len, &r)) continue;
+        v1::StatusResponse out;
+        s = service.GetStatus(&context, &r, &out);
+        break;
+      }
+      case 5: {
+        v1::DeleteJobRequest r;
+        if (!Parse(payload, len, &r)) continue;
+        v1::DeleteJobResponse out;
+        s = service.DeleteJob(&context, &r, &out);
+        FUZZ_CHECK(out.bytes_freed() >= 0, "freed %lld bytes",
+                   static_cast<long long>(out.bytes_freed()));
+        break;
+      }
+      case 6: {
+        v1::SaveRequest r;
+        if (!Parse(payload, len, &r)) continue;
+        if (!r.checkpoint_dir().empty()) r.set_checkpoint_dir(CheckpointDir());
+        v1::SaveResponse out;
+        s = service.SaveCheckpoint(&context, &r, &out);
+        break;
+      }
+    }
+    if (!s.ok()) CheckError(s.error_code(), s.error_message(), "handler");
+  }
+  return 0;
+}
