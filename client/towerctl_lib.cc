@@ -77,6 +77,9 @@ Global options (anywhere on the line; also as --name VALUE):
   --tls_cert=PEM --tls_key=PEM
                         Client certificate and key, for servers that require
                         mutual TLS.
+  --tls_server_name=N   TLS: the name the server's certificate must carry,
+                        checked instead of the host dialed (e.g. towerps for
+                        the certificates of deploy/make_certs.sh).
   --auth_token_file=F   The cluster's bearer token (alternative:
                         $TOWERPS_AUTH_TOKEN; not both). Health needs none.
   --timeout_s=N         Deadline of each call in seconds. Default: 10. Followed
@@ -775,6 +778,7 @@ int RunTowerctl(const std::vector<std::string>& args, const TowerctlEnv& env) {
         TakeGlobalOption(args, &i, "tls_cert", &security.tls_cert, &error) ||
         TakeGlobalOption(args, &i, "tls_key", &security.tls_key, &error) ||
         TakeGlobalOption(args, &i, "tls_ca", &security.tls_ca, &error) ||
+        TakeGlobalOption(args, &i, "tls_server_name", &security.tls_server_name, &error) ||
         TakeGlobalOption(args, &i, "auth_token_file", &security.auth_token_file, &error)) {
       if (!error.empty()) return UsageError(env, error);
       continue;

@@ -140,6 +140,9 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address,
   // At 100 ms, a freshly started server on a loaded machine missed it over
   // and over ("tcp handshaker shutdown") for many seconds.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
+  if (security != nullptr && !security->tls_server_name().empty()) {
+    args.SetSslTargetNameOverride(security->tls_server_name());
+  }
   if (security == nullptr) {
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   }

@@ -10,7 +10,9 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/auth_metadata_processor.h"
@@ -255,6 +257,25 @@ absl::StatusOr<std::shared_ptr<const RpcSecurity>> RpcSecurity::Create(
     security->ca_pem_ = std::move(*ca);
   }
   security->tls_ = !options.tls_cert.empty() || !options.tls_ca.empty();
+  if (!options.tls_server_name.empty()) {
+    if (!security->tls_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls_server_name=", options.tls_server_name,
+          " needs TLS (--tls_ca, or --tls_cert and --tls_key): a plaintext channel checks no "
+          "certificate"));
+    }
+    const bool host_name =
+        options.tls_server_name.size() <= 253 &&
+        absl::c_all_of(options.tls_server_name, [](char c) {
+          return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-';
+        });
+    if (!host_name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tls_server_name=\"", absl::CHexEscape(options.tls_server_name),
+                       "\" is not a host name (letters, digits, '.' and '-')"));
+    }
+    security->tls_server_name_ = options.tls_server_name;
+  }
 
   if (!options.auth_token_file.empty() && !options.auth_token_env.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -45,6 +45,12 @@ struct RpcSecurityOptions {
   // Default (TLS without --tls_ca): clients use gRPC's default roots and
   // servers ask no client certificate.
   std::string tls_ca;
+  // --tls_server_name: the name every server certificate must carry (a DNS
+  // SAN), checked instead of the address dialed. Lets one certificate with
+  // e.g. SAN DNS:towerps serve a whole cluster whose addresses are not known
+  // when it is made (Kubernetes pod names, containers, port-forwards).
+  // Needs TLS. Default: the host of the address dialed.
+  std::string tls_server_name;
   // --auth_token_file: a file holding the shared token (trailing whitespace
   // and newlines are dropped).
   std::string auth_token_file;
@@ -64,7 +70,8 @@ class RpcSecurity {
  public:
   // Reads and checks the files. InvalidArgument naming the flag (and the
   // path) for: a cert without a key or the reverse; an unreadable, empty or
-  // non-PEM file; an empty token file; a token with characters outside
+  // non-PEM file; --tls_server_name without TLS or not a host name; an
+  // empty token file; a token with characters outside
   // printable ASCII (it must fit an HTTP header); both the token file and
   // $TOWERPS_AUTH_TOKEN set; and, for a role that serves, --tls_ca without a
   // certificate. Never prints a token.
@@ -78,6 +85,8 @@ class RpcSecurity {
   // Servers require client certificates (mutual TLS).
   bool mutual_tls() const { return tls_ && !ca_pem_.empty(); }
   bool has_token() const { return !token_.empty(); }
+  // --tls_server_name, or empty.
+  const std::string& tls_server_name() const { return tls_server_name_; }
 
   // One line for the startup log, naming no secret, e.g. "TLS with client
   // certificates required (mutual TLS), bearer token required". Without TLS
@@ -103,6 +112,7 @@ class RpcSecurity {
   std::string cert_pem_;
   std::string key_pem_;
   std::string ca_pem_;
+  std::string tls_server_name_;
   std::string token_;
 };
 

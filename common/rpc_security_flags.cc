@@ -12,6 +12,10 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
 ABSL_FLAG(std::string, tls_ca, "",
           "PEM CA certificates: verify the servers this process calls, and REQUIRE client "
           "certificates signed by them on this process's port (mutual TLS).");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "With TLS: the name every server certificate must carry (DNS SAN), checked instead of "
+          "the host dialed; one certificate with that name can then serve the whole cluster. "
+          "Default: the host of each address dialed.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding the cluster's shared bearer token: required on every call this process "
           "serves (but health), and sent on every call it makes. Alternative: "
@@ -24,6 +28,7 @@ RpcSecurityOptions RpcSecurityOptionsFromCommandLine() {
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   const char* env = std::getenv(kAuthTokenEnvVar);
   if (env != nullptr) options.auth_token_env = env;

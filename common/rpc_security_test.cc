@@ -120,6 +120,23 @@ TEST(RpcSecurityTest, ServerWithCaButNoCertIsAnError) {
   EXPECT_TRUE((*client)->tls());
 }
 
+TEST(RpcSecurityTest, ServerNameNeedsTlsAndMustBeAHostName) {
+  RpcSecurityOptions o;
+  o.tls_server_name = "towerps";
+  EXPECT_THAT(RpcSecurity::Create(o, RpcRole::kClient).status().message(),
+              HasSubstr("--tls_server_name=towerps needs TLS"));
+  o.tls_ca = WriteFile("ca.pem", "-----BEGIN CERTIFICATE-----\nxx\n-----END CERTIFICATE-----\n");
+  auto client = RpcSecurity::Create(o, RpcRole::kClient);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->tls_server_name(), "towerps");
+  for (const std::string& bad : std::vector<std::string>{"tower ps", "a/b", "x:2222", std::string(254, 'a')}) {
+    o.tls_server_name = bad;
+    auto s = RpcSecurity::Create(o, RpcRole::kClient);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.status().message(), HasSubstr("is not a host name")) << bad;
+  }
+}
+
 TEST(RpcSecurityTest, TokenFileIsTrimmedAndEmptyOrBadTokensAreRefused) {
   RpcSecurityOptions o;
   o.auth_token_file = WriteFile("token", absl::StrCat(kToken, "\n"));

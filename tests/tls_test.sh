@@ -3,8 +3,9 @@
 # processes on 127.0.0.1: 1 ps and 2 workers --serve (worker 0 is the chief),
 # all with --tls_cert/--tls_key/--tls_ca (servers require client
 # certificates) and --auth_token_file. Certificates are made at run time by
-# tests/make_certs.sh (openssl) in the test's temp dir: a CA, a server/client
-# certificate for the cluster (SAN IP:127.0.0.1), a client certificate for
+# deploy/make_certs.sh (openssl) in the test's temp dir: a CA, a server/client
+# certificate for the cluster (SANs DNS:towerps, DNS:localhost, IP:127.0.0.1),
+# a client certificate for
 # towerctl, and a second, unrelated CA with its own client certificate.
 #   (a) a short job submitted with the right CA, certificate and token trains
 #       (loss goes down, SUCCEEDED, test accuracy above a floor);
@@ -57,9 +58,9 @@ else
   PY="$HEALTH_PYTHON"
 fi
 
-# --- certificates (tests/make_certs.sh: ca, node, client; other_ca, rogue) -----------
+# --- certificates (deploy/make_certs.sh: ca, node, client; other_ca, rogue) ----------
 C="$TMP/certs"
-"${PWD}/tests/make_certs.sh" "$C" || die "cannot make certificates"
+"${PWD}/deploy/make_certs.sh" --test_extras --days 2 "$C" >/dev/null || die "cannot make certificates"
 TOKEN="tok-$(openssl rand -hex 16)"
 printf '%s\n' "$TOKEN" >"$TMP/token"
 printf 'not-%s\n' "$TOKEN" >"$TMP/wrong_token"
@@ -228,6 +229,15 @@ towerctl_expect "(c) client trusting another CA" 3 "cannot reach" -- \
   --auth_token_file="$TMP/token" --chief="$WK0_ADDR" list
 towerctl_expect "(c) plaintext towerctl" 3 "cannot reach" -- \
   --auth_token_file="$TMP/token" --chief="$WK0_ADDR" list
+# --tls_server_name replaces the host dialed in the certificate check: a name
+# the certificate carries passes, one it does not is refused although the
+# address dialed (127.0.0.1) is in the certificate.
+towerctl_expect "(c) --tls_server_name the certificate carries" 0 tls_job -- \
+  "${TLS_CLIENT[@]}" --tls_server_name=towerps --auth_token_file="$TMP/token" \
+  --chief="$WK0_ADDR" list
+towerctl_expect "(c) --tls_server_name the certificate lacks" 3 "cannot reach" -- \
+  "${TLS_CLIENT[@]}" --tls_server_name=elsewhere --auth_token_file="$TMP/token" \
+  --chief="$WK0_ADDR" list
 towerctl_expect "(c) plaintext towerctl health" 3 "cannot reach" -- health "$PS_ADDR"
 probe UNAVAILABLE "(c) grpcio, client certificate from another CA, ps" "$PS_ADDR" \
   "$PS_M/GetStatus" --ca "$C/ca.pem" --cert "$C/rogue.pem" --key "$C/rogue.key" --token "$TOKEN"

@@ -14,7 +14,7 @@
 //       [--chunk_sizes=1048576,4194304,16777216] [--json=PATH]
 //       [--no_malloc_tuning] [--tls_dir=DIR]
 //
-// --tls_dir (issue 15): a directory made by tests/make_certs.sh; adds a
+// --tls_dir (issue 15): a directory made by deploy/make_certs.sh; adds a
 // `ps_tls` row per chunk size: the same ps path over mutual TLS (P-256
 // certificates) with a bearer token checked on every call, on its own two
 // servers, so that `ps_tls` vs `ps` is the cost of transport security.
@@ -66,7 +66,7 @@ ABSL_FLAG(std::string, json, "", "If set, also write the rows as JSON to this pa
 ABSL_FLAG(bool, no_malloc_tuning, false,
           "Skip common::TuneAllocatorForLargeMessages(), to measure its effect.");
 ABSL_FLAG(std::string, tls_dir, "",
-          "Directory from tests/make_certs.sh: adds ps_tls rows (mutual TLS + token).");
+          "Directory from deploy/make_certs.sh: adds ps_tls rows (mutual TLS + token).");
 ABSL_FLAG(int64_t, tcp_io_bytes, 1 << 20, "Bytes per read()/write() call on the TCP path.");
 
 namespace towerps::bench {
