@@ -70,6 +70,9 @@ Commands:
 
 Global options (anywhere on the line; also as --name VALUE):
   --chief=HOST:PORT     The chief's JobService. Default: $TOWERCTL_CHIEF.
+  The --tls_* and --auth_token_file options below default to the environment
+  variables TOWERCTL_TLS_CERT, TOWERCTL_TLS_KEY, TOWERCTL_TLS_CA,
+  TOWERCTL_TLS_SERVER_NAME and TOWERCTL_AUTH_TOKEN_FILE.
   --output=table|json   json: the response as protobuf JSON (logs: one JSON
                         object per event and line). Default: table.
   --tls_ca=PEM          TLS: verify the chief (or the health address) with these
@@ -763,7 +766,7 @@ std::string TowerctlUsage() { return kUsage; }
 int RunTowerctl(const std::vector<std::string>& args, const TowerctlEnv& env) {
   Options opts;
   std::string chief_flag, output = "table", timeout;
-  common::RpcSecurityOptions security;
+  common::RpcSecurityOptions security = env.security_from_env;
   std::vector<std::string> rest;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];

@@ -47,6 +47,12 @@ struct TowerctlEnv {
   // $TOWERPS_AUTH_TOKEN, used as the token when --auth_token_file is not
   // given (both set is an error). Default: empty (unset).
   std::string auth_token_from_env;
+  // $TOWERCTL_TLS_CERT, $TOWERCTL_TLS_KEY, $TOWERCTL_TLS_CA,
+  // $TOWERCTL_TLS_SERVER_NAME and $TOWERCTL_AUTH_TOKEN_FILE: defaults of the
+  // flags of the same names (a flag given wins). The deploy files set them in
+  // every container, so that `towerctl` there needs no flags.
+  // auth_token_env is not read from here (see auth_token_from_env).
+  common::RpcSecurityOptions security_from_env;
   // Default: DefaultJobServiceStubFactory().
   JobServiceStubFactory stub_factory = DefaultJobServiceStubFactory();
 };

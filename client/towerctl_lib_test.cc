@@ -428,6 +428,32 @@ TEST_F(TowerctlTest, BadSecurityFlagsAreUsageErrorsNamingTheFlag) {
   EXPECT_FALSE(Contains(err.str(), "Tok3nFrom")) << err.str();
 }
 
+// The environment's TOWERCTL_TLS_* / TOWERCTL_AUTH_TOKEN_FILE are the flags'
+// defaults: checked the same way, and a flag given replaces its variable.
+TEST_F(TowerctlTest, SecurityDefaultsComeFromTheEnvironmentAndFlagsWin) {
+  std::ostringstream out, err;
+  TowerctlEnv env{out, err, false, chief_};
+  env.security_from_env.tls_ca = "/absent/env_ca.pem";
+  EXPECT_EQ(RunTowerctl({"list"}, env), 2);
+  EXPECT_TRUE(Contains(err.str(), "--tls_ca=/absent/env_ca.pem: cannot read")) << err.str();
+
+  const std::string token = TmpPath("env_token");
+  std::ofstream(token) << "Tok3nFromEnvFile\n";
+  std::ostringstream out2, err2;
+  TowerctlEnv env2{out2, err2, false, chief_};
+  env2.security_from_env.tls_server_name = "towerps";
+  env2.security_from_env.auth_token_file = token;
+  // A server name without TLS is refused: the variable was read.
+  EXPECT_EQ(RunTowerctl({"list"}, env2), 2);
+  EXPECT_TRUE(Contains(err2.str(), "--tls_server_name=towerps needs TLS")) << err2.str();
+  // The flag replaces the variable: a readable token file from the flag, no
+  // server name, and the (plaintext, tokenless) fake chief answers.
+  std::ostringstream out3, err3;
+  TowerctlEnv env3{out3, err3, false, chief_};
+  env3.security_from_env.auth_token_file = "/absent/env_token";
+  EXPECT_EQ(RunTowerctl({"--auth_token_file=" + token, "list"}, env3), 0) << err3.str();
+}
+
 TEST_F(TowerctlTest, ChiefComesFromTheFlagOrTheEnvironment) {
   Result missing = RunRaw({"list"});
   EXPECT_EQ(missing.code, 2);
