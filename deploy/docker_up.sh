@@ -17,12 +17,16 @@
 # where Docker's bridge network is not available (dockerd --bridge=none).
 # Submit the default job from the host once it is up:
 #   towerctl --chief=127.0.0.1:22222 submit deploy/jobs/mlp.json --wait        # --host-network
+#     (with the TOWERCTL_TLS_* variables it prints: TLS and token, see below)
 #   docker-compose -p towerps -f deploy/docker-compose.yml exec worker0 \
 #     towerctl --chief=worker0:2222 submit /usr/share/towerps/jobs/mlp.json --wait
 #
 # The engine is started as `dockerd --bridge=none --iptables=false` (root
 # needed; log in /var/log/towerps-dockerd.log). Missing packages (docker.io,
 # docker-compose, debootstrap) come from `deploy/setup.sh --docker`.
+# Every channel is mutual TLS with a bearer token: the certificates and the
+# token are made by deploy/make_certs.sh into $TOWERPS_SECRETS_DIR (default
+# deploy/secrets) when they are missing, and kept for the next run.
 # Environment: TOWERPS_BIN_DIR=<dir with ps/ps, worker/worker,
 # client/towerctl built with --config=cpu_image> skips the Bazel build;
 # TOWERPS_IMAGE (default towerps:latest); TOWERPS_DEBIAN_MIRROR (default
@@ -30,7 +34,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,29p' "$0"; }
+usage() { sed -n '2,32p' "$0"; }
 die() { echo "docker_up: $*" >&2; exit 1; }
 
 ACTION=up HOST_NET=0 PROJECT=towerps VOLUMES=0
@@ -53,6 +57,9 @@ done
 [ "$VOLUMES" = 0 ] || [ "$ACTION" = down ] || { echo "docker_up: --volumes goes with --down" >&2; exit 2; }
 
 IMAGE="${TOWERPS_IMAGE:-towerps:latest}"
+SECRETS="${TOWERPS_SECRETS_DIR:-$PWD/deploy/secrets}"
+case "$SECRETS" in /*) ;; *) SECRETS="$PWD/$SECRETS" ;; esac
+export TOWERPS_SECRETS_DIR="$SECRETS"  # read by the compose file
 export TOWERPS_IMAGE="$IMAGE"  # read by the compose file
 BASE_IMAGE=towerps-base:bookworm
 MIRROR="${TOWERPS_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -231,13 +238,16 @@ build_base
 build_image
 [ "$ACTION" = build ] && exit 0
 
+deploy/make_certs.sh "$SECRETS"
 "${COMPOSE[@]}" up -d
 wait_healthy
 "${COMPOSE[@]}" ps
 if [ "$HOST_NET" = 1 ]; then
   chief="127.0.0.1:${TOWERPS_WORKER0_PORT:-22222}"
   echo "docker_up: up; submit from the host with:"
-  echo "  towerctl --chief=$chief submit deploy/jobs/mlp.json --wait"
+  echo "  TOWERCTL_TLS_CA=$SECRETS/ca.pem TOWERCTL_TLS_CERT=$SECRETS/client.pem \\"
+  echo "  TOWERCTL_TLS_KEY=$SECRETS/client.key TOWERCTL_TLS_SERVER_NAME=towerps \\"
+  echo "  TOWERCTL_AUTH_TOKEN_FILE=$SECRETS/token towerctl --chief=$chief submit deploy/jobs/mlp.json --wait"
 else
   echo "docker_up: up; submit with:"
   echo "  ${COMPOSE[*]} exec worker0 towerctl --chief=worker0:2222 submit /usr/share/towerps/jobs/mlp.json --wait"

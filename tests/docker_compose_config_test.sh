@@ -2,8 +2,8 @@
 # deploy/docker-compose.yml alone and with deploy/docker-compose.host.yml
 # pass `docker-compose config -q` (no engine needed), and the merged file
 # says what the docker test relies on: every service on the host network,
-# one loopback port each taken from TOWERPS_*_PORT, and the same cluster
-# addresses for every task. A broken copy is refused, so the check can fail.
+# one loopback port each taken from TOWERPS_*_PORT, the same cluster
+# addresses for every task, and mutual TLS + token on every task. A broken copy is refused, so the check can fail.
 # Skipped, saying so, where docker-compose is not installed
 # (deploy/setup.sh --compose; tests/run.sh runs it).
 set -euo pipefail
@@ -20,7 +20,8 @@ pass() { echo "PASS: $1"; }
 fail() { echo "FAIL: $1"; FAILS=$((FAILS + 1)); }
 # Compose reads a .env file from the project directory and the environment:
 # neither may change what is checked here.
-unset TOWERPS_PS0_PORT TOWERPS_PS1_PORT TOWERPS_WORKER0_PORT TOWERPS_WORKER1_PORT TOWERPS_IMAGE
+unset TOWERPS_PS0_PORT TOWERPS_PS1_PORT TOWERPS_WORKER0_PORT TOWERPS_WORKER1_PORT TOWERPS_IMAGE \
+  TOWERPS_SECRETS_DIR
 
 if out=$(docker-compose -f "$MAIN" config -q 2>&1); then
   pass "$MAIN is valid"
@@ -55,6 +56,33 @@ for name, svc in main["services"].items():
         bad.append("%s: init/healthcheck/restart missing" % name)
     if not any(str(v).startswith("state:/var/lib/towerps") for v in svc.get("volumes", [])):
         bad.append("%s: state volume not mounted" % name)
+# Mutual TLS + token on every task: each reads the node certificate, key, CA,
+# server name and token through --fromenv from files mounted as secrets, and
+# towerctl (health check, exec) gets the client certificate.
+secrets = {"towerps_ca", "towerps_node_cert", "towerps_node_key", "towerps_client_cert",
+           "towerps_client_key", "towerps_token"}
+if set(main.get("secrets", {})) != secrets:
+    bad.append("top-level secrets %s" % sorted(main.get("secrets", {})))
+tls_env = {"FLAGS_tls_cert": "/run/secrets/towerps_node_cert", "FLAGS_tls_key": "/run/secrets/towerps_node_key",
+           "FLAGS_tls_ca": "/run/secrets/towerps_ca", "FLAGS_tls_server_name": "towerps",
+           "FLAGS_auth_token_file": "/run/secrets/towerps_token",
+           "TOWERCTL_TLS_CERT": "/run/secrets/towerps_client_cert",
+           "TOWERCTL_TLS_KEY": "/run/secrets/towerps_client_key",
+           "TOWERCTL_TLS_CA": "/run/secrets/towerps_ca", "TOWERCTL_TLS_SERVER_NAME": "towerps",
+           "TOWERCTL_AUTH_TOKEN_FILE": "/run/secrets/towerps_token"}
+for name, svc in main["services"].items():
+    got = {(x["source"] if isinstance(x, dict) else x) for x in svc.get("secrets", [])}
+    if got != secrets:
+        bad.append("%s: secrets %s" % (name, sorted(got)))
+    env = svc.get("environment", {})
+    wrong = {k: env.get(k) for k, v in tls_env.items() if env.get(k) != v}
+    if wrong:
+        bad.append("%s: TLS environment %s" % (name, wrong))
+    cmd = svc.get("command") or []
+    fromenv = next((c.split("=", 1)[1].split(",") for c in cmd if str(c).startswith("--fromenv=")), [])
+    missing = {"tls_cert", "tls_key", "tls_ca", "tls_server_name", "auth_token_file"} - set(fromenv)
+    if missing:
+        bad.append("%s: --fromenv lacks %s" % (name, sorted(missing)))
 # The ps write checkpoint shards only under their own --state_dir, and the
 # chief reads them under its own: the same folder, on the shared volume.
 def flag(svc, name):
@@ -78,7 +106,7 @@ for name, port in want.items():
 print("ok" if not bad else "; ".join(bad))
 PY
 )
-[ "$check" = ok ] && pass "merged config: host network, ports from TOWERPS_*_PORT, one cluster" || fail "merged config: $check"
+[ "$check" = ok ] && pass "merged config: host network, ports from TOWERPS_*_PORT, one cluster, TLS + token" || fail "merged config: $check"
 
 # A broken file must be refused (a misspelt key), or the checks above prove nothing.
 sed 's/^  ps0:$/  ps0:\n    restartt: always/' "$MAIN" >"$TMP/broken.yml"

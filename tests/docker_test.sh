@@ -49,6 +49,13 @@ IFS=, read -r P0 P1 W0 W1 < <(python3 deploy/free_ports.py 4)
 export TOWERPS_PS0_PORT=$P0 TOWERPS_PS1_PORT=$P1 TOWERPS_WORKER0_PORT=$W0 TOWERPS_WORKER1_PORT=$W1
 export TOWERPS_IMAGE="towerps:test"
 export TOWERPS_BIN_DIR="$PWD"
+# docker_up.sh makes the cluster's certificates and token here (mutual TLS +
+# token on every channel); towerctl on the host uses the client certificate.
+export TOWERPS_SECRETS_DIR="$TMP/secrets"
+S="$TOWERPS_SECRETS_DIR"
+export TOWERCTL_TLS_CA="$S/ca.pem" TOWERCTL_TLS_CERT="$S/client.pem" \
+  TOWERCTL_TLS_KEY="$S/client.key" TOWERCTL_TLS_SERVER_NAME=towerps \
+  TOWERCTL_AUTH_TOKEN_FILE="$S/token"
 COMPOSE=(docker-compose -p "$PROJECT" -f deploy/docker-compose.yml -f deploy/docker-compose.host.yml)
 
 leftovers() {  # every container, volume and network of the project
@@ -100,7 +107,14 @@ for port in "$P0" "$P1" "$W0" "$W1"; do
   out=$("$TOWERCTL" health --timeout_s=5 "127.0.0.1:$port" 2>&1); rc=$?
   [ "$rc" -eq 0 ] && [ "$out" = SERVING ] || fail "towerctl health 127.0.0.1:$port from the host: exit $rc: $out"
 done
-[ "$FAILS" -eq 0 ] && pass "towerctl health from the host: SERVING on all 4 loopback ports"
+[ "$FAILS" -eq 0 ] && pass "towerctl health from the host (TLS): SERVING on all 4 loopback ports"
+# The cluster refuses plaintext and calls without the token.
+out=$(env -u TOWERCTL_TLS_CA -u TOWERCTL_TLS_CERT -u TOWERCTL_TLS_KEY -u TOWERCTL_TLS_SERVER_NAME \
+  "$TOWERCTL" --chief="127.0.0.1:$W0" --timeout_s=5 list 2>&1); rc=$?
+[ "$rc" -eq 3 ] && pass "plaintext towerctl refused: $out" || fail "plaintext towerctl: exit $rc: $out"
+out=$(env -u TOWERCTL_AUTH_TOKEN_FILE "$TOWERCTL" --chief="127.0.0.1:$W0" --timeout_s=5 list 2>&1); rc=$?
+[ "$rc" -eq 1 ] && grep -q UNAUTHENTICATED <<<"$out" && pass "towerctl without the token refused: $out" \
+  || fail "towerctl without the token: exit $rc: $out"
 
 echo "== the image [$(elapsed)]"
 out=$("$DOCKER" run --rm --network none --entrypoint sh "$TOWERPS_IMAGE" -c \
