@@ -17,7 +17,7 @@
 # where Docker's bridge network is not available (dockerd --bridge=none).
 # Submit the default job from the host once it is up:
 #   towerctl --chief=127.0.0.1:22222 submit deploy/jobs/mlp.json --wait        # --host-network
-#     (with the TOWERCTL_TLS_* variables it prints: TLS and token, see below)
+#     after `. deploy/secrets/towerctl.env` (TLS and token, see below)
 #   docker-compose -p towerps -f deploy/docker-compose.yml exec worker0 \
 #     towerctl --chief=worker0:2222 submit /usr/share/towerps/jobs/mlp.json --wait
 #
@@ -244,10 +244,9 @@ wait_healthy
 "${COMPOSE[@]}" ps
 if [ "$HOST_NET" = 1 ]; then
   chief="127.0.0.1:${TOWERPS_WORKER0_PORT:-22222}"
-  echo "docker_up: up; submit from the host with:"
-  echo "  TOWERCTL_TLS_CA=$SECRETS/ca.pem TOWERCTL_TLS_CERT=$SECRETS/client.pem \\"
-  echo "  TOWERCTL_TLS_KEY=$SECRETS/client.key TOWERCTL_TLS_SERVER_NAME=towerps \\"
-  echo "  TOWERCTL_AUTH_TOKEN_FILE=$SECRETS/token towerctl --chief=$chief submit deploy/jobs/mlp.json --wait"
+  echo "docker_up: up (mutual TLS + token); submit from the host with:"
+  echo "  . $SECRETS/towerctl.env"
+  echo "  towerctl --chief=$chief submit deploy/jobs/mlp.json --wait"
 else
   echo "docker_up: up; submit with:"
   echo "  ${COMPOSE[*]} exec worker0 towerctl --chief=worker0:2222 submit /usr/share/towerps/jobs/mlp.json --wait"

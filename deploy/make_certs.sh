@@ -7,6 +7,8 @@
 #                     clients dial any address with --tls_server_name=towerps
 #   client.pem/.key   towerctl: clientAuth
 #   token             the shared bearer token (32 random bytes, hex)
+#   towerctl.env      `. DIR/towerctl.env` sets TOWERCTL_TLS_* and
+#                     TOWERCTL_AUTH_TOKEN_FILE for towerctl on this machine
 # With --test_extras also an unrelated CA (other_ca) and a client certificate
 # it signed (rogue), which a cluster must refuse (tests/tls_test.sh).
 # EC P-256 keys. Files that exist are kept (run it again to add nothing);
@@ -67,7 +69,13 @@ fi
 if fresh token; then
   (umask 077; openssl rand -hex 32 >"$C/token")
 fi
+abs=$(cd "$C" && pwd)
+cat >"$C/towerctl.env" <<ENV
+# towerctl's TLS and token for the cluster of $abs: . $abs/towerctl.env
+export TOWERCTL_TLS_CA=$abs/ca.pem TOWERCTL_TLS_CERT=$abs/client.pem TOWERCTL_TLS_KEY=$abs/client.key
+export TOWERCTL_TLS_SERVER_NAME=towerps TOWERCTL_AUTH_TOKEN_FILE=$abs/token
+ENV
 chmod 600 "$C"/*.key "$C/token"
 # The containers' processes read them as whatever user they run as.
 chmod 644 "$C"/*.pem
-echo "make_certs: $C: ca.pem, node.pem/.key ($san), client.pem/.key, token$([[ "$EXTRAS" == 1 ]] && echo ', other_ca.pem, rogue.pem/.key')"
+echo "make_certs: $C: ca.pem, node.pem/.key ($san), client.pem/.key, token, towerctl.env$([[ "$EXTRAS" == 1 ]] && echo ', other_ca.pem, rogue.pem/.key')"

@@ -52,10 +52,6 @@ export TOWERPS_BIN_DIR="$PWD"
 # docker_up.sh makes the cluster's certificates and token here (mutual TLS +
 # token on every channel); towerctl on the host uses the client certificate.
 export TOWERPS_SECRETS_DIR="$TMP/secrets"
-S="$TOWERPS_SECRETS_DIR"
-export TOWERCTL_TLS_CA="$S/ca.pem" TOWERCTL_TLS_CERT="$S/client.pem" \
-  TOWERCTL_TLS_KEY="$S/client.key" TOWERCTL_TLS_SERVER_NAME=towerps \
-  TOWERCTL_AUTH_TOKEN_FILE="$S/token"
 COMPOSE=(docker-compose -p "$PROJECT" -f deploy/docker-compose.yml -f deploy/docker-compose.host.yml)
 
 leftovers() {  # every container, volume and network of the project
@@ -92,6 +88,10 @@ rc=$?
 cat "$TMP/up.log"
 [ "$rc" -eq 0 ] || die "docker_up.sh exited $rc"
 pass "docker_up.sh: images built, cluster up [$(elapsed)]"
+# The TOWERCTL_TLS_* / TOWERCTL_AUTH_TOKEN_FILE settings it made, as a user would.
+[ -f "$TOWERPS_SECRETS_DIR/towerctl.env" ] || die "no $TOWERPS_SECRETS_DIR/towerctl.env"
+# shellcheck disable=SC1091
+. "$TOWERPS_SECRETS_DIR/towerctl.env"
 
 # What `docker-compose ps` says, not only what docker_up.sh waited for.
 deadline=$((SECONDS + 120))

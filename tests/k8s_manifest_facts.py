@@ -159,11 +159,38 @@ def check_statefulset(fname, objs, role, hosts_env):
     cports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
     check(port is not None and port in cports.values(),
           f"{where}: containerPort {sorted(cports.values())} includes the {hosts_env} port {port}")
+    # Issue 15: the probes ask grpc.health.v1 through `towerctl health` over
+    # mutual TLS (Kubernetes' grpc probes speak plaintext only), at the task's
+    # own port, with a towerctl deadline inside the probe's timeout.
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        p = c.get(probe)
-        if check(p is not None and "grpc" in p, f"{where}: {probe} is a gRPC health probe"):
-            check(p["grpc"].get("port") == port,
-                  f"{where}: {probe} port {p['grpc'].get('port')} == the {hosts_env} port {port}")
+        p = c.get(probe) or {}
+        cmd = p.get("exec", {}).get("command", [])
+        if check(cmd[:2] == ["towerctl", "health"],
+                 f"{where}: {probe} execs towerctl health (got {cmd or p})"):
+            check(f"127.0.0.1:{port}" in cmd,
+                  f"{where}: {probe} asks 127.0.0.1:{port}, the {hosts_env} port (got {cmd})")
+            t = next((float(a.split("=", 1)[1]) for a in cmd if a.startswith("--timeout_s=")), None)
+            check(t is not None and t < p.get("timeoutSeconds", 1),
+                  f"{where}: {probe} towerctl --timeout_s ({t}) < timeoutSeconds "
+                  f"({p.get('timeoutSeconds', 1)})")
+    # Mutual TLS + token on every channel, from Secret towerps-tls.
+    tls_vols = {v["name"] for v in pod.get("volumes", [])
+                if v.get("secret", {}).get("secretName") == TLS_SECRET}
+    tls_mounts = [m for m in c.get("volumeMounts", []) if m["name"] in tls_vols]
+    check(len(tls_mounts) == 1 and tls_mounts[0]["mountPath"] == TLS_PATH
+          and tls_mounts[0].get("readOnly") is True,
+          f"{where}: Secret {TLS_SECRET} mounted read-only at {TLS_PATH} ({tls_mounts})")
+    want = {"--tls_cert": f"{TLS_PATH}/node.pem", "--tls_key": f"{TLS_PATH}/node.key",
+            "--tls_ca": f"{TLS_PATH}/ca.pem", "--tls_server_name": "towerps",
+            "--auth_token_file": f"{TLS_PATH}/token"}
+    wrong = {k: flags.get(k) for k, v in want.items() if flags.get(k) != v}
+    check(not wrong, f"{where}: TLS and token flags from {TLS_PATH} (wrong: {wrong})")
+    want_env = {"TOWERCTL_TLS_CERT": f"{TLS_PATH}/client.pem",
+                "TOWERCTL_TLS_KEY": f"{TLS_PATH}/client.key", "TOWERCTL_TLS_CA": f"{TLS_PATH}/ca.pem",
+                "TOWERCTL_TLS_SERVER_NAME": "towerps", "TOWERCTL_AUTH_TOKEN_FILE": f"{TLS_PATH}/token"}
+    wrong = {k: env.get(k, {}).get("value") for k, v in want_env.items()
+             if env.get(k, {}).get("value") != v}
+    check(not wrong, f"{where}: towerctl's TLS settings for the probes (wrong: {wrong})")
     if svc is not None:
         for sp in svc["spec"]["ports"]:
             target = sp.get("targetPort")
@@ -228,6 +255,8 @@ def check_statefulset(fname, objs, role, hosts_env):
 
 SHARED_CLAIM = "towerps-state"
 STATE_PATH = "/var/lib/towerps"
+TLS_SECRET = "towerps-tls"
+TLS_PATH = "/etc/towerps/tls"
 
 
 def check_state_claim(objs):

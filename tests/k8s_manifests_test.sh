@@ -123,8 +123,8 @@ broken_facts() {
   fi
 }
 broken_facts ps_replicas ps.yaml 's/^  replicas: 2$/  replicas: 3/' "replicas (3) == entries in PS_HOSTS (2)"
-broken_facts probe_port worker.yaml '/readinessProbe:/,/port:/ s/port: 2222/port: 2223/' \
-  "readinessProbe port 2223 == the WORKER_HOSTS port 2222"
+broken_facts probe_port worker.yaml '/readinessProbe:/,/command:/ s/127.0.0.1:2222/127.0.0.1:2223/' \
+  "readinessProbe asks 127.0.0.1:2222, the WORKER_HOSTS port"
 broken_facts worker_hosts ps.yaml 's/worker-1.worker/worker-2.worker/' "WORKER_HOSTS is the same"
 broken_facts grace worker.yaml 's/terminationGracePeriodSeconds: 30/terminationGracePeriodSeconds: 6/' \
   "terminationGracePeriodSeconds (6) >= --drain_s + 10"
@@ -137,6 +137,12 @@ broken_facts stop_timeout worker.yaml 's/--stop_checkpoint_timeout_s=8/--stop_ch
 # Issue 15: a ps writes shards only under its --state_dir, the shared volume.
 broken_facts ps_state_dir ps.yaml 's|--state_dir=/var/lib/towerps|--state_dir=/tmp/x|' \
   "--state_dir /tmp/x is the shared volume's /var/lib/towerps"
+# Issue 15: mutual TLS and the token on every task, the probes over TLS.
+broken_facts plaintext_probe ps.yaml '/livenessProbe:/,/periodSeconds:/ s|exec:|grpc:|; /livenessProbe:/,/periodSeconds:/ s|command: .*|port: 2222|' \
+  "livenessProbe execs towerctl health"
+broken_facts no_token worker.yaml '/--auth_token_file=/d' "TLS and token flags from /etc/towerps/tls"
+broken_facts tls_secret ps.yaml 's/secretName: towerps-tls/secretName: other/' \
+  "Secret towerps-tls mounted read-only at /etc/towerps/tls"
 broken_facts gpu_drift gpu/worker.yaml 's/memory: 8Gi/memory: 16Gi/' \
   "gpu/worker.yaml == worker.yaml apart from nvidia.com/gpu"
 
