@@ -165,13 +165,14 @@ node_idle() { [ "$(sinfo -h -n "$NODE" -o %T)" = idle ]; }
 wait_for 30 "idle node in sinfo" node_idle
 pass "node $NODE idle after $(( $(date +%s) - start )) s"
 
-# submit_job NAME JOB_FILE: sbatch on 4 tasks (2 ps, 2 workers; --overcommit:
-# the node has 2 CPUs); sets JOB_ID and OUT (the batch output file).
+# submit_job NAME JOB_FILE [TLS_DIR]: sbatch on 4 tasks (2 ps, 2 workers;
+# --overcommit: the node has 2 CPUs), with mutual TLS and a token from
+# TLS_DIR when given; sets JOB_ID and OUT (the batch output file).
 submit_job() {
   local base
   base=$(free_block 4) || die "no 4 consecutive free ports"
   OUT="$T/$1.out"
-  JOB_ID=$(TOWERPS_BIN_DIR="$T/bin" TOWERPS_BASE_PORT="$base" TOWERPS_STATE_DIR="$T/state_$1" \
+  JOB_ID=$(TOWERPS_TLS_DIR="${3:-}" TOWERPS_BIN_DIR="$T/bin" TOWERPS_BASE_PORT="$base" TOWERPS_STATE_DIR="$T/state_$1" \
     TOWERPS_DRAIN_S=1 TOWERPS_START_TIMEOUT_S=60 TOWERPS_STOP_TIMEOUT_S=20 \
     sbatch --parsable --overcommit --ntasks=4 --job-name="$1" --chdir="$T" --output="$OUT" \
     "$SBATCH_SCRIPT" "$2") || die "sbatch refused $1"
@@ -194,7 +195,7 @@ wait_job() {
   die "$1: batch job $JOB_ID still $STATE after 120 s"
 }
 
-run_job() { submit_job "$1" "$2" && wait_job "$1"; }
+run_job() { submit_job "$@" && wait_job "$1"; }
 
 # every_task_stopped NAME: each task's log shows the SIGTERM shutdown.
 every_task_stopped() {
@@ -209,7 +210,8 @@ every_task_stopped() {
   fi
 }
 
-echo "== a short MLP job through deploy/slurm/towerps.sbatch"
+echo "== a short MLP job through deploy/slurm/towerps.sbatch, mutual TLS + token (TOWERPS_TLS_DIR)"
+"$PWD/deploy/make_certs.sh" --days 2 "$T/tls" >/dev/null || die "deploy/make_certs.sh failed"
 python3 - "$MLP_JOB" "$T/mlp_short.json" <<'PY'
 import json, sys
 job = json.load(open(sys.argv[1]))
@@ -220,7 +222,7 @@ job["data"]["max_test_examples"] = 1000
 json.dump(job, open(sys.argv[2], "w"))
 PY
 t0=$(date +%s)
-run_job mlp "$T/mlp_short.json"
+run_job mlp "$T/mlp_short.json" "$T/tls"
 echo "mlp: $STATE, exit $EXIT, $(( $(date +%s) - t0 )) s"
 [ "$STATE" = COMPLETED ] && [ "$EXIT" = 0:0 ] && pass "mlp: batch job COMPLETED, exit 0:0" ||
   fail "mlp: batch job $STATE, exit $EXIT"
@@ -235,6 +237,11 @@ fi
 grep -q "cluster stopped: every task exited 0" "$OUT" && pass "mlp: the script saw every task exit 0" ||
   fail "mlp: the cluster did not stop cleanly"
 every_task_stopped mlp
+grep -q "cluster up (mutual TLS + token from $T/tls)" "$OUT" && pass "mlp: towerctl reached the chief over mutual TLS" ||
+  fail "mlp: the batch output does not say mutual TLS"
+n=$(grep -l "client certificates required" "$T"/state_mlp/logs/task-*.log 2>/dev/null | wc -l)
+[ "$n" -eq 4 ] && pass "mlp: all 4 tasks served mutual TLS with a token" ||
+  fail "mlp: $n of 4 task logs say mutual TLS"
 [ -d "$T/state_mlp/jobs/slurm_mlp" ] && pass "mlp: the chief kept the job's record under TOWERPS_STATE_DIR" ||
   fail "mlp: no $T/state_mlp/jobs/slurm_mlp"
 
