@@ -3,43 +3,76 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "grpcpp/client_context.h"
 
 namespace towerps::bench {
 
-EchoServiceImpl::EchoServiceImpl(int64_t capacity_bytes)
-    : stored_(static_cast<size_t>(capacity_bytes / 4), 0.0f) {}
+namespace {
 
-bool EchoServiceImpl::Store(int64_t offset, const void* data, int64_t n) {
-  absl::MutexLock lock(&mu_);
-  if (offset < 0 || n < 0 || offset + n > static_cast<int64_t>(stored_.size()) * 4) {
+constexpr char kSlotKey[] = "echo-slot";
+
+}  // namespace
+
+EchoServiceImpl::EchoServiceImpl(int64_t capacity_bytes, int slots) {
+  for (int i = 0; i < slots; ++i) {
+    slots_.push_back(std::make_unique<Slot>());
+    absl::MutexLock lock(&slots_.back()->mu);
+    slots_.back()->stored.assign(static_cast<size_t>(capacity_bytes / 4), 0.0f);
+  }
+}
+
+EchoServiceImpl::Slot* EchoServiceImpl::SlotOf(const grpc::ServerContext& context) {
+  int slot = 0;
+  const auto& md = context.client_metadata();
+  if (auto it = md.find(kSlotKey); it != md.end()) {
+    if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &slot)) {
+      return nullptr;
+    }
+  }
+  if (slot < 0 || slot >= static_cast<int>(slots_.size())) return nullptr;
+  return slots_[slot].get();
+}
+
+bool EchoServiceImpl::Store(Slot& slot, int64_t offset, const void* data, int64_t n) {
+  absl::MutexLock lock(&slot.mu);
+  if (offset < 0 || n < 0 || offset + n > static_cast<int64_t>(slot.stored.size()) * 4) {
     return false;
   }
-  std::memcpy(reinterpret_cast<char*>(stored_.data()) + offset, data, n);
+  std::memcpy(reinterpret_cast<char*>(slot.stored.data()) + offset, data, n);
   return true;
 }
 
-bool EchoServiceImpl::Load(int64_t offset, void* data, int64_t n) {
-  absl::MutexLock lock(&mu_);
-  if (offset < 0 || n < 0 || offset + n > static_cast<int64_t>(stored_.size()) * 4) {
+bool EchoServiceImpl::Load(Slot& slot, int64_t offset, void* data, int64_t n) {
+  absl::MutexLock lock(&slot.mu);
+  if (offset < 0 || n < 0 || offset + n > static_cast<int64_t>(slot.stored.size()) * 4) {
     return false;
   }
-  std::memcpy(data, reinterpret_cast<const char*>(stored_.data()) + offset, n);
+  std::memcpy(data, reinterpret_cast<const char*>(slot.stored.data()) + offset, n);
   return true;
 }
+
+namespace {
+
+const grpc::Status kBadSlot(grpc::StatusCode::INVALID_ARGUMENT, "echo: no such slot");
+
+}  // namespace
 
 // The lock is taken per chunk copy, never across a Read or Write.
-grpc::Status EchoServiceImpl::UploadBytes(grpc::ServerContext*,
+grpc::Status EchoServiceImpl::UploadBytes(grpc::ServerContext* context,
                                           grpc::ServerReader<BytesChunk>* reader,
                                           UploadAck* response) {
+  Slot* slot = SlotOf(*context);
+  if (slot == nullptr) return kBadSlot;
   BytesChunk msg;
   int64_t off = 0;
   while (reader->Read(&msg)) {
     const int64_t n = static_cast<int64_t>(msg.data().size());
-    if (!Store(off, msg.data().data(), n)) {
+    if (!Store(*slot, off, msg.data().data(), n)) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "echo: upload too large");
     }
     off += n;
@@ -48,14 +81,16 @@ grpc::Status EchoServiceImpl::UploadBytes(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status EchoServiceImpl::UploadFloats(grpc::ServerContext*,
+grpc::Status EchoServiceImpl::UploadFloats(grpc::ServerContext* context,
                                            grpc::ServerReader<FloatChunk>* reader,
                                            UploadAck* response) {
+  Slot* slot = SlotOf(*context);
+  if (slot == nullptr) return kBadSlot;
   FloatChunk msg;
   int64_t off = 0;
   while (reader->Read(&msg)) {
     const int64_t n = static_cast<int64_t>(msg.data_size()) * 4;
-    if (!Store(off, msg.data().data(), n)) {
+    if (!Store(*slot, off, msg.data().data(), n)) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "echo: upload too large");
     }
     off += n;
@@ -72,16 +107,18 @@ int64_t ChunkOf(const DownloadRequest& request) {
 
 }  // namespace
 
-grpc::Status EchoServiceImpl::DownloadBytes(grpc::ServerContext*,
+grpc::Status EchoServiceImpl::DownloadBytes(grpc::ServerContext* context,
                                             const DownloadRequest* request,
                                             grpc::ServerWriter<BytesChunk>* writer) {
+  Slot* slot = SlotOf(*context);
+  if (slot == nullptr) return kBadSlot;
   const int64_t chunk = ChunkOf(*request);
   BytesChunk msg;  // reused: the string keeps its capacity
   for (int64_t off = 0; off < request->bytes(); off += chunk) {
     const int64_t n = std::min(chunk, request->bytes() - off);
     std::string* s = msg.mutable_data();
     s->resize(n);
-    if (!Load(off, s->data(), n)) {
+    if (!Load(*slot, off, s->data(), n)) {
       return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "echo: download past the end");
     }
     if (!writer->Write(msg)) break;  // client gone
@@ -89,15 +126,17 @@ grpc::Status EchoServiceImpl::DownloadBytes(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status EchoServiceImpl::DownloadFloats(grpc::ServerContext*,
+grpc::Status EchoServiceImpl::DownloadFloats(grpc::ServerContext* context,
                                              const DownloadRequest* request,
                                              grpc::ServerWriter<FloatChunk>* writer) {
+  Slot* slot = SlotOf(*context);
+  if (slot == nullptr) return kBadSlot;
   const int64_t chunk = ChunkOf(*request);
   FloatChunk msg;  // reused: the repeated field keeps its capacity
   for (int64_t off = 0; off < request->bytes(); off += chunk) {
     const int64_t n = std::min(chunk, request->bytes() - off);
     msg.mutable_data()->Resize(static_cast<int>(n / 4), 0.0f);
-    if (!Load(off, msg.mutable_data()->mutable_data(), n)) {
+    if (!Load(*slot, off, msg.mutable_data()->mutable_data(), n)) {
       return grpc::Status(grpc::StatusCode::OUT_OF_RANGE, "echo: download past the end");
     }
     if (!writer->Write(msg)) break;
@@ -107,13 +146,19 @@ grpc::Status EchoServiceImpl::DownloadFloats(grpc::ServerContext*,
 
 namespace {
 
+void SetSlot(grpc::ClientContext& ctx, int slot) {
+  if (slot != 0) ctx.AddMetadata(kSlotKey, absl::StrCat(slot));
+}
+
 template <typename Chunk>
-absl::Status Upload(Echo::Stub& stub, int64_t chunk_bytes, absl::Span<const float> data);
+absl::Status Upload(Echo::Stub& stub, int64_t chunk_bytes, absl::Span<const float> data,
+                    int slot);
 
 template <>
 absl::Status Upload<BytesChunk>(Echo::Stub& stub, int64_t chunk_bytes,
-                                absl::Span<const float> data) {
+                                absl::Span<const float> data, int slot) {
   grpc::ClientContext ctx;
+  SetSlot(ctx, slot);
   UploadAck ack;
   auto writer = stub.UploadBytes(&ctx, &ack);
   const char* p = reinterpret_cast<const char*>(data.data());
@@ -133,8 +178,9 @@ absl::Status Upload<BytesChunk>(Echo::Stub& stub, int64_t chunk_bytes,
 
 template <>
 absl::Status Upload<FloatChunk>(Echo::Stub& stub, int64_t chunk_bytes,
-                                absl::Span<const float> data) {
+                                absl::Span<const float> data, int slot) {
   grpc::ClientContext ctx;
+  SetSlot(ctx, slot);
   UploadAck ack;
   auto writer = stub.UploadFloats(&ctx, &ack);
   const int64_t per_msg = chunk_bytes / 4;
@@ -157,11 +203,12 @@ absl::Status Upload<FloatChunk>(Echo::Stub& stub, int64_t chunk_bytes,
 const std::string& DataOf(const BytesChunk& m) { return m.data(); }
 
 absl::Status Download(Echo::Stub& stub, Payload payload, int64_t chunk_bytes,
-                      absl::Span<float> out) {
+                      absl::Span<float> out, int slot) {
   DownloadRequest req;
   req.set_bytes(static_cast<int64_t>(out.size()) * 4);
   req.set_chunk_bytes(chunk_bytes);
   grpc::ClientContext ctx;
+  SetSlot(ctx, slot);
   char* dst = reinterpret_cast<char*>(out.data());
   const int64_t total = req.bytes();
   int64_t off = 0;
@@ -196,17 +243,17 @@ absl::Status Download(Echo::Stub& stub, Payload payload, int64_t chunk_bytes,
 }  // namespace
 
 absl::Status EchoRoundTrip(Echo::Stub& stub, Payload payload, int64_t chunk_bytes,
-                           absl::Span<const float> data, absl::Span<float> out) {
+                           absl::Span<const float> data, absl::Span<float> out, int slot) {
   if (out.size() != data.size()) {
     return absl::InvalidArgumentError("echo: output size differs from input size");
   }
   chunk_bytes = std::max<int64_t>(4, chunk_bytes / 4 * 4);
   if (payload == Payload::kBytes) {
-    TOWERPS_RETURN_IF_ERROR(Upload<BytesChunk>(stub, chunk_bytes, data));
+    TOWERPS_RETURN_IF_ERROR(Upload<BytesChunk>(stub, chunk_bytes, data, slot));
   } else {
-    TOWERPS_RETURN_IF_ERROR(Upload<FloatChunk>(stub, chunk_bytes, data));
+    TOWERPS_RETURN_IF_ERROR(Upload<FloatChunk>(stub, chunk_bytes, data, slot));
   }
-  return Download(stub, payload, chunk_bytes, out);
+  return Download(stub, payload, chunk_bytes, out, slot);
 }
 
 }  // namespace towerps::bench
