@@ -20,6 +20,7 @@
 #include "common/storage/checkpoint.h"
 #include "common/storage/record_io.h"
 #include "google/protobuf/text_format.h"
+#include "proto/job_service.pb.h"
 #include "proto/ps.pb.h"
 #include "proto/tensorboard.pb.h"
 
@@ -291,6 +292,42 @@ void PsRequests() {
   }
 }
 
+// The chief's JobService: submit two jobs (one refused: a path outside the
+// state directory), list, get, watch, cancel, cluster, export.
+void JobServiceRequests() {
+  auto job = towerps::worker::BuiltinJob("mlp");
+  Check(job.ok(), "BuiltinJob");
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = towerps::worker::JobForSubmitFile(*job, false);
+  submit.mutable_spec()->set_job_id("a");
+  v1::SubmitJobRequest second = submit;
+  second.mutable_spec()->set_job_id("b");
+  second.mutable_spec()->mutable_checkpoint()->set_dir("ckpt/b");
+  v1::SubmitJobRequest outside = submit;
+  outside.mutable_spec()->set_job_id("c");
+  outside.mutable_spec()->mutable_checkpoint()->set_dir("/etc/towerps");
+  v1::GetJobRequest get;
+  get.set_job_id("a");
+  v1::WatchJobRequest watch;
+  watch.set_job_id("a");
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id("b");
+  v1::ExportRequest exp;
+  exp.set_job_id("a");
+  std::string seq;
+  Op(&seq, 0, submit);
+  Op(&seq, 0, second);
+  Op(&seq, 0, outside);
+  Op(&seq, 1, v1::ListJobsRequest());
+  Op(&seq, 2, get);
+  Op(&seq, 5, watch);
+  Op(&seq, 3, cancel);
+  Op(&seq, 4, v1::ClusterRequest());
+  Op(&seq, 6, exp);
+  Op(&seq, 3, cancel);
+  Write("job_service_fuzzer", "submit-list-cancel", seq);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -306,6 +343,7 @@ int main(int argc, char** argv) {
   Events();
   Datasets();
   PsRequests();
+  JobServiceRequests();
   std::printf("write_seeds: seeds written under %s\n", out_dir.c_str());
   return 0;
 }
