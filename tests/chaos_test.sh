@@ -125,23 +125,29 @@ print(j.get("state", "UNKNOWN"), step)' 2>/dev/null || echo "UNKNOWN -1"
 }
 # The newest checkpoint step listed in JOB's MANIFEST, -1 without one (read
 # by the checker binary, which verifies CRCs; a MANIFEST that does not read
-# back counts as none and is caught by the final check).
+# back counts as none and is caught by the final check). Its exit status is
+# ignored here: files being written while it reads (an events file's last
+# record, a checkpoint being pruned) are no corruption.
 manifest_step() {
-  "$STATE_CHECK" "$STATE" 2>/dev/null | sed -n "s/^job $1: checkpoint ckpt-[0-9]* (step \([0-9]*\),.*/\1/p" | tail -1 | grep . || echo -1
+  local s
+  s=$({ "$STATE_CHECK" "$STATE" 2>/dev/null || true; } |
+    sed -n "s/^job $1: checkpoint ckpt-[0-9]* (step \([0-9]*\),.*/\1/p" | tail -n 1)
+  echo "${s:--1}"
 }
 
-# 2000 examples, global batch 100: 20 steps an epoch. Long enough for N
-# disruptions that each need the job to advance a few steps.
-EPOCHS=$(( (60 + 25 * N + 19) / 20 ))
+# 4000 examples, global batch 200: 20 steps an epoch, each long enough
+# (two 256-unit layers) that a poll of the step sees most of them. Long
+# enough for N disruptions that each need the job to advance a few steps.
+EPOCHS=$(( (100 + 60 * N + 19) / 20 ))
 TOTAL_STEPS=$((EPOCHS * 20))
 job_spec() {
   cat <<JOB
 job_id: "$1"
-model { input_dim: 784 layers { type: DENSE units: 128 activation: RELU } layers { type: DENSE units: 10 } init_seed: 1 }
+model { input_dim: 784 layers { type: DENSE units: 256 activation: RELU } layers { type: DENSE units: 256 activation: RELU } layers { type: DENSE units: 10 } init_seed: 1 }
 optimizer { type: ADAM learning_rate: 0.002 }
-data { max_train_examples: 2000 max_test_examples: 1000 shuffle_seed: 1 }
+data { max_train_examples: 4000 max_test_examples: 1000 shuffle_seed: 1 }
 mode: SYNC
-global_batch_size: 100
+global_batch_size: 200
 epochs: $EPOCHS
 log_every_steps: 10
 checkpoint { every_steps: 5 keep: 3 }
@@ -182,11 +188,33 @@ wait_step() {
   done
   return 1
 }
+# applied_step: the newest step of the chaos job applied on ps 0, read from
+# its apply log (a file: no lag, unlike a towerctl poll); -1 if none.
+applied_step() {
+  local s
+  s=$(grep " apply chaos " "$TMP/apply.ps0" 2>/dev/null | tail -n 1 | cut -d' ' -f5)
+  echo "${s:--1}"
+}
+# wait_applied MIN: until ps 0 has applied a step >= MIN (then state RUNNING,
+# step that step), or the job has ended, by the overall deadline.
+wait_applied() {
+  local t=0 s
+  while [ $SECONDS -lt $DEADLINE ]; do
+    s=$(applied_step)
+    if [ "$s" -ge "$1" ]; then state=RUNNING step=$s; return 0; fi
+    if [ $((++t % 20)) -eq 0 ]; then  # about once a second: has it ended?
+      read -r state step < <(job_status chaos)
+      case "$state" in SUCCEEDED|FAILED|CANCELLED) return 0 ;; esac
+    fi
+    sleep 0.02
+  done
+  return 1
+}
 wait_step 0 || die "the chaos job never ran past step 0 (state $state)"
 k=0
 while [ $k -lt "$N" ]; do
-  # A random moment: 1-6 steps past the last state seen.
-  wait_step $((step + RANDOM % 6)) || die "no progress before disruption $((k + 1)) (state $state step $step)"
+  # A random moment: 1-6 steps past the last step seen.
+  wait_applied $((step + 1 + RANDOM % 6)) || die "no progress before disruption $((k + 1)) (state $state step $step)"
   if [ "$state" != RUNNING ]; then
     fail "the job ended ($state at step $step) after $k of $N disruptions: too short for N"
     break
