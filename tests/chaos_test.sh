@@ -11,12 +11,15 @@
 # Each disruption comes once the job has advanced a random 1-6 steps past
 # the last one's recovery (a state: the step in `towerctl status`), and is
 # followed by a wait (deadline) until the job is RUNNING past the step it had
-# before, or has ended. Then:
+# before, or has ended. A process that exits without being killed fails the
+# test (and is restarted). Then:
 #   - the job ends SUCCEEDED at its last step;
-#   - its test accuracy is within BAND (0.03) of an undisturbed run of the
-#     same spec, trained first on the same cluster (same data, same seeds:
-#     the undisturbed run is the reference, the band allows for the steps
-#     replayed after restores, whose data order may differ);
+#   - its test accuracy is within 0.02 of an undisturbed run of the same
+#     spec trained first on the same cluster (same data and seeds). A
+#     restore replays the same batches from the same weights, so the runs
+#     here ended at the reference's accuracy exactly; 0.02 (20 of the 1000
+#     test examples) leaves room for rounding differences in a replayed
+#     step and still catches a lost or doubled update schedule;
 #   - each ps's --apply_log (ps/apply_log.h) never repeats a (worker, step)
 #     between registrations, never applies a step below the checkpoint it
 #     restored, and never restores behind the newest checkpoint listed in
@@ -98,6 +101,18 @@ start() {
   ${CMD[$1]} >>"$TMP/$1.log" 2>&1 &
   PID[$1]=$!
 }
+# supervise: any process that exited although the driver did not kill it
+# (a crash, or a failed start on its port) is a failure; it is restarted,
+# as a supervisor's restart policy would, so that the run can go on.
+supervise() {
+  local name rc
+  for name in "${!PID[@]}"; do
+    kill -0 "${PID[$name]}" 2>/dev/null && continue
+    rc=0; wait "${PID[$name]}" 2>/dev/null || rc=$?
+    fail "$name exited on its own (status $rc): $(tail -n 3 "$TMP/$name.log" | tr '\n' ' ')"
+    start "$name"
+  done
+}
 # chief_serving SECONDS: 0 once the chief answers health.
 chief_serving() {
   local end=$((SECONDS + $1))
@@ -138,7 +153,7 @@ manifest_step() {
 # 4000 examples, global batch 200: 20 steps an epoch, each long enough
 # (two 256-unit layers) that a poll of the step sees most of them. Long
 # enough for N disruptions that each need the job to advance a few steps.
-EPOCHS=$(( (100 + 60 * N + 19) / 20 ))
+EPOCHS=$(( (100 + 40 * N + 19) / 20 ))
 TOTAL_STEPS=$((EPOCHS * 20))
 job_spec() {
   cat <<JOB
@@ -184,6 +199,7 @@ wait_step() {
       SUCCEEDED|FAILED|CANCELLED) return 0 ;;
       RUNNING) [ "$step" -gt "$1" ] && return 0 ;;
     esac
+    supervise
     sleep 0.05
   done
   return 1
@@ -203,6 +219,7 @@ wait_applied() {
     s=$(applied_step)
     if [ "$s" -ge "$1" ]; then state=RUNNING step=$s; return 0; fi
     if [ $((++t % 20)) -eq 0 ]; then  # about once a second: has it ended?
+      supervise
       read -r state step < <(job_status chaos)
       case "$state" in SUCCEEDED|FAILED|CANCELLED) return 0 ;; esac
     fi
@@ -258,13 +275,14 @@ echo "== the chaos job runs to its end"
 while [ $SECONDS -lt $DEADLINE ]; do
   read -r state step < <(job_status chaos)
   case "$state" in SUCCEEDED|FAILED|CANCELLED) break ;; esac
+  supervise
   sleep 0.2
 done
 "$TOWERCTL" --output=json status chaos >"$TMP/chaos.json" 2>&1 || true
 "$TOWERCTL" logs chaos >"$TMP/chaos.out" 2>&1 || true
 final=$(python3 - "$TMP/chaos.json" "$REF_ACC" "$TOTAL_STEPS" <<'PY'
 import json, sys
-band = 0.03
+band = 0.02
 try:
     j = json.load(open(sys.argv[1]))["job"]
 except Exception as e:
