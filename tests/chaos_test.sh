@@ -317,7 +317,7 @@ if "$STATE_CHECK" "$STATE" >"$TMP/state_check.out" 2>&1; then
 else
   fail "state directory:"
 fi
-grep -E "CORRUPT|MANIFEST lists|record " "$TMP/state_check.out" || true
+grep -E "CORRUPT|MANIFEST lists|not in the MANIFEST|record " "$TMP/state_check.out" || true
 
 echo "== summary (SEED=$SEED, N=$N)"
 for line in "${SUMMARY[@]}"; do echo "  $line"; done

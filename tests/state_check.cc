@@ -8,11 +8,14 @@
 //   - the checkpoint directory (the record's checkpoint_dir, else
 //     ID/checkpoints), if it has a MANIFEST: the MANIFEST reads back, and every
 //     checkpoint it lists has all its shards, each fully CRC-verified, with
-//     the job, task, number of servers and step the MANIFEST says.
+//     the job, task, number of servers and step the MANIFEST says; checkpoint
+//     directories it does not list are named (not counted as corruption).
 // Prints one line per job and per checkpoint, and one "CORRUPT: ..." line per
 // problem; exit 0 when nothing is corrupt, 1 otherwise, 2 on usage errors.
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -90,6 +93,22 @@ void CheckCheckpoints(const std::string& job_id, const std::string& dir) {
               << ", " << e.num_ps << " shards) verified\n";
   }
   std::cout << "job " << job_id << ": MANIFEST lists " << entries->size() << " checkpoints\n";
+  // Not corruption, but worth seeing: checkpoint directories the MANIFEST
+  // does not list (a save cut short, or left by an abandoned attempt).
+  std::set<std::string> listed;
+  for (const auto& e : *entries) listed.insert(e.dir_name);
+  std::vector<std::string> unlisted;
+  for (const auto& d : fs::directory_iterator(dir)) {
+    const std::string name = d.path().filename().string();
+    if (d.is_directory() && name.rfind("ckpt-", 0) == 0 && !listed.count(name)) {
+      unlisted.push_back(name);
+    }
+  }
+  std::sort(unlisted.begin(), unlisted.end());
+  std::cout << "job " << job_id << ": " << unlisted.size()
+            << " checkpoint directories not in the MANIFEST";
+  for (const auto& name : unlisted) std::cout << " " << name;
+  std::cout << "\n";
 }
 
 }  // namespace
