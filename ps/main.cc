@@ -15,6 +15,7 @@
 #include "common/rpc_security_flags.h"
 #include "common/shutdown_signal.h"
 #include "proto/ps.grpc.pb.h"
+#include "ps/apply_log.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_metrics.h"
 #include "ps/ps_service.h"
@@ -33,6 +34,10 @@ ABSL_FLAG(std::string, state_dir, "towerps_state",
           "restore_from) only under this directory; any other path is refused. Give it the "
           "chief's --state_dir (the same directory, or a shared file system mounted at the "
           "same path). Default: towerps_state, like the chief's.");
+ABSL_FLAG(std::string, apply_log, "",
+          "Append a line per registration, accepted push (job, worker, step), checkpoint "
+          "shard written and deletion to this file (for tests of the cluster's history "
+          "after faults; see ps/apply_log.h). Default empty: off.");
 ABSL_FLAG(double, drain_s, 0,
           "After SIGTERM/SIGINT: seconds to report NOT_SERVING with the port still open "
           "(for load balancers and readiness probes) before shutting the server down.");
@@ -73,11 +78,21 @@ int main(int argc, char** argv) {
     std::cerr << "ps: " << state_roots.status().message() << "\n";
     return 2;
   }
+  std::unique_ptr<towerps::ps::ApplyLog> apply_log;
+  if (!absl::GetFlag(FLAGS_apply_log).empty()) {
+    auto log = towerps::ps::ApplyLog::Open(absl::GetFlag(FLAGS_apply_log));
+    if (!log.ok()) {
+      std::cerr << "ps: " << log.status().message() << "\n";
+      return 2;
+    }
+    apply_log = std::move(*log);
+  }
   towerps::ps::ParameterServer ps(
       {.task_index = spec->task_index,
        .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),
        .wait_log_interval = absl::Seconds(absl::GetFlag(FLAGS_wait_log_interval_s)),
-       .checkpoint_roots = *state_roots});
+       .checkpoint_roots = *state_roots,
+       .apply_log = apply_log.get()});
   std::string address = absl::GetFlag(FLAGS_bind_address);
   if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());
   std::unique_ptr<towerps::common::MetricsServer> metrics_server;

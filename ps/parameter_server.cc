@@ -385,6 +385,11 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = jobs_.emplace(request.job_id(), job);
   response.set_created(inserted);
+  if (inserted && options_.apply_log != nullptr) {
+    absl::MutexLock job_lock(&job->mu);
+    Record(absl::StrCat(job->restored_step >= 0 ? "restore " : "create ", request.job_id(), " ",
+                        job->global_step));
+  }
   if (inserted) {
     TLOG(INFO) << "ps " << options_.task_index << ": job \"" << request.job_id()
                << "\" registered: " << request.variables_size() << " variables, "
@@ -522,6 +527,9 @@ absl::StatusOr<v1::SaveResponse> ParameterServer::Save(const v1::SaveRequest& re
     for (const auto& w : job->workers) state.worker_completed.push_back(w.completed);
   }
   TOWERPS_ASSIGN_OR_RETURN(std::string path, common::WriteShard(checkpoint_dir, state));
+  if (options_.apply_log != nullptr) {
+    Record(absl::StrCat("save ", job->id, " ", state.global_step));
+  }
   int64_t bytes = 0;
   for (const auto& v : state.vars) {
     bytes += 4 * static_cast<int64_t>(v.value.size());
@@ -612,6 +620,9 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
       job.AdvanceLocked();
     }
     ++job.applied;
+    if (options_.apply_log != nullptr) {
+      Record(absl::StrCat("apply ", job.id, " ", h.worker_task(), " ", h.step()));
+    }
     response.set_outcome(v1::PushResponse::APPLIED);
     response.set_global_step(job.global_step);
     return response;
@@ -632,6 +643,9 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
     job.acc_examples += h.num_examples();
     job.pushed.insert(h.worker_task());
     ++job.applied;
+    if (options_.apply_log != nullptr) {
+      Record(absl::StrCat("apply ", job.id, " ", h.worker_task(), " ", h.step()));
+    }
     response.set_outcome(v1::PushResponse::APPLIED);
     if (static_cast<int>(job.pushed.size()) >= job.replicas) {
       for (auto& [worker, staged] : job.staged) {  // ascending worker order
@@ -852,6 +866,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     if (it == jobs_.end()) return response;
     job = std::move(it->second);
     jobs_.erase(it);
+    if (options_.apply_log != nullptr) Record(absl::StrCat("delete ", request.job_id()));
   }
   int64_t freed = job->bytes();
   {

@@ -48,6 +48,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/paths.h"
+#include "ps/apply_log.h"
 #include "proto/ps.pb.h"
 #include "proto/tensor.pb.h"
 
@@ -74,6 +75,9 @@ struct ParameterServerOptions {
   // the field. Unset: anywhere (in-process tests only; the ps binary always
   // sets it).
   std::optional<common::PathRoots> checkpoint_roots;
+  // Not owned; null (the default): no record. When set, every registration,
+  // accepted push, written shard and deletion appends a line (apply_log.h).
+  ApplyLog* apply_log = nullptr;
 };
 
 // The values of a job's variables at one global step; immutable.
@@ -171,6 +175,10 @@ class ParameterServer {
   absl::StatusOr<std::shared_ptr<internal::Job>> FindJob(const std::string& id);
   // What StatusResponse, RegisterResponse and HeartbeatResponse report.
   int64_t Incarnation() const { return static_cast<int64_t>(incarnation_ >> 1); }
+  // Appends `event` to options_.apply_log when there is one.
+  void Record(absl::string_view event) const {
+    if (options_.apply_log != nullptr) options_.apply_log->Append(Incarnation(), event);
+  }
 
   absl::StatusOr<std::shared_ptr<internal::Job>> CreateJob(
       const v1::RegisterRequest& request, const v1::TrainingConfig& config);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -208,6 +209,33 @@ TEST(ParameterServerTest, StaleAndRetriedPushesAreNotApplied) {
   // A push ahead of the server is refused.
   EXPECT_EQ(PushConst(ps, Header(0, 2, 5, 1), 1.0f).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ParameterServerTest, ApplyLogRecordsOnlyAcceptedPushes) {
+  const std::string path = ::testing::TempDir() + "/ps_apply.log";
+  std::remove(path.c_str());
+  auto log = ApplyLog::Open(path);
+  ASSERT_TRUE(log.ok()) << log.status();
+  {
+    ParameterServer ps({.apply_log = log->get()});
+    ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2, /*replicas=*/1)).ok());
+    ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2, /*replicas=*/1)).ok());  // not created again
+    ASSERT_EQ(PushConst(ps, Header(0, 1, 0, 1), 1.0f)->outcome(), v1::PushResponse::APPLIED);
+    ASSERT_EQ(PushConst(ps, Header(1, 1, 0, 1), 1.0f)->outcome(), v1::PushResponse::STALE);
+    ASSERT_EQ(PushConst(ps, Header(0, 1, 0, 1), 1.0f)->outcome(), v1::PushResponse::DUPLICATE);
+    ASSERT_EQ(PushConst(ps, Header(1, 2, 1, 1), 1.0f)->outcome(), v1::PushResponse::APPLIED);
+    v1::DeleteJobRequest del;
+    del.set_job_id("j");
+    ps.DeleteJob(del);
+  }
+  log->reset();
+  std::ifstream in(path);
+  std::vector<std::string> events;
+  for (std::string line; std::getline(in, line);) {
+    events.push_back(line.substr(line.find(' ') + 1));  // drop the incarnation
+  }
+  EXPECT_EQ(events, (std::vector<std::string>{"create j 0", "apply j 0 0", "apply j 1 1",
+                                              "delete j"}));
 }
 
 TEST(ParameterServerTest, AsyncRetryIsAppliedOnceButNewIncarnationIsNot) {
