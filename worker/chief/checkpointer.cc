@@ -49,7 +49,13 @@ absl::Status Checkpointer::Save(const std::string& job_id, const v1::JobSpec& sp
   entry.dir_name = name;
   entry.num_ps = nps;
   entry.unix_time = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  TOWERPS_RETURN_IF_ERROR(common::AddToManifest(dir, entry, spec.checkpoint().keep()));
+  // A damaged MANIFEST is rebuilt from the intact checkpoints on disk; the
+  // job's events say so and from which.
+  TOWERPS_RETURN_IF_ERROR(common::AddToManifest(
+      dir, entry, spec.checkpoint().keep(), [&](const std::string& line) {
+        store_.AddEvent(job_id, v1::JobEvent::LOG, absl::StrCat("checkpoint ", name, ": ", line));
+        TLOG(WARNING) << "chief: job \"" << job_id << "\": checkpoint " << name << ": " << line;
+      }));
   if (absl::Status s = store_.Update(job_id, [&](v1::JobRecord& r) { r.set_checkpoint_step(step); });
       !s.ok()) {
     TLOG(WARNING) << "chief: " << s;

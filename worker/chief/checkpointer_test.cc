@@ -3,6 +3,8 @@
 #include "worker/chief/checkpointer.h"
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "common/job_spec.h"
@@ -53,6 +55,38 @@ TEST_F(CheckpointerTest, SaveNamesTheCheckpointInTheManifest) {
   EXPECT_EQ((*manifest)[0].step, 20);
   EXPECT_EQ((*manifest)[0].num_ps, 2);
   EXPECT_EQ(store_->Get("j")->checkpoint_step(), 20);
+}
+
+TEST_F(CheckpointerTest, ADamagedManifestIsRebuiltAndTheJobsEventsSaySo) {
+  Checkpointer c = Make();
+  ASSERT_TRUE(c.Save("j", spec_, 20).ok());
+  const std::string manifest = spec_.checkpoint().dir() + "/MANIFEST";
+  std::string bytes;
+  {
+    std::ifstream in(manifest, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_FALSE(bytes.empty());
+  bytes[bytes.size() / 2] ^= 0x01;
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << bytes;
+  ASSERT_EQ(common::ReadManifest(spec_.checkpoint().dir()).status().code(),
+            absl::StatusCode::kDataLoss);
+  ps_[0]->SetJob("j", 30);
+  ps_[1]->SetJob("j", 30);
+  absl::Status st = c.Save("j", spec_, 30);
+  ASSERT_TRUE(st.ok()) << st;  // checkpointing goes on
+  auto m = common::ReadManifest(spec_.checkpoint().dir());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->back().step, 30);
+  EXPECT_EQ(store_->Get("j")->checkpoint_step(), 30);
+  auto events = store_->EventsAfter("j", 0, absl::ZeroDuration());
+  ASSERT_TRUE(events.ok()) << events.status();
+  bool said = false;
+  for (const auto& e : events->events) {
+    said |= e.message().find("checkpoint ckpt-0000000030: MANIFEST damaged (") == 0 &&
+            e.message().find("rebuilt from the intact checkpoints on disk") != std::string::npos;
+  }
+  EXPECT_TRUE(said);
 }
 
 TEST_F(CheckpointerTest, APsThatCannotSaveFailsTheCheckpoint) {
