@@ -99,18 +99,68 @@ TEST_F(CheckpointerTest, APsThatCannotSaveFailsTheCheckpoint) {
   EXPECT_EQ(store_->Get("j")->checkpoint_step(), -1);
 }
 
+TEST_F(CheckpointerTest, AFailedSaveRemovesThePartialDirectory) {
+  // ps 0 wrote its shard, ps 1 cannot.
+  const std::string partial = spec_.checkpoint().dir() + "/ckpt-0000000020";
+  std::filesystem::create_directories(partial);
+  std::ofstream(partial + "/shard-0-of-2") << "ps 0's shard";
+  ps_[1]->SetUnreachable(true);
+  Checkpointer c = Make();
+  EXPECT_FALSE(c.Save("j", spec_, 20).ok());
+  EXPECT_FALSE(std::filesystem::exists(partial));
+  auto events = store_->EventsAfter("j", 0, absl::ZeroDuration());
+  ASSERT_TRUE(events.ok());
+  ASSERT_FALSE(events->events.empty());
+  EXPECT_EQ(events->events.back().message(),
+            "checkpoint ckpt-0000000020 incomplete: removed " + partial);
+  // A checkpoint the MANIFEST lists is never removed by a failed retry.
+  ps_[1]->SetUnreachable(false);
+  ASSERT_TRUE(c.Save("j", spec_, 20).ok());
+  std::filesystem::create_directories(partial);
+  ps_[1]->SetUnreachable(true);
+  EXPECT_FALSE(c.Save("j", spec_, 20).ok());
+  EXPECT_TRUE(std::filesystem::exists(partial));
+}
+
+TEST_F(CheckpointerTest, PeriodicFailuresTryAgainThenFailTheTraining) {
+  spec_.mutable_checkpoint()->set_every_steps(10);
+  spec_.mutable_checkpoint()->set_every_seconds(0);
+  Checkpointer c = Make();
+  Checkpointer::Schedule schedule;
+  ps_[1]->SetUnreachable(true);
+  EXPECT_TRUE(c.MaybeSave("j", spec_, 10, schedule).ok());
+  EXPECT_TRUE(c.MaybeSave("j", spec_, 20, schedule).ok());
+  ps_[1]->SetUnreachable(false);
+  EXPECT_TRUE(c.MaybeSave("j", spec_, 30, schedule).ok());  // resets the count
+  ps_[1]->SetUnreachable(true);
+  EXPECT_TRUE(c.MaybeSave("j", spec_, 40, schedule).ok());
+  EXPECT_TRUE(c.MaybeSave("j", spec_, 50, schedule).ok());
+  absl::Status st = c.MaybeSave("j", spec_, 60, schedule);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(st.message(), "checkpoint at step 60 failed 3 times in a row: ps 1: ps 1 unreachable");
+  auto events = store_->EventsAfter("j", 0, absl::ZeroDuration());
+  ASSERT_TRUE(events.ok());
+  bool said = false;
+  for (const auto& e : events->events) {
+    said |= e.message() ==
+            "checkpoint at step 40 failed (1 of 3 in a row; the next one tries again): ps 1: ps 1 "
+            "unreachable";
+  }
+  EXPECT_TRUE(said);
+}
+
 TEST_F(CheckpointerTest, MaybeSaveFollowsEverySteps) {
   spec_.mutable_checkpoint()->set_every_steps(10);
   spec_.mutable_checkpoint()->set_every_seconds(0);
   Checkpointer c = Make();
   Checkpointer::Schedule schedule;
-  c.MaybeSave("j", spec_, 5, schedule);
+  EXPECT_TRUE(c.MaybeSave("j", spec_, 5, schedule).ok());
   EXPECT_EQ(ps_[0]->saves(), 0);
-  c.MaybeSave("j", spec_, 10, schedule);
-  c.MaybeSave("j", spec_, 10, schedule);  // Once per step.
+  EXPECT_TRUE(c.MaybeSave("j", spec_, 10, schedule).ok());
+  EXPECT_TRUE(c.MaybeSave("j", spec_, 10, schedule).ok());  // Once per step.
   EXPECT_EQ(ps_[0]->saves(), 1);
   spec_.mutable_checkpoint()->set_disabled(true);
-  c.MaybeSave("j", spec_, 20, schedule);
+  EXPECT_TRUE(c.MaybeSave("j", spec_, 20, schedule).ok());
   EXPECT_EQ(ps_[0]->saves(), 1);
 }
 
