@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # SIGTERM to one ps in the middle of a sync job, then that ps started again
 # on the same port with the same --state_dir (issue 15, "Faults"):
-# - 2 ps (--drain_s, --max_pull_wait_s=30) and 2 workers --serve, the chief
+# - 2 ps (--drain_s, --max_pull_wait_s=60) and 2 workers --serve, the chief
 #   (worker 0) with a state directory; per trial a new sync job with a
 #   checkpoint every 50 steps and restarts allowed.
 # - Once the job has a checkpoint on disk, ps 1 gets SIGTERM. It must exit 0
 #   within its bound (drain + its 2 s shutdown deadline + slack), even with a
 #   long-poll pull pending: the first trial holds one open (tests/pull_probe.py
 #   with grpcio, min_step out of reach, no max_wait_ms), which must be
-#   answered UNAVAILABLE "pull: ps 1 is shutting down", not left to run out
-#   its 30 s.
+#   answered UNAVAILABLE "pull: ps 1 is shutting down" (before the fix it
+#   got no answer and the ps took 12 s to exit here; the bound is 9 s).
 # - ps 1 started again: the job must restore its latest checkpoint, go on and
 #   SUCCEED. Never CANCELLED "cancelled by user": the calls a stopping ps
 #   cancels are a lost peer, not a user's cancel.
@@ -54,10 +54,10 @@ export TOWERCTL_CHIEF="127.0.0.1:$W0"
 STATE="$TMP/state"
 COMMON=(--ps_hosts="$PS_HOSTS" --worker_hosts="$WORKER_HOSTS")
 DRAIN_S=2
-MAX_PULL_WAIT_S=30
+MAX_PULL_WAIT_S=60
 # A stopped ps is gone within its drain, its 2 s Shutdown deadline and room
-# for a loaded 2-core machine; well under --max_pull_wait_s.
-EXIT_BOUND_S=$((DRAIN_S + 2 + 8))
+# for a loaded 2-core machine (it takes about the drain alone).
+EXIT_BOUND_S=$((DRAIN_S + 2 + 5))
 
 start_ps() {  # TASK TAG: one ps; its pid in PS_PID
   "$PS_BIN" "${COMMON[@]}" --job_name=ps --task_index="$1" --drain_s=$DRAIN_S \
@@ -160,7 +160,7 @@ for ((trial = 1; trial <= TRIALS; trial++)); do
   [ "$rc" -eq 0 ] && pass "trial $trial: ps 1 exited 0 after SIGTERM" \
     || fail "trial $trial: ps 1 exited $rc: $(tail -3 "$TMP/ps1.$((trial - 1)).log")"
   [ "$took" -le "$EXIT_BOUND_S" ] && pass "trial $trial: ps 1 gone in ${took} s (bound ${EXIT_BOUND_S} s)" \
-    || fail "trial $trial: ps 1 took ${took} s to exit (bound ${EXIT_BOUND_S} s = drain $DRAIN_S + 2 + 8)"
+    || fail "trial $trial: ps 1 took ${took} s to exit (bound ${EXIT_BOUND_S} s = drain $DRAIN_S + 2 + 5)"
   if [ -n "$probe_pid" ]; then
     wait "$probe_pid"
     answer=$(grep -v connected "$TMP/probe.out")
