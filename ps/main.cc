@@ -130,6 +130,10 @@ int main(int argc, char** argv) {
              << drain << ")";
   towerps::common::BeginDraining(**server);  // health: NOT_SERVING before the port closes
   absl::SleepFor(drain);                     // the port stays open while probes see it
+  // Long polls (up to --max_pull_wait_s) are answered UNAVAILABLE now: the
+  // server's Shutdown waits for every handler, whatever its deadline.
+  ps.StopWaiting();
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  TLOG(INFO) << "ps " << spec->task_index << ": stopped";
   return 0;
 }

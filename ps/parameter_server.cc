@@ -754,6 +754,11 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   const absl::Time start = absl::Now();
   absl::Time next_log = start + options_.wait_log_interval;
   while (!ready()) {
+    // Read under job.mu, which StopWaiting takes to signal: no lost wake-up.
+    if (stopping_.load()) {
+      return absl::UnavailableError(absl::StrCat("pull: ps ", options_.task_index,
+                                                 " is shutting down"));
+    }
     if (job.deleted) {
       return absl::AbortedError(absl::StrCat("pull: job \"", job.id, "\" was deleted on ps ",
                                              options_.task_index, " while waiting"));
@@ -855,6 +860,19 @@ void ParameterServer::RecordRequest(const std::string& job_id, absl::Duration se
   job->RollLocked(absl::Now());
   ++job->window_requests[0];
   job->window_service_s[0] += absl::ToDoubleSeconds(service_time);
+}
+
+void ParameterServer::StopWaiting() {
+  stopping_.store(true);
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  for (const auto& job : jobs) {
+    absl::MutexLock lock(&job->mu);
+    job->changed.SignalAll();
+  }
 }
 
 v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& request) {

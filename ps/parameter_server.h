@@ -36,6 +36,7 @@
 #ifndef TOWERPS_PS_PARAMETER_SERVER_H_
 #define TOWERPS_PS_PARAMETER_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -160,6 +161,12 @@ class ParameterServer {
   // options.checkpoint_roots (nothing is written or created then).
   absl::StatusOr<v1::SaveResponse> Save(const v1::SaveRequest& request);
 
+  // For shutdown: every waiting Pull (and each later one that would wait)
+  // returns UNAVAILABLE "pull: ps N is shutting down" at once, so that the
+  // server's Shutdown is not held up to max_pull_wait by long polls. Pulls
+  // that are ready are still served. Idempotent.
+  void StopWaiting();
+
   // Counts one served push or pull of `job_id` taking `service_time` (the
   // adapter's time streaming and applying, without waits) for the
   // requests/s and latency figures of Status().
@@ -186,6 +193,7 @@ class ParameterServer {
   const ParameterServerOptions options_;
   const absl::Time started_ = absl::Now();
   const uint64_t incarnation_;
+  std::atomic<bool> stopping_{false};  // StopWaiting() was called.
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<internal::Job>> jobs_ ABSL_GUARDED_BY(mu_);
 };

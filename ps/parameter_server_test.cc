@@ -779,6 +779,32 @@ TEST(MovingAverageServerTest, CheckpointRoundTripsTheStatistic) {
   EXPECT_EQ(PullValues(c, 2), at_save);
 }
 
+TEST(StopWaitingTest, WakesWaitingPullsWithUnavailableAndServesReadyOnes) {
+  ParameterServer ps({.task_index = 3, .max_pull_wait = absl::Seconds(60)});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
+  absl::Status waited;
+  std::thread puller([&] {
+    v1::PullRequest p;
+    p.set_job_id("j");
+    p.set_min_step(1);  // never reached: nobody pushes
+    waited = ps.Pull(p, absl::Now() + absl::Seconds(60)).status();
+  });
+  ASSERT_TRUE(WaitForWaitingPulls(ps, 1));
+  const absl::Time start = absl::Now();
+  ps.StopWaiting();
+  puller.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));  // woken, not timed out at 60 s
+  EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+  EXPECT_EQ(waited.message(), "pull: ps 3 is shutting down");
+  // A pull that would wait fails at once; one that is ready is served.
+  v1::PullRequest later;
+  later.set_job_id("j");
+  later.set_min_step(1);
+  EXPECT_EQ(ps.Pull(later, absl::Now() + absl::Seconds(60)).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_NE(PullNow(ps), nullptr);
+}
+
 TEST(DeleteJobTest, FreesTheJobAndWakesWaitingPulls) {
   ParameterServer ps({});
   ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());

@@ -198,7 +198,11 @@ towerctl_expect "(b) chief list, right token" 0 tls_job -- \
 
 PS_M=/towerps.v1.ParameterService WK_M=/towerps.v1.WorkerService JOB_M=/towerps.v1.JobService
 REFLECT=/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo
-for m in GetStatus DeleteJob SaveCheckpoint RegisterVariables; do
+# issue 15: the gradient push (client stream), pull and heartbeat as well;
+# the job's record must be the same after the rogue calls.
+job_before=$("$TOWERCTL" "${TLS_CLIENT[@]}" --auth_token_file="$TMP/token" --chief="$WK0_ADDR" \
+  --output=json status tls_job 2>&1 | python3 -c "import json,sys; j=json.load(sys.stdin)['job']; print(j['state'], j.get('finalShards'), j.get('checkpointStep'))" 2>&1)
+for m in GetStatus DeleteJob SaveCheckpoint RegisterVariables Push Pull Heartbeat; do
   probe UNAUTHENTICATED "(b) ps $m, no token" "$PS_ADDR" "$PS_M/$m" "${CA_CLIENT[@]}"
   probe PERMISSION_DENIED "(b) ps $m, wrong token" "$PS_ADDR" "$PS_M/$m" "${CA_CLIENT[@]}" \
     --token "not-$TOKEN"
@@ -212,6 +216,11 @@ for a in "$WK0_ADDR" "$WK1_ADDR"; do
 done
 probe UNAUTHENTICATED "(b) chief CancelJob, no token" "$WK0_ADDR" "$JOB_M/CancelJob" "${CA_CLIENT[@]}"
 probe UNAUTHENTICATED "(b) reflection, no token" "$PS_ADDR" "$REFLECT" "${CA_CLIENT[@]}"
+job_after=$("$TOWERCTL" "${TLS_CLIENT[@]}" --auth_token_file="$TMP/token" --chief="$WK0_ADDR" \
+  --output=json status tls_job 2>&1 | python3 -c "import json,sys; j=json.load(sys.stdin)['job']; print(j['state'], j.get('finalShards'), j.get('checkpointStep'))" 2>&1)
+[[ "$job_before" == SUCCEEDED* && "$job_after" == "$job_before" ]] \
+  && pass "(b) the job's record is untouched by the rogue calls: ${job_after:0:60}..." \
+  || fail "(b) the job's record changed: before \"$job_before\", after \"$job_after\""
 # The probe itself can get through: with the right token a call reaches the handler.
 probe OK "(b) ps GetStatus with the right token reaches the handler" "$PS_ADDR" \
   "$PS_M/GetStatus" "${CA_CLIENT[@]}" --token "$TOKEN"

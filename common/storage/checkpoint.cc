@@ -1,14 +1,20 @@
 #include "common/storage/checkpoint.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <map>
 #include <set>
 #include <utility>
 
 #include "absl/base/config.h"
 #include "absl/base/internal/endian.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -467,9 +473,93 @@ absl::StatusOr<std::vector<ManifestEntry>> ReadManifest(const std::string& dir) 
   return entries;
 }
 
+absl::StatusOr<RebuiltManifest> RebuildManifest(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("rebuild manifest: ", dir, " is not a directory"));
+  }
+  // ckpt-NNNNNNNNNN -> the shard files in it.
+  std::map<int64_t, std::vector<std::string>> found;
+  fs::directory_iterator it(dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("rebuild manifest: list ", dir, ": ", ec.message()));
+  }
+  RebuiltManifest out;
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const std::string name = it->path().filename().string();
+    int64_t step = -1;
+    if (name.size() != 15 || !absl::StartsWith(name, "ckpt-") ||
+        !absl::SimpleAtoi(name.substr(5), &step) || CheckpointDirName(step) != name) {
+      continue;  // MANIFEST, temporary files, anything else
+    }
+    if (!it->is_directory(ec)) continue;
+    std::vector<std::string>& shards = found[step];
+    for (fs::directory_iterator f(it->path(), ec); !ec && f != fs::directory_iterator();
+         f.increment(ec)) {
+      const std::string fname = f->path().filename().string();
+      if (absl::StartsWith(fname, "shard-")) shards.push_back(fname);
+    }
+  }
+  if (ec) {
+    return absl::InternalError(absl::StrCat("rebuild manifest: list ", dir, ": ", ec.message()));
+  }
+  for (const auto& [step, shards] : found) {
+    const std::string name = CheckpointDirName(step);
+    // N from the first shard's name; all N must be there and verify.
+    int task = 0, num_ps = 0;
+    if (shards.empty() ||
+        std::sscanf(shards[0].c_str(), "shard-%d-of-%d", &task, &num_ps) != 2 || num_ps < 1) {
+      out.skipped.push_back(absl::StrCat(name, ": no shard file"));
+      continue;
+    }
+    ManifestEntry e;
+    e.step = step;
+    e.dir_name = name;
+    e.num_ps = num_ps;
+    absl::Status ok = CheckCheckpoint(dir, e);
+    if (ok.ok() && static_cast<int>(shards.size()) != num_ps) {
+      ok = absl::DataLossError(absl::StrCat(JoinPath(dir, name), ": ", shards.size(),
+                                            " shard files for ", num_ps, " servers"));
+    }
+    if (!ok.ok()) {
+      out.skipped.push_back(absl::StrCat(name, ": ", ok.message()));
+      continue;
+    }
+    const auto mtime = fs::last_write_time(JoinPath(dir, name), ec);
+    if (!ec) {
+      const auto sys = std::chrono::time_point_cast<std::chrono::system_clock::duration>(
+          mtime - fs::file_time_type::clock::now() + std::chrono::system_clock::now());
+      e.unix_time = std::chrono::duration<double>(sys.time_since_epoch()).count();
+    }
+    out.entries.push_back(std::move(e));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<ManifestEntry>> ReadOrRebuildManifest(
+    const std::string& dir, bool write, const std::function<void(const std::string&)>& log) {
+  absl::StatusOr<std::vector<ManifestEntry>> read = ReadManifest(dir);
+  if (!absl::IsDataLoss(read.status())) return read;
+  TOWERPS_ASSIGN_OR_RETURN(RebuiltManifest rebuilt, RebuildManifest(dir));
+  if (write) TOWERPS_RETURN_IF_ERROR(WriteManifest(dir, rebuilt.entries));
+  if (log) {
+    std::vector<std::string> names;
+    for (const ManifestEntry& e : rebuilt.entries) names.push_back(e.dir_name);
+    log(absl::StrCat(
+        "MANIFEST damaged (", read.status().message(), "): rebuilt",
+        write ? "" : " (in memory)", " from the intact checkpoints on disk: ",
+        names.empty() ? "none" : absl::StrJoin(names, ", "),
+        rebuilt.skipped.empty() ? "" : "; skipped ", absl::StrJoin(rebuilt.skipped, "; ")));
+  }
+  return rebuilt.entries;
+}
+
 absl::StatusOr<ManifestEntry> FindLatestValidCheckpoint(
     const std::string& dir, const std::function<void(const std::string&)>& log) {
-  TOWERPS_ASSIGN_OR_RETURN(std::vector<ManifestEntry> entries, ReadManifest(dir));
+  TOWERPS_ASSIGN_OR_RETURN(std::vector<ManifestEntry> entries,
+                           ReadOrRebuildManifest(dir, /*write=*/false, log));
   for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
     absl::Status s = CheckCheckpoint(dir, *it);
     if (s.ok()) return *it;
@@ -484,7 +574,8 @@ absl::StatusOr<ManifestEntry> FindLatestValidCheckpoint(
                                           entries.empty() ? "" : ", all skipped"));
 }
 
-absl::Status AddToManifest(const std::string& dir, const ManifestEntry& entry, int keep) {
+absl::Status AddToManifest(const std::string& dir, const ManifestEntry& entry, int keep,
+                           const std::function<void(const std::string&)>& log) {
   if (keep < 1) {
     return absl::InvalidArgumentError(absl::StrCat("add to manifest in ", dir, ": keep ", keep,
                                                    " < 1"));
@@ -493,7 +584,8 @@ absl::Status AddToManifest(const std::string& dir, const ManifestEntry& entry, i
     return absl::InvalidArgumentError(absl::StrCat("add to manifest in ", dir, ": ", bad));
   }
   std::vector<ManifestEntry> old;
-  absl::StatusOr<std::vector<ManifestEntry>> read = ReadManifest(dir);
+  absl::StatusOr<std::vector<ManifestEntry>> read =
+      ReadOrRebuildManifest(dir, /*write=*/true, log);
   if (read.ok()) {
     old = std::move(*read);
   } else if (!absl::IsNotFound(read.status())) {

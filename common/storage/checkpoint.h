@@ -128,6 +128,30 @@ absl::Status WriteManifest(const std::string& dir, const std::vector<ManifestEnt
 // WriteManifest enforces.
 absl::StatusOr<std::vector<ManifestEntry>> ReadManifest(const std::string& dir);
 
+// What RebuildManifest found on disk.
+struct RebuiltManifest {
+  std::vector<ManifestEntry> entries;  // The intact checkpoints, oldest first.
+  std::vector<std::string> skipped;    // One line per ckpt-* directory left out.
+};
+
+// Lists the complete checkpoints under DIR from the disk alone, for a MANIFEST
+// that is corrupt: every DIR/ckpt-NNNNNNNNNN directory whose shards
+// shard-0-of-N .. shard-(N-1)-of-N are all there and verify (every CRC, and
+// each header's task and num_ps match its name). A checkpoint missing a
+// shard (half-written) or with a damaged one is never listed; it gets a line
+// in `skipped`. unix_time is the directory's modification time. Reads every
+// shard; writes nothing. NotFound if DIR does not exist; the file system's
+// error naming the path if it cannot be listed.
+absl::StatusOr<RebuiltManifest> RebuildManifest(const std::string& dir);
+
+// ReadManifest, except that a corrupt MANIFEST (DataLoss) is rebuilt with
+// RebuildManifest: `log` (may be empty) gets one line saying so, naming the
+// checkpoints it was rebuilt from and the ones skipped, and, if `write`, the
+// rebuilt MANIFEST replaces the damaged one. NotFound when there is no
+// MANIFEST.
+absl::StatusOr<std::vector<ManifestEntry>> ReadOrRebuildManifest(
+    const std::string& dir, bool write, const std::function<void(const std::string&)>& log);
+
 // The newest checkpoint in DIR/MANIFEST whose every shard reads back cleanly
 // (full CRC verification; header's task and num_ps match the file name).
 // A checkpoint with a corrupt or missing shard is skipped with one line
@@ -135,8 +159,9 @@ absl::StatusOr<std::vector<ManifestEntry>> ReadManifest(const std::string& dir);
 //   "checkpoint ckpt-0000000200 skipped: DIR/ckpt-0000000200/shard-1-of-2:
 //    record at byte 4096: data CRC mismatch"
 // and the previous one is tried. NotFound if there is no MANIFEST or no
-// usable checkpoint; DataLoss if the MANIFEST itself is corrupt (nothing can
-// be trusted to be complete then). Blocks reading every shard it checks.
+// usable checkpoint. A corrupt MANIFEST is rebuilt in memory from the
+// intact checkpoints on disk (ReadOrRebuildManifest, not written; `log` says
+// so). Blocks reading every shard it checks.
 absl::StatusOr<ManifestEntry> FindLatestValidCheckpoint(
     const std::string& dir, const std::function<void(const std::string&)>& log);
 
@@ -145,11 +170,13 @@ absl::StatusOr<ManifestEntry> FindLatestValidCheckpoint(
 // the new MANIFEST is durable, so it never lists a removed directory). Entries
 // at or after entry.step belong to an abandoned run (after a restore from an
 // older checkpoint) and are dropped as well; the directory named by `entry`
-// itself is never removed. A missing MANIFEST counts as empty. InvalidArgument
-// if keep < 1 or `entry` breaks WriteManifest's rules; DataLoss if the
-// existing MANIFEST is corrupt (it is left as it is); the first error
-// removing a directory (the new MANIFEST is written by then).
-absl::Status AddToManifest(const std::string& dir, const ManifestEntry& entry, int keep);
+// itself is never removed. A missing MANIFEST counts as empty; a corrupt one
+// is rebuilt from the intact checkpoints on disk first (`log`, which may be
+// empty, gets a line naming them). InvalidArgument if keep < 1 or `entry`
+// breaks WriteManifest's rules; the first error removing a directory (the
+// new MANIFEST is written by then).
+absl::Status AddToManifest(const std::string& dir, const ManifestEntry& entry, int keep,
+                           const std::function<void(const std::string&)>& log = nullptr);
 
 }  // namespace towerps::common
 

@@ -596,8 +596,12 @@ TEST(CheckpointTest, BadManifestsAreRefused) {
   AppendRecord(m.SerializeAsString(), &out);
   WriteRaw(path, out);
   EXPECT_EQ(ReadManifest(dir).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(AddToManifest(dir, {5, "x", 1, 0}, 1).code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(ReadRaw(path), out);  // Left as it was.
+  // AddToManifest rebuilds it from the disk instead, never trusting (or
+  // removing) what the corrupt one named.
+  EXPECT_TRUE(AddToManifest(dir, {5, "x", 1, 0}, 1).ok());
+  ASSERT_TRUE(ReadManifest(dir).ok());
+  ASSERT_EQ(ReadManifest(dir)->size(), 1u);
+  EXPECT_EQ(ReadManifest(dir)->front().dir_name, "x");
   // Trailing record.
   m.mutable_entries(0)->set_dir_name("ok");
   out.clear();
@@ -658,11 +662,74 @@ TEST(CheckpointTest, FindLatestFallsBackPastBadCheckpoints) {
   // An empty logger is allowed.
   EXPECT_EQ(FindLatestValidCheckpoint(dir, nullptr).status().code(), absl::StatusCode::kNotFound);
 
-  // A corrupt MANIFEST is not silently treated as "no checkpoints".
+  // A corrupt MANIFEST is rebuilt from the disk, saying so: here nothing on
+  // disk is intact.
   std::string manifest = ReadRaw(dir + "/MANIFEST");
   manifest[manifest.size() - 1] ^= 1;
   WriteRaw(dir + "/MANIFEST", manifest);
-  EXPECT_EQ(FindLatestValidCheckpoint(dir, logger).status().code(), absl::StatusCode::kDataLoss);
+  log.clear();
+  EXPECT_EQ(FindLatestValidCheckpoint(dir, logger).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], HasSubstr("MANIFEST damaged ("));
+  EXPECT_THAT(log[0], HasSubstr("rebuilt (in memory) from the intact checkpoints on disk: none"));
+}
+
+TEST(CheckpointTest, ADamagedManifestIsRebuiltFromTheIntactCheckpoints) {
+  const std::string dir = TestDir();
+  std::vector<std::string> log;
+  auto logger = [&](const std::string& line) { log.push_back(line); };
+  for (int64_t step : {100, 200, 300}) SaveCheckpoint(dir, step, 2, /*keep=*/3);
+  // 200: a damaged shard. 400: half-written (one shard of two, never listed).
+  const std::string shard = dir + "/ckpt-0000000200/shard-1-of-2";
+  std::string contents = ReadRaw(shard);
+  contents[contents.size() / 2] ^= 0x10;
+  WriteRaw(shard, contents);
+  ASSERT_TRUE(WriteShard(dir + "/" + CheckpointDirName(400), MakeState(0, 2, 400)).ok());
+  // One flipped byte in the MANIFEST.
+  std::string manifest = ReadRaw(dir + "/MANIFEST");
+  manifest[manifest.size() / 2] ^= 0x01;
+  WriteRaw(dir + "/MANIFEST", manifest);
+  ASSERT_EQ(ReadManifest(dir).status().code(), absl::StatusCode::kDataLoss);
+
+  absl::StatusOr<RebuiltManifest> rebuilt = RebuildManifest(dir);
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  ASSERT_EQ(rebuilt->entries.size(), 2u);
+  EXPECT_EQ(rebuilt->entries[0].dir_name, "ckpt-0000000100");
+  EXPECT_EQ(rebuilt->entries[1].dir_name, "ckpt-0000000300");
+  EXPECT_EQ(rebuilt->entries[1].step, 300);
+  EXPECT_EQ(rebuilt->entries[1].num_ps, 2);
+  EXPECT_GT(rebuilt->entries[1].unix_time, 1e9);
+  ASSERT_EQ(rebuilt->skipped.size(), 2u);
+  EXPECT_THAT(rebuilt->skipped[0], HasSubstr("ckpt-0000000200: "));
+  EXPECT_THAT(rebuilt->skipped[1], HasSubstr("ckpt-0000000400: "));
+  EXPECT_THAT(rebuilt->skipped[1], HasSubstr("shard-1-of-2"));  // the missing one
+
+  // A restore finds the newest intact one, and says the MANIFEST was rebuilt.
+  absl::StatusOr<ManifestEntry> latest = FindLatestValidCheckpoint(dir, logger);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->step, 300);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], HasSubstr("MANIFEST damaged ("));
+  EXPECT_THAT(log[0], HasSubstr("from the intact checkpoints on disk: ckpt-0000000100, "
+                                "ckpt-0000000300; skipped ckpt-0000000200: "));
+
+  // Checkpointing goes on: the next one rewrites the MANIFEST and keep:N
+  // prunes again.
+  log.clear();
+  for (int task = 0; task < 2; ++task) {
+    ASSERT_TRUE(WriteShard(dir + "/" + CheckpointDirName(500), MakeState(task, 2, 500)).ok());
+  }
+  ASSERT_TRUE(AddToManifest(dir, {500, CheckpointDirName(500), 2, 500.0}, /*keep=*/2, logger).ok());
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], HasSubstr("rebuilt from the intact checkpoints on disk: ckpt-0000000100, "
+                                "ckpt-0000000300, ckpt-0000000500; skipped"));
+  absl::StatusOr<std::vector<ManifestEntry>> m = ReadManifest(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->size(), 2u);
+  EXPECT_EQ((*m)[0].step, 300);
+  EXPECT_EQ((*m)[1].step, 500);
+  EXPECT_FALSE(Exists(dir + "/ckpt-0000000100"));
+  EXPECT_TRUE(Exists(dir + "/ckpt-0000000300/shard-1-of-2"));
 }
 
 TEST(CheckpointTest, FindLatestSkipsATruncatedNewestShard) {

@@ -33,18 +33,29 @@ class Checkpointer {
   // predate that, and links can change); nothing is asked of a ps then.
   absl::Status Save(const std::string& job_id, const v1::JobSpec& spec, int64_t step);
 
+  // Periodic checkpoints that may fail in a row before the job fails.
+  static constexpr int kMaxFailuresInARow = 3;
+
   // Per attempt, touched only by the chief's training thread.
   struct Schedule {
     int64_t last_step = -1;
     absl::Time last_time = absl::Now();
+    int failures_in_a_row = 0;
   };
   // Called after each pull (SYNC: every server is at exactly `step`): saves
   // when checkpoint.every_steps or every_seconds says so. A failure is an
-  // event of the job, not an error of the training.
-  void MaybeSave(const std::string& job_id, const v1::JobSpec& spec, int64_t step,
-                 Schedule& schedule);
+  // event of the job and the next scheduled checkpoint tries again; the
+  // kMaxFailuresInARow-th failure in a row is returned (annotated with the
+  // count), and the training fails with it. OK otherwise.
+  absl::Status MaybeSave(const std::string& job_id, const v1::JobSpec& spec, int64_t step,
+                         Schedule& schedule);
 
  private:
+  // After a failed Save: removes <dir>/<name> (shards some servers wrote)
+  // unless the MANIFEST lists it, so that nothing half-written is left that
+  // looks like a checkpoint; an event says so.
+  void RemovePartial(const std::string& job_id, const std::string& dir, const std::string& name);
+
   const std::vector<PsControl*> ps_;  // Not owned.
   JobStore& store_;
   const common::PathRoots* const roots_;  // Not owned; may be null.

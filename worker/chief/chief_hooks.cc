@@ -72,8 +72,7 @@ JobHooks ChiefHooks::For(const v1::StartJobRequest& request) {
       absl::MutexLock lock(&mu_);
       if (stop_requested_) return StopHere(id, spec, step);
     }
-    checkpointer_.MaybeSave(id, spec, step, *schedule);
-    return absl::OkStatus();
+    return checkpointer_.MaybeSave(id, spec, step, *schedule);
   };
   hooks.on_epoch = [tb](int64_t step, const std::vector<v1::VariableDef>& defs,
                         const std::vector<common::Tensor*>& weights) {

@@ -72,8 +72,11 @@ absl::Status Dispatcher::PollOnce(const v1::StartJobRequest& request,
       return absl::AbortedError(absl::StrCat("worker ", w, " is not running the job (restarted?)"));
     }
     if (s->state() == v1::WORK_FAILED) {
-      return absl::Status(static_cast<absl::StatusCode>(s->error_code()),
-                          absl::StrCat("worker ", w, ": ", s->error()));
+      // The worker's own stop reports WORK_STOPPED; a CANCELLED failure came
+      // from one of its peers (a ps that stopped mid-call): a lost peer.
+      absl::StatusCode code = static_cast<absl::StatusCode>(s->error_code());
+      if (code == absl::StatusCode::kCancelled) code = absl::StatusCode::kUnavailable;
+      return absl::Status(code, absl::StrCat("worker ", w, ": ", s->error()));
     }
     if (s->state() == v1::WORK_STOPPED) {
       return absl::AbortedError(absl::StrCat("worker ", w, " stopped"));

@@ -64,6 +64,15 @@ TEST_F(DispatcherTest, AWorkersFailureIsTheAttemptsWithItsCode) {
   EXPECT_EQ(workers_[0]->status().state(), v1::WORK_STOPPED);
 }
 
+TEST_F(DispatcherTest, AWorkersCancelledFailureIsALostPeerNotACancel) {
+  workers_[1]->SetOnStart(FakeWorkerClient::OnStart::kFail,
+                          absl::CancelledError("pull: ps 0 shutting down"));
+  Dispatcher d = Make();
+  absl::Status st = d.RunAttempt(Request(), cancel_);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(st.message(), "worker 1: pull: ps 0 shutting down");
+}
+
 TEST_F(DispatcherTest, ALostWorkerIsUnavailable) {
   Dispatcher d = Make();
   std::thread lose([&] {

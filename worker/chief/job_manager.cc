@@ -200,7 +200,9 @@ class JobManager::Impl {
     }
     v1::JobState state = v1::SUCCEEDED;
     std::string error;
-    if (!result.ok() && (absl::IsCancelled(result) || cancel.cancelled())) {
+    // Only this job's own token (a user's Cancel) makes it CANCELLED: a
+    // CANCELLED from a stopping peer was a failure (see PeerCancelIsAFailure).
+    if (!result.ok() && cancel.cancelled()) {
       state = v1::CANCELLED;
       error = "cancelled by user";
     } else if (!result.ok()) {

@@ -211,6 +211,19 @@ TEST_F(JobManagerTest, ANonRetryableFailureFailsAtOnce) {
   EXPECT_EQ(a.error(), "worker 0: GPU:0: out of memory");
 }
 
+// A stopping ps cancels the workers' calls: a CANCELLED that the job's own
+// token did not cause is a lost peer (restart), never "cancelled by user".
+TEST_F(JobManagerTest, ACancelFromAPeerRestartsAndIsNeverAUserCancel) {
+  auto m = StartManager(FakeWorkerClient::OnStart::kFail,
+                        absl::CancelledError("pull: ps 1 shutting down"));
+  ASSERT_TRUE(m->Submit(Job("a", /*max_restarts=*/1)).ok());
+  v1::JobRecord a = AwaitEnd(*m, "a");
+  EXPECT_EQ(a.state(), v1::FAILED) << a.error();
+  EXPECT_EQ(a.attempts(), 2);
+  EXPECT_EQ(a.error().find("cancelled by user"), std::string::npos) << a.error();
+  EXPECT_NE(a.error().find("pull: ps 1 shutting down"), std::string::npos) << a.error();
+}
+
 TEST_F(JobManagerTest, CancelQueuedAndRunningJobs) {
   auto m = StartManager(FakeWorkerClient::OnStart::kRun);
   ASSERT_TRUE(m->Submit(Job("a")).ok());

@@ -20,13 +20,20 @@ common::RetryPolicy RestartPolicy(const v1::JobSpec& spec, absl::Duration backof
   return policy;
 }
 
+absl::Status PeerCancelIsAFailure(const absl::Status& status,
+                                  const common::CancellationToken* own) {
+  if (!absl::IsCancelled(status) || (own != nullptr && own->cancelled())) return status;
+  return absl::UnavailableError(absl::StrCat(
+      status.message(), " (CANCELLED by a peer, e.g. a stopping server; not a cancel of this job)"));
+}
+
 absl::Status RunWithRestarts(
     const common::RetryPolicy& policy, const common::CancellationToken* cancel,
     const std::function<absl::Status(int attempt)>& attempt,
     const std::function<void(int attempt, const absl::Status& failure, int restart)>& on_restart) {
   common::Backoff backoff(policy, cancel);
   for (int n = 1;; ++n) {
-    const absl::Status result = attempt(n);
+    const absl::Status result = PeerCancelIsAFailure(attempt(n), cancel);
     if (result.ok() || absl::IsCancelled(result)) return result;
     TOWERPS_RETURN_IF_ERROR(backoff.Wait(result));
     if (on_restart) on_restart(n, result, n);

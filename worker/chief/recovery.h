@@ -25,8 +25,17 @@ namespace towerps::worker {
 // max_attempts = spec.max_restarts + 1; a fixed `backoff` between attempts.
 common::RetryPolicy RestartPolicy(const v1::JobSpec& spec, absl::Duration backoff);
 
+// Only `own` (the job's token: a user's cancel, or the chief stopping) may
+// end a job as cancelled. A CANCELLED that comes from elsewhere (a server or
+// worker that stopped and cancelled its calls) while `own` has not fired is a
+// lost peer like any other: UNAVAILABLE, with a note. Others pass unchanged.
+absl::Status PeerCancelIsAFailure(const absl::Status& status,
+                                  const common::CancellationToken* own);
+
 // Runs `attempt(n)` for n = 1, 2, ... until it returns OK, `policy` says to
-// give up (the last failure is returned) or `cancel` fires (CANCELLED).
+// give up (the last failure is returned) or `cancel` fires (CANCELLED). A
+// CANCELLED from an attempt while `cancel` has not fired is a failure (see
+// PeerCancelIsAFailure) and restarts.
 // `on_restart(n, failure, restart)` is called before each restart, after the
 // backoff. `cancel` may be null.
 absl::Status RunWithRestarts(

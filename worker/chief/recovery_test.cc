@@ -66,6 +66,34 @@ TEST(RecoveryTest, SucceedsAfterARestart) {
   EXPECT_TRUE(st.ok()) << st;
 }
 
+TEST(RecoveryTest, ACancelledAttemptWithoutTheTokenRestarts) {
+  common::CancellationToken cancel;
+  int attempts = 0;
+  absl::Status st = RunWithRestarts(
+      RestartPolicy(WithRestarts(2), absl::Milliseconds(1)), &cancel,
+      [&](int n) {
+        attempts = n;
+        return n == 1 ? absl::CancelledError("ps 0 stopping") : absl::OkStatus();
+      },
+      nullptr);
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(attempts, 2);
+}
+
+TEST(RecoveryTest, PeerCancelIsAFailureUnlessTheOwnTokenFired) {
+  common::CancellationToken own;
+  absl::Status peer = PeerCancelIsAFailure(absl::CancelledError("ps 0 stopping"), &own);
+  EXPECT_EQ(peer.code(), absl::StatusCode::kUnavailable) << peer;
+  EXPECT_NE(peer.message().find("ps 0 stopping"), std::string::npos) << peer;
+  EXPECT_EQ(PeerCancelIsAFailure(absl::CancelledError("x"), nullptr).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(PeerCancelIsAFailure(absl::InvalidArgumentError("x"), &own).code(),
+            absl::StatusCode::kInvalidArgument);
+  own.Cancel("cancelled by user");
+  EXPECT_EQ(PeerCancelIsAFailure(absl::CancelledError("x"), &own).code(),
+            absl::StatusCode::kCancelled);
+}
+
 TEST(RecoveryTest, ACancelDuringTheBackoffEndsIt) {
   common::CancellationToken cancel;
   int attempts = 0;

@@ -75,7 +75,11 @@ void WorkerRuntime::Run(v1::StartJobRequest request, JobHooks hooks) {
   } else {
     status_.set_state(v1::WORK_FAILED);
     status_.set_error(std::string(result.status().message()));
-    status_.set_error_code(static_cast<int32_t>(result.status().code()));
+    // Our token did not fire: a CANCELLED came from a peer (a ps stopping
+    // mid-call) and is a lost peer to the chief, never a user's cancel.
+    absl::StatusCode code = result.status().code();
+    if (code == absl::StatusCode::kCancelled) code = absl::StatusCode::kUnavailable;
+    status_.set_error_code(static_cast<int32_t>(code));
     TLOG(WARNING) << "worker " << env_.cluster.task_index << ": job \""
                   << request.job().job_id() << "\" failed: " << result.status();
   }
