@@ -9,7 +9,8 @@
 //     ID/checkpoints), if it has a MANIFEST: the MANIFEST reads back, and every
 //     checkpoint it lists has all its shards, each fully CRC-verified, with
 //     the job, task, number of servers and step the MANIFEST says; checkpoint
-//     directories it does not list are named (not counted as corruption).
+//     directories it does not list are named, and counted as a problem (a
+//     leak) when older than every one it lists.
 // Prints one line per job and per checkpoint, and one "CORRUPT: ..." line per
 // problem; exit 0 when nothing is corrupt, 1 otherwise, 2 on usage errors.
 #include <algorithm>
@@ -93,8 +94,9 @@ void CheckCheckpoints(const std::string& job_id, const std::string& dir) {
               << ", " << e.num_ps << " shards) verified\n";
   }
   std::cout << "job " << job_id << ": MANIFEST lists " << entries->size() << " checkpoints\n";
-  // Not corruption, but worth seeing: checkpoint directories the MANIFEST
-  // does not list (a save cut short, or left by an abandoned attempt).
+  // Worth seeing: checkpoint directories the MANIFEST does not list (a save
+  // cut short, or left by an abandoned attempt); a problem when older than
+  // every listed one (below).
   std::set<std::string> listed;
   for (const auto& e : *entries) listed.insert(e.dir_name);
   std::vector<std::string> unlisted;
@@ -105,6 +107,15 @@ void CheckCheckpoints(const std::string& job_id, const std::string& dir) {
     }
   }
   std::sort(unlisted.begin(), unlisted.end());
+  // Older than every listed one: nothing will ever list, read or remove it
+  // but the pruning of the next checkpoint (AddToManifest), which ran after
+  // it: a leak.
+  for (const auto& name : unlisted) {
+    if (!entries->empty() && name < entries->front().dir_name) {
+      Corrupt(absl::StrCat(dir, "/", name, ": leaked: not in the MANIFEST and older than ",
+                           "every checkpoint it lists"));
+    }
+  }
   std::cout << "job " << job_id << ": " << unlisted.size()
             << " checkpoint directories not in the MANIFEST";
   for (const auto& name : unlisted) std::cout << " " << name;

@@ -395,6 +395,20 @@ absl::Status CheckCheckpoint(const std::string& dir, const ManifestEntry& e) {
 
 std::string CheckpointDirName(int64_t step) { return absl::StrFormat("ckpt-%010d", step); }
 
+namespace {
+
+// The step of a directory named CheckpointDirName(step), or -1 for any other name.
+int64_t StepOfCheckpointDirName(const std::string& name) {
+  int64_t step = -1;
+  if (name.size() != 15 || !absl::StartsWith(name, "ckpt-") ||
+      !absl::SimpleAtoi(name.substr(5), &step) || CheckpointDirName(step) != name) {
+    return -1;
+  }
+  return step;
+}
+
+}  // namespace
+
 std::string ShardFileName(int ps_task, int num_ps) {
   return absl::StrCat("shard-", ps_task, "-of-", num_ps);
 }
@@ -489,11 +503,8 @@ absl::StatusOr<RebuiltManifest> RebuildManifest(const std::string& dir) {
   for (; it != fs::directory_iterator(); it.increment(ec)) {
     if (ec) break;
     const std::string name = it->path().filename().string();
-    int64_t step = -1;
-    if (name.size() != 15 || !absl::StartsWith(name, "ckpt-") ||
-        !absl::SimpleAtoi(name.substr(5), &step) || CheckpointDirName(step) != name) {
-      continue;  // MANIFEST, temporary files, anything else
-    }
+    const int64_t step = StepOfCheckpointDirName(name);
+    if (step < 0) continue;  // MANIFEST, temporary files, anything else
     if (!it->is_directory(ec)) continue;
     std::vector<std::string>& shards = found[step];
     for (fs::directory_iterator f(it->path(), ec); !ec && f != fs::directory_iterator();
@@ -609,6 +620,27 @@ absl::Status AddToManifest(const std::string& dir, const ManifestEntry& entry, i
     });
     if (still_listed) continue;
     absl::Status s = RemoveAll(JoinPath(dir, d.dir_name));
+    if (!s.ok() && first_error.ok()) first_error = s;
+  }
+  // Checkpoint directories older than the oldest one kept that no MANIFEST
+  // lists any more: left half-removed by a chief that died while pruning, or
+  // half-written by one that died while saving. Nothing will ever list or
+  // read them, so they go too. Newer unlisted ones may be a save in flight.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (fs::directory_iterator it(dir, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const int64_t step = StepOfCheckpointDirName(name);
+    if (step >= 0 && step < kept.front().step && it->is_directory(ec)) stale.push_back(name);
+  }
+  for (const std::string& name : stale) {
+    absl::Status s = RemoveAll(JoinPath(dir, name));
+    if (s.ok() && log) {
+      log(absl::StrCat("removed ", name,
+                       ": older than every checkpoint kept and not in the MANIFEST"));
+    }
     if (!s.ok() && first_error.ok()) first_error = s;
   }
   return first_error;

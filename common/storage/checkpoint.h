@@ -170,7 +170,9 @@ absl::StatusOr<ManifestEntry> FindLatestValidCheckpoint(
 // the new MANIFEST is durable, so it never lists a removed directory). Entries
 // at or after entry.step belong to an abandoned run (after a restore from an
 // older checkpoint) and are dropped as well; the directory named by `entry`
-// itself is never removed. A missing MANIFEST counts as empty; a corrupt one
+// itself is never removed. So are unlisted ckpt-* directories older than the
+// oldest entry kept (left by a writer that died while pruning or saving;
+// `log` gets a line for each). A missing MANIFEST counts as empty; a corrupt one
 // is rebuilt from the intact checkpoints on disk first (`log`, which may be
 // empty, gets a line naming them). InvalidArgument if keep < 1 or `entry`
 // breaks WriteManifest's rules; the first error removing a directory (the

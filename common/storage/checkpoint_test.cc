@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -720,9 +721,14 @@ TEST(CheckpointTest, ADamagedManifestIsRebuiltFromTheIntactCheckpoints) {
     ASSERT_TRUE(WriteShard(dir + "/" + CheckpointDirName(500), MakeState(task, 2, 500)).ok());
   }
   ASSERT_TRUE(AddToManifest(dir, {500, CheckpointDirName(500), 2, 500.0}, /*keep=*/2, logger).ok());
-  ASSERT_EQ(log.size(), 1u);
+  ASSERT_EQ(log.size(), 2u);
   EXPECT_THAT(log[0], HasSubstr("rebuilt from the intact checkpoints on disk: ckpt-0000000100, "
                                 "ckpt-0000000300, ckpt-0000000500; skipped"));
+  // The damaged 200, unlisted and older than every one kept, goes too; the
+  // half-written 400 is newer than the oldest kept, and stays for now.
+  EXPECT_THAT(log[1], HasSubstr("removed ckpt-0000000200"));
+  EXPECT_FALSE(Exists(dir + "/ckpt-0000000200"));
+  EXPECT_TRUE(Exists(dir + "/ckpt-0000000400"));
   absl::StatusOr<std::vector<ManifestEntry>> m = ReadManifest(dir);
   ASSERT_TRUE(m.ok()) << m.status();
   ASSERT_EQ(m->size(), 2u);
@@ -798,6 +804,46 @@ TEST(CheckpointTest, AddToManifestKeepsTheNewestAndRemovesOldDirs) {
   EXPECT_EQ(AddToManifest(dir, {700, "../x", 2, 0}, 3).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReadManifest(dir)->size(), 1u);
+}
+
+// A chief killed while pruning leaves a dropped checkpoint half-removed (and
+// one killed while saving, a half-written one): no MANIFEST lists them. The
+// next AddToManifest removes those older than the oldest entry kept, and
+// leaves a newer unlisted one alone (a save may be in flight there).
+TEST(CheckpointTest, AddToManifestRemovesUnlistedLeftoversOlderThanTheKeptOnes) {
+  const std::string dir = TestDir();
+  for (int64_t step : {100, 200, 300}) SaveCheckpoint(dir, step, 2, /*keep=*/2);
+  ASSERT_FALSE(Exists(dir + "/ckpt-0000000100"));
+  // The leftovers: one shard of a pruned checkpoint, an empty dir, a newer one.
+  std::filesystem::create_directories(dir + "/ckpt-0000000050");
+  WriteRaw(dir + "/ckpt-0000000050/shard-0-of-2", "half");
+  std::filesystem::create_directories(dir + "/ckpt-0000000150");
+  std::filesystem::create_directories(dir + "/ckpt-0000000900");
+  WriteRaw(dir + "/ckpt-0000000900/shard-1-of-2", "in flight");
+  std::filesystem::create_directories(dir + "/not-a-ckpt-0000000001");
+
+  SaveCheckpoint(dir, 400, 2, /*keep=*/2);  // keeps 300, 400: drops 200
+  absl::StatusOr<std::vector<ManifestEntry>> m = ReadManifest(dir);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->size(), 2u);
+  EXPECT_EQ((*m)[0].step, 300);
+  EXPECT_FALSE(Exists(dir + "/ckpt-0000000050"));
+  EXPECT_FALSE(Exists(dir + "/ckpt-0000000150"));
+  EXPECT_FALSE(Exists(dir + "/ckpt-0000000200"));
+  EXPECT_TRUE(Exists(dir + "/ckpt-0000000300/shard-0-of-2"));
+  EXPECT_TRUE(Exists(dir + "/ckpt-0000000400/shard-1-of-2"));
+  EXPECT_TRUE(Exists(dir + "/ckpt-0000000900/shard-1-of-2"));
+  EXPECT_TRUE(Exists(dir + "/not-a-ckpt-0000000001"));
+
+  // The log names what goes.
+  std::vector<std::string> lines;
+  std::filesystem::create_directories(dir + "/ckpt-0000000250");
+  ASSERT_TRUE(AddToManifest(dir, {400, CheckpointDirName(400), 2, 401.0}, 2,
+                            [&](const std::string& l) { lines.push_back(l); })
+                  .ok());
+  EXPECT_FALSE(Exists(dir + "/ckpt-0000000250"));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("removed ckpt-0000000250"), std::string::npos) << lines[0];
 }
 
 }  // namespace
