@@ -182,17 +182,29 @@ class JobManager::Impl {
     const std::string id = record.job_id();
     const v1::JobSpec spec = record.spec();
     hooks_->BeginJob(spec);
-    const absl::Status result = RunWithRestarts(
-        RestartPolicy(spec, options_.restart_backoff), &cancel,
-        [&](int attempt) { return RunAttempt(id, spec, attempt, cancel); },
-        [&](int attempt, const absl::Status& failure, int restart) {
-          store_->AddEvent(id, v1::JobEvent::LOG,
-                           absl::StrCat("attempt ", attempt, " failed: ", failure.message(),
-                                        "; restarting from the latest checkpoint (restart ",
-                                        restart, " of ", spec.max_restarts(), ")"));
-          TLOG(WARNING) << "chief: job \"" << id << "\" attempt " << attempt
-                        << " failed: " << failure << "; restarting";
-        });
+    // Restarts and attempt numbers go on from earlier chiefs (the record):
+    // max_restarts bounds the job, not one chief's lifetime.
+    const int used = record.restarts();
+    absl::Status result;
+    if (used > std::max(0, spec.max_restarts())) {
+      result = absl::FailedPreconditionError(absl::StrCat(
+          "max_restarts (", spec.max_restarts(), ") used up: the chief restarted while this job "
+          "ran (", used, " restarts in all); resubmit it with --resume to go on"));
+    } else {
+      result = RunWithRestarts(
+          RestartPolicy(spec, options_.restart_backoff, used), &cancel,
+          [&](int attempt) { return RunAttempt(id, spec, attempt, cancel); },
+          [&](int attempt, const absl::Status& failure, int restart) {
+            LogIfError(store_->Update(id, [&](v1::JobRecord& r) { r.set_restarts(used + restart); }));
+            store_->AddEvent(id, v1::JobEvent::LOG,
+                             absl::StrCat("attempt ", attempt, " failed: ", failure.message(),
+                                          "; restarting from the latest checkpoint (restart ",
+                                          used + restart, " of ", spec.max_restarts(), ")"));
+            TLOG(WARNING) << "chief: job \"" << id << "\" attempt " << attempt
+                          << " failed: " << failure << "; restarting";
+          },
+          /*first_attempt=*/record.attempts() + 1);
+    }
     hooks_->EndJob();
     if (shutdown_.cancelled() && !result.ok()) {
       Requeue(id);

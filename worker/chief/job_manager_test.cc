@@ -12,6 +12,7 @@
 #include "proto/job.pb.h"
 #include "worker/chief/fake_ps_control.h"
 #include "worker/chief/fake_worker_client.h"
+#include "worker/chief/job_store.h"
 
 namespace towerps::worker {
 namespace {
@@ -134,6 +135,56 @@ TEST_F(JobManagerTest, JobsSurviveARestartOfTheChief) {
                       "the chief shut down while this job ran: queued again, resumes from its "
                       "latest checkpoint (it reached no step boundary in time)"),
             events.end());
+}
+
+// A chief that dies while a job runs (its record left RUNNING on disk) uses
+// one of the job's restarts; attempt numbers go on across chiefs. A chief in
+// a crash loop therefore fails the job once max_restarts is used up, instead
+// of retrying it forever.
+TEST_F(JobManagerTest, ChiefCrashesUseTheJobsRestarts) {
+  // Chief crashes, simulated with the store alone: take the job (RUNNING on
+  // disk) and vanish without ending it.
+  auto crash_while_running = [&](const std::string& id) {
+    auto store = JobStore::Open(dir_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    common::CancellationToken stop;
+    auto run = (*store)->TakeNext(stop);
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_EQ(run->record.job_id(), id);
+    ASSERT_TRUE((*store)->Update(id, [](v1::JobRecord& r) {
+                  r.set_attempts(r.attempts() + 1);
+                }).ok());
+  };
+  {
+    auto store = JobStore::Open(dir_);
+    ASSERT_TRUE(store.ok());
+    v1::JobSpec spec = Job("a", /*max_restarts=*/2).spec();
+    ASSERT_TRUE((*store)->Add(JobWithDefaults(spec)).ok());
+  }
+  crash_while_running("a");  // restart 1 of 2
+  crash_while_running("a");  // restart 2 of 2
+  {
+    auto m = StartManager(FakeWorkerClient::OnStart::kFinish);
+    v1::JobRecord a = AwaitEnd(*m, "a");
+    // One attempt left, and it runs as attempt 3.
+    EXPECT_EQ(a.state(), v1::SUCCEEDED) << a.error();
+    EXPECT_EQ(a.attempts(), 3);
+    EXPECT_EQ(a.restarts(), 2);
+  }
+  // Three crashes of a job with max_restarts 2: the next chief fails it
+  // without starting it, and says why.
+  {
+    auto store = JobStore::Open(dir_);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Add(JobWithDefaults(Job("b", /*max_restarts=*/2).spec())).ok());
+  }
+  for (int i = 0; i < 3; ++i) crash_while_running("b");
+  auto m = StartManager(FakeWorkerClient::OnStart::kFinish);
+  v1::JobRecord b = AwaitEnd(*m, "b");
+  EXPECT_EQ(b.state(), v1::FAILED);
+  EXPECT_NE(b.error().find("max_restarts (2) used up"), std::string::npos) << b.error();
+  EXPECT_EQ(b.restarts(), 3);
+  for (auto* w : workers_) EXPECT_EQ(w->starts(), 0);
 }
 
 // SIGTERM on the chief: Shutdown() puts the running job back in the queue

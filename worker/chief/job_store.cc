@@ -98,11 +98,16 @@ absl::Status JobStore::Load() {
       next_id_ = std::max(next_id_, n + 1);
     }
     if (e->record.state() == v1::RUNNING) {
+      // The attempt died with the chief: a restart, like a failed attempt
+      // (a chief in a crash loop must not retry a job forever).
       e->record.set_state(v1::QUEUED);
       e->record.mutable_spec()->set_resume(true);
+      e->record.set_restarts(e->record.restarts() + 1);
       AddEventLocked(*e, v1::JobEvent::STATE,
-                     "the chief restarted while this job ran: queued again, resumes from its "
-                     "latest checkpoint",
+                     absl::StrCat("the chief restarted while this job ran: queued again, resumes "
+                                  "from its latest checkpoint (restart ",
+                                  e->record.restarts(), " of ",
+                                  e->record.spec().max_restarts(), ")"),
                      nullptr);
       if (absl::Status s = PersistLocked(*e); !s.ok()) TLOG(WARNING) << "chief: " << s;
     }
@@ -170,6 +175,7 @@ absl::StatusOr<v1::JobRecord> JobStore::Resubmit(const std::string& job_id) {
   updated.set_submit_time(UnixNow());
   updated.set_end_time(0);
   updated.clear_error();
+  updated.set_restarts(0);  // A new run: max_restarts anew (attempts go on counting).
   std::swap(updated, e->record);
   if (absl::Status s = PersistLocked(*e); !s.ok()) {
     std::swap(updated, e->record);  // Not queued: it would not survive a restart.

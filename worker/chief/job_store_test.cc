@@ -82,6 +82,12 @@ TEST(JobStoreTest, RecordsSurviveARestart) {
   EXPECT_EQ(events->events[2].seq(), 3);
   EXPECT_NE(events->events[2].message().find("the chief restarted while this job ran"),
             std::string::npos);
+  // The attempt that died with the chief counts as a restart; the queued
+  // ones used none.
+  EXPECT_EQ(jobs[0].restarts(), 1);
+  EXPECT_NE(events->events[2].message().find("(restart 1 of "), std::string::npos)
+      << events->events[2].message();
+  EXPECT_EQ(jobs[1].restarts(), 0);
   // Generated ids go on after the loaded ones.
   EXPECT_EQ(store->Add(Spec(""))->job_id(), "job-2");
 }
@@ -145,10 +151,13 @@ TEST(JobStoreTest, DuplicateIdsAndCancel) {
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(again.message(), "job \"a\" has already ended (CANCELLED)");
   EXPECT_EQ(store->RequestCancel("nope").status().code(), absl::StatusCode::kNotFound);
+  // Restarts used by the ended run do not count against the resubmitted one.
+  ASSERT_TRUE(store->Update("a", [](v1::JobRecord& r) { r.set_restarts(3); }).ok());
   auto resumed = store->Resubmit("a");
   ASSERT_TRUE(resumed.ok());
   EXPECT_EQ(resumed->state(), v1::QUEUED);
   EXPECT_TRUE(resumed->spec().resume());
+  EXPECT_EQ(resumed->restarts(), 0);
   EXPECT_EQ(store->Resubmit("a").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 

@@ -8,13 +8,14 @@
 
 namespace towerps::worker {
 
-common::RetryPolicy RestartPolicy(const v1::JobSpec& spec, absl::Duration backoff) {
+common::RetryPolicy RestartPolicy(const v1::JobSpec& spec, absl::Duration backoff,
+                                  int restarts_used) {
   common::RetryPolicy policy =
       common::RetryPolicy()
           .RetryingOn({absl::StatusCode::kUnavailable, absl::StatusCode::kNotFound,
                        absl::StatusCode::kAborted, absl::StatusCode::kDeadlineExceeded})
           .WithBackoff(backoff, backoff)
-          .WithMaxAttempts(std::max(0, spec.max_restarts()) + 1);
+          .WithMaxAttempts(std::max(0, spec.max_restarts() - restarts_used) + 1);
   policy.multiplier = 1.0;
   policy.jitter = 0.0;
   return policy;
@@ -30,13 +31,14 @@ absl::Status PeerCancelIsAFailure(const absl::Status& status,
 absl::Status RunWithRestarts(
     const common::RetryPolicy& policy, const common::CancellationToken* cancel,
     const std::function<absl::Status(int attempt)>& attempt,
-    const std::function<void(int attempt, const absl::Status& failure, int restart)>& on_restart) {
+    const std::function<void(int attempt, const absl::Status& failure, int restart)>& on_restart,
+    int first_attempt) {
   common::Backoff backoff(policy, cancel);
-  for (int n = 1;; ++n) {
+  for (int n = first_attempt;; ++n) {
     const absl::Status result = PeerCancelIsAFailure(attempt(n), cancel);
     if (result.ok() || absl::IsCancelled(result)) return result;
     TOWERPS_RETURN_IF_ERROR(backoff.Wait(result));
-    if (on_restart) on_restart(n, result, n);
+    if (on_restart) on_restart(n, result, n - first_attempt + 1);
   }
 }
 

@@ -22,8 +22,10 @@
 namespace towerps::worker {
 
 // retry_on {UNAVAILABLE, NOT_FOUND, ABORTED, DEADLINE_EXCEEDED};
-// max_attempts = spec.max_restarts + 1; a fixed `backoff` between attempts.
-common::RetryPolicy RestartPolicy(const v1::JobSpec& spec, absl::Duration backoff);
+// max_attempts = the restarts left (spec.max_restarts - restarts_used, at
+// least 0) + 1; a fixed `backoff` between attempts.
+common::RetryPolicy RestartPolicy(const v1::JobSpec& spec, absl::Duration backoff,
+                                  int restarts_used = 0);
 
 // Only `own` (the job's token: a user's cancel, or the chief stopping) may
 // end a job as cancelled. A CANCELLED that comes from elsewhere (a server or
@@ -32,16 +34,17 @@ common::RetryPolicy RestartPolicy(const v1::JobSpec& spec, absl::Duration backof
 absl::Status PeerCancelIsAFailure(const absl::Status& status,
                                   const common::CancellationToken* own);
 
-// Runs `attempt(n)` for n = 1, 2, ... until it returns OK, `policy` says to
-// give up (the last failure is returned) or `cancel` fires (CANCELLED). A
-// CANCELLED from an attempt while `cancel` has not fired is a failure (see
-// PeerCancelIsAFailure) and restarts.
-// `on_restart(n, failure, restart)` is called before each restart, after the
-// backoff. `cancel` may be null.
+// Runs `attempt(n)` for n = first_attempt, first_attempt + 1, ... until it
+// returns OK, `policy` says to give up (the last failure is returned) or
+// `cancel` fires (CANCELLED). A CANCELLED from an attempt while `cancel` has
+// not fired is a failure (see PeerCancelIsAFailure) and restarts.
+// `on_restart(n, failure, k)` is called before the k-th restart of this call
+// (k = 1, 2, ...), after the backoff. `cancel` may be null.
 absl::Status RunWithRestarts(
     const common::RetryPolicy& policy, const common::CancellationToken* cancel,
     const std::function<absl::Status(int attempt)>& attempt,
-    const std::function<void(int attempt, const absl::Status& failure, int restart)>& on_restart);
+    const std::function<void(int attempt, const absl::Status& failure, int restart)>& on_restart,
+    int first_attempt = 1);
 
 // The checkpoint an attempt restores from.
 struct RestorePoint {

@@ -27,6 +27,24 @@ TEST(RecoveryTest, RetryableCodes) {
   EXPECT_FALSE(p.IsRetryable(absl::CancelledError("")));
   EXPECT_EQ(p.max_attempts, 3);
   EXPECT_EQ(RestartPolicy(WithRestarts(0), absl::Milliseconds(1)).max_attempts, 1);
+  // Restarts used by earlier chiefs leave fewer, never fewer than one attempt.
+  EXPECT_EQ(RestartPolicy(WithRestarts(2), absl::Milliseconds(1), 1).max_attempts, 2);
+  EXPECT_EQ(RestartPolicy(WithRestarts(2), absl::Milliseconds(1), 5).max_attempts, 1);
+}
+
+TEST(RecoveryTest, AttemptNumbersGoOnFromFirstAttempt) {
+  std::vector<int> seen, restarts;
+  absl::Status st = RunWithRestarts(
+      RestartPolicy(WithRestarts(3), absl::Milliseconds(1), /*restarts_used=*/2), nullptr,
+      [&](int n) {
+        seen.push_back(n);
+        return absl::UnavailableError("down");
+      },
+      [&](int, const absl::Status&, int k) { restarts.push_back(k); },
+      /*first_attempt=*/4);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(seen, (std::vector<int>{4, 5}));  // one restart left of 3
+  EXPECT_EQ(restarts, (std::vector<int>{1}));
 }
 
 TEST(RecoveryTest, RestartsUpToMaxRestartsThenReturnsTheLastFailure) {
