@@ -103,6 +103,9 @@ ABSL_FLAG(int64_t, memory_budget_bytes, 0,
           "Most bytes a job's model may take on this worker (weights, gradients and "
           "activations of all towers); a larger job fails with RESOURCE_EXHAUSTED before it is "
           "built. Default 0: half of the physical memory.");
+ABSL_FLAG(int, max_queued_jobs, 100,
+          "Chief: most jobs queued at once; a submit beyond it is refused with "
+          "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(double, drain_s, 0,
           "--serve, after SIGTERM/SIGINT: seconds to report NOT_SERVING with the port still open "
           "(for load balancers and readiness probes) before shutting the server down.");
@@ -220,6 +223,7 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
     mopts.cluster = spec;
     mopts.state_dir = absl::GetFlag(FLAGS_state_dir);
     mopts.data_roots = DataRootFlag();
+    mopts.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
     mopts.local = &runtime;
     mopts.security = env.security;
     auto m = towerps::worker::JobManager::Create(mopts);

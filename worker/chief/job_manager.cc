@@ -108,6 +108,15 @@ class JobManager::Impl {
     TOWERPS_RETURN_IF_ERROR(
         ValidateSubmission(spec, static_cast<int>(options_.cluster.worker.size())));
     if (!named) spec.clear_job_id();
+    const std::vector<v1::JobRecord> jobs = store_->List();
+    const int64_t queued = std::count_if(jobs.begin(), jobs.end(), [](const v1::JobRecord& j) {
+      return j.state() == v1::QUEUED;
+    });
+    if (queued >= options_.max_queued_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "submit: ", queued, " jobs are queued on this chief (limit --max_queued_jobs=",
+          options_.max_queued_jobs, "); wait for some to run, or cancel some"));
+    }
     TOWERPS_ASSIGN_OR_RETURN(v1::JobRecord record, store_->Add(std::move(spec)));
     TLOG(INFO) << "chief: job \"" << record.job_id() << "\" queued";
     return record;

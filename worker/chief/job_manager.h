@@ -63,6 +63,10 @@ struct JobManagerOptions {
   absl::Duration control_timeout = absl::Minutes(5);
   // Wait before restarting a failed attempt.
   absl::Duration restart_backoff = absl::Seconds(1);
+  // Most jobs QUEUED at once (--max_queued_jobs): a submit beyond it is
+  // refused with ResourceExhausted naming the flag (issue 15, limits).
+  // Concurrent submits may pass it by the number of callers racing.
+  int max_queued_jobs = 100;
   // TLS and token of the channels to the servers and workers. Default:
   // plaintext, no token.
   std::shared_ptr<const common::RpcSecurity> security = common::RpcSecurity::Insecure();
