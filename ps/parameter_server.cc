@@ -244,7 +244,7 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
       if (!product.has_value() || !common::CheckedMul(*product, sizeof(float)).has_value()) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "register: variable \"", v.name(), "\" of shape [", absl::StrJoin(v.shape(), ", "),
-            "] has more elements than fit in int64 bytes; this server's limit is ", max_bytes,
+            "] overflows int64 (elements x 4 bytes); this server's limit is ", max_bytes,
             " bytes per job (--max_job_bytes)"));
       }
       n = *product;

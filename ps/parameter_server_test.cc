@@ -847,7 +847,7 @@ TEST(ParameterServerBudgetTest, HugeAdamVariableIsRefusedByMaxJobBytes) {
   r.mutable_variables(0)->set_name("huge");
   const absl::Status st = ps.Register(r).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
-  for (const std::string part :
+  for (const std::string& part :
        {std::string("variable \"huge\""), absl::StrCat("alone needs ", elements * 6 * 4),
         std::string("2 optimizer slots"), std::string("--max_job_bytes"),
         absl::StrCat(int64_t{8} << 30)}) {
