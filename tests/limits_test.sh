@@ -13,7 +13,7 @@
 #   --memory_budget_bytes and the bytes already held (so the budget is summed
 #   over jobs); DeleteJob returns the bytes (the refused job then fits);
 #   a 65 MiB message is refused RESOURCE_EXHAUSTED and the ps serves after;
-# - towerps_refusals_total{server="ps"} counted them;
+# - towerps_refusals_total{server="ps"} and {server="chief"} counted them;
 # - no process's memory grew past its budget: the ps's VmHWM stays under its
 #   start-up RSS + the budget, the chief's under its start-up RSS + 256 MiB
 #   (a 10^9-unit layer alone would be 3.7 GiB);
@@ -60,7 +60,7 @@ fi
 
 kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }  # PID FIELD -> kB
 
-IFS=, read -r PS_PORT WORKER_PORT METRICS_PORT <<<"$(python3 "$PWD/deploy/free_ports.py" 3)"
+IFS=, read -r PS_PORT WORKER_PORT METRICS_PORT CHIEF_METRICS_PORT <<<"$(python3 "$PWD/deploy/free_ports.py" 4)"
 PS_ADDR="127.0.0.1:$PS_PORT"
 export TOWERCTL_CHIEF="127.0.0.1:$WORKER_PORT"
 COMMON=(--ps_hosts="$PS_ADDR" --worker_hosts="$TOWERCTL_CHIEF")
@@ -68,7 +68,7 @@ COMMON=(--ps_hosts="$PS_ADDR" --worker_hosts="$TOWERCTL_CHIEF")
   --memory_budget_bytes=$BUDGET --metrics_port="$METRICS_PORT" >"$TMP/ps.log" 2>&1 &
 PS_PID=$!; PIDS+=($PS_PID)
 "$WORKER_BIN" "${COMMON[@]}" --job_name=worker --task_index=0 --serve --state_dir="$STATE" \
-  >"$TMP/chief.log" 2>&1 &
+  --metrics_port="$CHIEF_METRICS_PORT" >"$TMP/chief.log" 2>&1 &
 CHIEF_PID=$!; PIDS+=($CHIEF_PID)
 deadline=$((SECONDS + 120)) up=0
 while [ $SECONDS -lt $deadline ]; do
@@ -118,6 +118,10 @@ spec bomb.txtpb 64 100 1 'input_dim: 1048576 input_shape { channels: 1 height: 1
 refuse "a conv of 2^20 filters, kernel 64, on a 1024x1024 image" "parameters up to model.layers[0] (limit 268435456"
 spec bomb.txtpb 64 100 1 'input_dim: 784 layers { type: DENSE units: 1048576 } layers { type: DENSE units: 1048576 } layers { type: DENSE units: 10 }'
 refuse "widths whose product is 2^40 parameters" "parameters up to model.layers[0] (limit 268435456"
+scrape() { python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$1/metrics', timeout=10).read().decode())" 2>&1; }
+line=$(scrape "$CHIEF_METRICS_PORT" | grep '^towerps_refusals_total{.*server="chief".*reason="spec_limits"')
+[[ "$line" =~ \}\ ([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -eq 5 ] \
+  && pass "the chief counted the 5 spec refusals it saw: $line" || fail "chief refusals: '$line'"
 jobs=$("$TOWERCTL" --output=json list | python3 -c 'import json,sys; print(len(json.load(sys.stdin).get("jobs", [])))')
 [ "$jobs" = 0 ] && pass "no refused job was recorded" || fail "$jobs job(s) recorded"
 
@@ -173,7 +177,7 @@ else
   kill -0 $PS_PID 2>/dev/null && pass "the ps is alive" || fail "the ps died"
 
   echo "== the refusals are counted"
-  metrics=$(python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$METRICS_PORT/metrics', timeout=10).read().decode())" 2>&1)
+  metrics=$(scrape "$METRICS_PORT")
   for reason in max_job_bytes memory_budget_bytes; do
     line=$(grep "^towerps_refusals_total{.*reason=\"$reason\"" <<<"$metrics")
     [[ "$line" =~ \}\ ([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge 1 ] \

@@ -216,6 +216,8 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
   towerps::worker::WorkerRuntime runtime(env);
   towerps::worker::WorkerServiceImpl worker_service(runtime);
   std::vector<grpc::Service*> services = {&worker_service};
+  // Before the manager, which reports to it.
+  std::unique_ptr<towerps::worker::ChiefRefusals> refusals;
   std::unique_ptr<towerps::worker::JobManager> manager;
   std::unique_ptr<towerps::worker::JobServiceImpl> job_service;
   if (spec.is_chief()) {
@@ -224,6 +226,11 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
     mopts.state_dir = absl::GetFlag(FLAGS_state_dir);
     mopts.data_roots = DataRootFlag();
     mopts.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+    if (metrics_server != nullptr) {
+      refusals = std::make_unique<towerps::worker::ChiefRefusals>(
+          metrics_server->registry(), absl::StrCat("worker:", spec.task_index));
+      mopts.on_refusal = [r = refusals.get()](const std::string& reason) { r->Count(reason); };
+    }
     mopts.local = &runtime;
     mopts.security = env.security;
     auto m = towerps::worker::JobManager::Create(mopts);

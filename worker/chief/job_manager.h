@@ -67,6 +67,10 @@ struct JobManagerOptions {
   // refused with ResourceExhausted naming the flag (issue 15, limits).
   // Concurrent submits may pass it by the number of callers racing.
   int max_queued_jobs = 100;
+  // Called once per submit refused by a limit, with the limit's name:
+  // "max_queued_jobs", or "spec_limits" for a spec over a size bound (for
+  // towerps_refusals_total). Optional.
+  std::function<void(const std::string& reason)> on_refusal;
   // TLS and token of the channels to the servers and workers. Default:
   // plaintext, no token.
   std::shared_ptr<const common::RpcSecurity> security = common::RpcSecurity::Insecure();

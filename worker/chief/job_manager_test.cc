@@ -43,6 +43,7 @@ class JobManagerTest : public ::testing::Test {
     o.control_timeout = absl::Seconds(2);
     o.restart_backoff = absl::Milliseconds(1);
     o.max_queued_jobs = max_queued_jobs;
+    o.on_refusal = [this](const std::string& reason) { refusals_.push_back(reason); };
     o.ps_factory = [this](int p) {
       auto fake = std::make_unique<FakePsControl>(p);
       ps_.push_back(fake.get());
@@ -92,6 +93,7 @@ class JobManagerTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::vector<std::string> refusals_;  // on_refusal's reasons
   std::vector<FakeWorkerClient*> workers_;  // Owned by the manager.
   std::vector<FakePsControl*> ps_;          // Owned by the manager.
 };
@@ -129,6 +131,11 @@ TEST_F(JobManagerTest, SubmitBeyondMaxQueuedJobsIsResourceExhausted) {
             "submit: 2 jobs are queued on this chief (limit --max_queued_jobs=2); wait for some "
             "to run, or cancel some");
   EXPECT_FALSE(m->Get("d").ok());
+  // A spec over a size bound is refused and counted too.
+  v1::SubmitJobRequest huge = Job("huge");
+  huge.mutable_spec()->set_epochs(1000000000);
+  EXPECT_EQ(m->Submit(huge).status().message(), "job spec: epochs = 1000000000 (limit 100000)");
+  EXPECT_EQ(refusals_, (std::vector<std::string>{"max_queued_jobs", "spec_limits"}));
   ASSERT_TRUE(m->Cancel("b").ok());
   EXPECT_TRUE(m->Submit(Job("d")).ok());
   for (auto* w : workers_) w->Finish();
