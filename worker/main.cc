@@ -226,6 +226,7 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
     mopts.state_dir = absl::GetFlag(FLAGS_state_dir);
     mopts.data_roots = DataRootFlag();
     mopts.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+    mopts.worker_budget_bytes = env.memory_budget_bytes;
     if (metrics_server != nullptr) {
       refusals = std::make_unique<towerps::worker::ChiefRefusals>(
           metrics_server->registry(), absl::StrCat("worker:", spec.task_index));

@@ -106,10 +106,14 @@ class JobManager::Impl {
     // Paths first: a dir outside the roots is refused before anything looks
     // into it (data files are looked for next).
     TOWERPS_RETURN_IF_ERROR(ConfineJobPaths(state_roots_, data_roots_, &spec));
-    if (absl::Status valid =
-            ValidateSubmission(spec, static_cast<int>(options_.cluster.worker.size()));
+    if (absl::Status valid = ValidateSubmission(
+            spec, static_cast<int>(options_.cluster.worker.size()), options_.worker_budget_bytes);
         !valid.ok()) {
-      if (absl::StrContains(valid.message(), "(limit ")) Refused("spec_limits");
+      if (absl::IsResourceExhausted(valid)) {
+        Refused("memory_budget_bytes");
+      } else if (absl::StrContains(valid.message(), "(limit ")) {
+        Refused("spec_limits");
+      }
       return valid;
     }
     if (!named) spec.clear_job_id();

@@ -67,8 +67,12 @@ struct JobManagerOptions {
   // refused with ResourceExhausted naming the flag (issue 15, limits).
   // Concurrent submits may pass it by the number of callers racing.
   int max_queued_jobs = 100;
+  // A worker's --memory_budget_bytes (the chief's own, taken for every
+  // worker's): a submitted model over it is refused (ValidateSubmission).
+  int64_t worker_budget_bytes = INT64_MAX;
   // Called once per submit refused by a limit, with the limit's name:
-  // "max_queued_jobs", or "spec_limits" for a spec over a size bound (for
+  // "max_queued_jobs", "memory_budget_bytes" (worker_budget_bytes), or
+  // "spec_limits" for a spec over a size bound (for
   // towerps_refusals_total). Optional.
   std::function<void(const std::string& reason)> on_refusal;
   // TLS and token of the channels to the servers and workers. Default:
