@@ -17,8 +17,8 @@
 #   a 65 MiB message is refused RESOURCE_EXHAUSTED and the ps serves after;
 # - towerps_refusals_total{server="ps"} and {server="chief"} counted them;
 # - no process's memory grew past its budget: the ps's VmHWM stays under its
-#   start-up RSS + the budget + one 64 MiB message, the chief's under its start-up RSS + 256 MiB
-#   (a 10^9-unit layer alone would be 3.7 GiB);
+#   start-up RSS + the budget + one 64 MiB message, the chief's under its
+#   start-up RSS + 256 MiB (a 10^9-unit layer alone would be 3.7 GiB);
 # - and a normal small job then SUCCEEDS on the same servers (accuracy > 0.6).
 # Python with grpcio: $TOWERPS_HEALTH_PYTHON, else tests/health_venv.sh's venv
 # (PyPI on the first run; without it the RPC part is SKIPPED, saying so).
