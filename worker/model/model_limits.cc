@@ -35,7 +35,9 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
   // The current rows: `width` floats per example; while image layers run,
   // `channels` x `pixels` of them.
   int64_t width = std::max(1, spec.input_dim());
-  int64_t channels = width, pixels = 1;
+  int64_t channels = width, height = 1, cols = 1;
+  // Output side of a strided layer: ceil(in / stride) bounds SAME and VALID.
+  auto shrink = [](int64_t side, int64_t stride) { return (side + stride - 1) / stride; };
   bool image = false;
   if (spec.has_input_shape()) {
     const v1::ImageShape& in = spec.input_shape();
@@ -49,7 +51,8 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
     if (in.channels() > 0 && in.height() > 0 && in.width() > 0) {
       image = true;
       channels = in.channels();  // positive here
-      pixels = SaturatingMul(in.height(), in.width());
+      height = in.height();
+      cols = in.width();
     }
   }
   for (int i = 0; i < spec.layers_size(); ++i) {
@@ -88,16 +91,26 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
                                  SaturatingMul(SaturatingMul(f, f), 9));
           params = SaturatingAdd(params, SaturatingMul(f, 3 + 8));
         }
+        if (!image) height = cols = 1;
+        const int64_t stride = l.strides() > 0 ? l.strides() : 1;
+        height = shrink(height, stride);
+        cols = shrink(cols, stride);
         channels = f;
-        if (!image) pixels = 1;
         image = true;
-        width = SaturatingMul(channels, pixels);
+        width = SaturatingMul(channels, SaturatingMul(height, cols));
         break;
       }
       case v1::LayerSpec::MAX_POOL2D:
       case v1::LayerSpec::AVG_POOL2D:
         TOWERPS_RETURN_IF_ERROR(within("pool_size", l.pool_size(), limits.max_kernel));
         TOWERPS_RETURN_IF_ERROR(within("strides", l.strides(), limits.max_kernel));
+        if (image) {
+          const int64_t pool = l.pool_size() > 0 ? l.pool_size() : 2;
+          const int64_t stride = l.strides() > 0 ? l.strides() : pool;
+          height = shrink(height, stride);
+          cols = shrink(cols, stride);
+          width = SaturatingMul(channels, SaturatingMul(height, cols));
+        }
         break;
       case v1::LayerSpec::GLOBAL_AVG_POOL2D:
         if (image) width = channels;

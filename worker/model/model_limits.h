@@ -4,9 +4,10 @@
 // CheckModelLimits first, so that the chief's submission check, the chief's
 // variable listing and the worker's job runner are all covered.
 //
-// The sizes are upper-bound estimates from the spec alone (image layers are
-// taken to keep their input's height and width), with saturating arithmetic:
-// no product of spec fields can overflow.
+// The sizes are upper-bound estimates from the spec alone (a strided image
+// layer's output side is taken as ceil(input side / stride), which bounds
+// both paddings), with saturating arithmetic: no product of spec fields can
+// overflow.
 //
 // Thread-safe (pure functions).
 #ifndef TOWERPS_WORKER_MODEL_MODEL_LIMITS_H_

@@ -1,7 +1,9 @@
 #include "worker/model/model_limits.h"
 
+#include <iostream>
 #include <memory>
 
+#include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "worker/device/backend.h"
 #include "worker/model/model.h"
@@ -56,6 +58,17 @@ TEST(ModelLimitsTest, CountsConvolutions) {
   ASSERT_TRUE(size.ok()) << size.status();
   EXPECT_EQ(size->parameters, 32 * 9 + 32);
   EXPECT_EQ(size->activations_per_example, 2 * 32 * 784);  // upper bound: 28x28 kept
+  // Strides and pools shrink the image: 28 -> 14 (stride 2) -> 7 (pool 2).
+  c->set_strides(2);
+  m.mutable_layers()->AddAllocated(new v1::LayerSpec(m.layers(1)));  // a second FLATTEN
+  m.mutable_layers(1)->Clear();
+  m.mutable_layers(1)->set_type(v1::LayerSpec::MAX_POOL2D);
+  size = CheckModelLimits(m);
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(size->activations_per_example, 32 * 196 + 32 * 49 + 32 * 49);
+  c->set_strides(0);
+  m.mutable_layers()->RemoveLast();
+  m.mutable_layers(1)->set_type(v1::LayerSpec::FLATTEN);
   c->set_kernel_size(1000);
   EXPECT_EQ(CheckModelLimits(m).status().message(),
             "model.layers[0].kernel_size = 1000 (limit 64)");
@@ -100,6 +113,20 @@ TEST(ModelLimitsTest, TotalParametersAndLayerCountAreBounded) {
   in.set_input_dim(1 << 21);
   EXPECT_EQ(CheckModelLimits(in).status().message(),
             "model.input_dim = 2097152 (limit 1048576)");
+}
+
+// The default budget is half the host's memory: the built-in jobs, on two
+// workers, stay far below a small host's.
+TEST(ModelLimitsTest, TheBuiltInJobsFitInHalfAGiBPerWorker) {
+  for (const char* name : {"mlp", "dense_stack", "cnn_small", "lenet", "resnet18", "resnet_cifar"}) {
+    const v1::JobSpec job = JobWithDefaults(*BuiltinJob(name));
+    auto size = CheckModelLimits(job.model());
+    ASSERT_TRUE(size.ok()) << name << ": " << size.status();
+    const int64_t bytes = WorkerTrainingBytes(*size, job.global_batch_size() / 2, 1);
+    EXPECT_LT(bytes, int64_t{1} << 29) << name;  // resnet18: 392198224
+    std::cout << name << ": " << size->parameters << " parameters, " << bytes
+              << " bytes per worker\n";
+  }
 }
 
 }  // namespace
