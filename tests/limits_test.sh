@@ -26,7 +26,7 @@
 set -uo pipefail
 
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,24p' "$0"; exit 0
+  sed -n '2,25p' "$0"; exit 0
 fi
 PS_BIN="$PWD/ps/ps"
 WORKER_BIN="$PWD/worker/worker"
