@@ -220,7 +220,6 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
   }
   TOWERPS_RETURN_IF_ERROR(common::Annotate(ValidateOptimizer(c.optimizer()), "register"));
   std::set<std::string> names;
-  int64_t total = 0;
   for (const auto& v : r.variables()) {
     if (v.name().empty()) return absl::InvalidArgumentError("register: a variable has no name");
     if (!names.insert(v.name()).second) {
