@@ -405,7 +405,8 @@ int Submit(Call& call, const std::vector<std::string>& args) {
     const grpc::Status status = call.stub->SubmitJob(&ctx, req, &resp);
     if (!status.ok()) {
       if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-          status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+          status.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
+          status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
         call.env.err << "towerctl: submit: the chief rejected the job: " << status.error_message()
                      << "\n";
         return kExitUsage;

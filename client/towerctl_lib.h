@@ -21,8 +21,9 @@ namespace towerps::client {
 enum ExitCode : int {
   kExitOk = 0,           // Success; a followed job SUCCEEDED.
   kExitFailed = 1,       // A followed job FAILED or was CANCELLED; a server-side error.
-  kExitUsage = 2,        // Bad command line or job spec (also InvalidArgument and
-                         // AlreadyExists from SubmitJob).
+  kExitUsage = 2,        // Bad command line or job spec (also InvalidArgument,
+                         // AlreadyExists and ResourceExhausted, a job over a limit,
+                         // from SubmitJob).
   kExitUnreachable = 3,  // The chief cannot be reached (UNAVAILABLE, DEADLINE_EXCEEDED).
 };
 

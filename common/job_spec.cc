@@ -367,9 +367,23 @@ absl::Status ValidateJob(const v1::JobSpec& j, int num_workers) {
   if (j.global_batch_size() <= 0) {
     return bad(absl::StrCat("global_batch_size = ", j.global_batch_size(), " (want > 0)"));
   }
+  if (j.global_batch_size() > kMaxGlobalBatchSize) {
+    return bad(absl::StrCat("global_batch_size = ", j.global_batch_size(), " (limit ",
+                            kMaxGlobalBatchSize, ")"));
+  }
   if (j.epochs() <= 0) return bad(absl::StrCat("epochs = ", j.epochs(), " (want > 0)"));
+  if (j.epochs() > kMaxEpochs) {
+    return bad(absl::StrCat("epochs = ", j.epochs(), " (limit ", kMaxEpochs, ")"));
+  }
   if (j.max_steps() < 0) return bad("max_steps is negative");
   if (j.towers() < 1) return bad(absl::StrCat("towers = ", j.towers(), " (want >= 1)"));
+  if (j.towers() > kMaxTowers) {
+    return bad(absl::StrCat("towers = ", j.towers(), " (limit ", kMaxTowers, ")"));
+  }
+  if (j.micro_batches() > kMaxMicroBatches) {
+    return bad(absl::StrCat("micro_batches = ", j.micro_batches(), " (limit ",
+                            kMaxMicroBatches, ")"));
+  }
   if (j.tower_devices_size() > 0 && j.towers() > 1 && j.towers() != j.tower_devices_size()) {
     return bad(absl::StrCat("towers = ", j.towers(), " but tower_devices names ",
                             j.tower_devices_size(), " devices"));

@@ -55,7 +55,15 @@ v1::JobSpec JobWithDefaults(const v1::JobSpec& job);
 // id (the chief names the model after the id it assigns).
 v1::JobSpec JobForSubmitFile(const v1::JobSpec& job, bool keep_job_id);
 
-// Checks the fields the worker owns (batch size, epochs, mode, data source).
+// Bounds on a job's sizes (issue 15, limits), checked by ValidateJob: a
+// refusal names the field and the limit.
+constexpr int kMaxGlobalBatchSize = 1 << 20;
+constexpr int kMaxEpochs = 100000;
+constexpr int kMaxTowers = 256;
+constexpr int kMaxMicroBatches = 4096;
+
+// Checks the fields the worker owns (batch size, epochs, mode, data source),
+// each within the bounds above.
 // The model is checked by Model::Create, the optimizer by the servers.
 // `num_workers` bounds replicas_to_aggregate; kAnyWorkerCount when the
 // cluster is not known (printing a job).

@@ -115,5 +115,26 @@ TEST(ValidateJobTest, AnyWorkerCountLeavesReplicasUnbounded) {
   EXPECT_TRUE(ValidateJob(job, kAnyWorkerCount).ok());
 }
 
+// Issue 15 (limits): sizes are bounded, each refusal names the field and limit.
+TEST(ValidateJobTest, SizesAreBoundedWithTheFieldNamed) {
+  const v1::JobSpec ok = JobWithDefaults(*BuiltinJob("mlp"));
+  ASSERT_TRUE(ValidateJob(ok, 2).ok());
+  v1::JobSpec job = ok;
+  job.set_global_batch_size(kMaxGlobalBatchSize);
+  EXPECT_TRUE(ValidateJob(job, 2).ok());
+  job.set_global_batch_size(kMaxGlobalBatchSize + 1);
+  EXPECT_EQ(ValidateJob(job, 2).message(),
+            "job spec: global_batch_size = 1048577 (limit 1048576)");
+  job = ok;
+  job.set_epochs(2000000000);
+  EXPECT_EQ(ValidateJob(job, 2).message(), "job spec: epochs = 2000000000 (limit 100000)");
+  job = ok;
+  job.set_towers(100000);
+  EXPECT_EQ(ValidateJob(job, 2).message(), "job spec: towers = 100000 (limit 256)");
+  job = ok;
+  job.set_micro_batches(1 << 20);
+  EXPECT_EQ(ValidateJob(job, 2).message(), "job spec: micro_batches = 1048576 (limit 4096)");
+}
+
 }  // namespace
 }  // namespace towerps::worker

@@ -21,6 +21,13 @@ namespace towerps::common {
 // Messages are chunked well below this; the limit only guards against abuse.
 constexpr int kMaxMessageBytes = 64 << 20;
 
+// Most concurrent calls (HTTP/2 streams) one client connection may have open
+// on a server (issue 15, limits); further calls wait on the client's side
+// until one ends. gRPC 1.51 has no per-client bound across connections: this
+// is per connection. High enough for every in-process client sharing one
+// connection (ps_throughput's workers, a worker's pulls, pushes, heartbeats).
+constexpr int kMaxConcurrentStreamsPerConnection = 1024;
+
 // Default payload per chunk of a streamed tensor (see tests/bench).
 constexpr int64_t kDefaultChunkBytes = 1 << 20;
 

@@ -1,5 +1,7 @@
 // The parameter-server binary: parses flags, serves ParameterService until
 // SIGINT or SIGTERM.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <iostream>
 
@@ -38,6 +40,16 @@ ABSL_FLAG(std::string, apply_log, "",
           "Append a line per registration, accepted push (job, worker, step), checkpoint "
           "shard written and deletion to this file (for tests of the cluster's history "
           "after faults; see ps/apply_log.h). Default empty: off.");
+// Issue 15 (limits): what jobs may hold on this server, counted in full
+// (values, gradient accumulators, pull snapshot, optimizer slots, one push
+// buffer per worker; see ParameterServerOptions).
+ABSL_FLAG(int64_t, memory_budget_bytes, 0,
+          "Most bytes all jobs together may hold on this server (values, accumulators, "
+          "optimizer slots, pull snapshot, push buffers); a register beyond it is refused with "
+          "RESOURCE_EXHAUSTED. Default 0: half of the physical memory.");
+ABSL_FLAG(int64_t, max_job_bytes, int64_t{8} << 30,
+          "Most bytes one job may hold on this server, counted as for --memory_budget_bytes. "
+          "Default: 8 GiB.");
 ABSL_FLAG(double, drain_s, 0,
           "After SIGTERM/SIGINT: seconds to report NOT_SERVING with the port still open "
           "(for load balancers and readiness probes) before shutting the server down.");
@@ -72,6 +84,16 @@ int main(int argc, char** argv) {
     std::cerr << "ps: " << security.status().message() << "\n";
     return 2;
   }
+  int64_t budget = absl::GetFlag(FLAGS_memory_budget_bytes);
+  if (budget < 0 || absl::GetFlag(FLAGS_max_job_bytes) <= 0) {
+    std::cerr << "ps: --memory_budget_bytes must be >= 0 (0: half the physical memory) and "
+                 "--max_job_bytes > 0\n";
+    return 2;
+  }
+  if (budget == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    budget = pages > 0 && page > 0 ? int64_t{pages} * page / 2 : int64_t{4} << 30;
+  }
   auto state_roots =
       towerps::common::PathRoots::Create("--state_dir", {absl::GetFlag(FLAGS_state_dir)});
   if (!state_roots.ok()) {
@@ -91,6 +113,8 @@ int main(int argc, char** argv) {
       {.task_index = spec->task_index,
        .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),
        .wait_log_interval = absl::Seconds(absl::GetFlag(FLAGS_wait_log_interval_s)),
+       .max_job_bytes = absl::GetFlag(FLAGS_max_job_bytes),
+       .memory_budget_bytes = budget,
        .checkpoint_roots = *state_roots,
        .apply_log = apply_log.get()});
   std::string address = absl::GetFlag(FLAGS_bind_address);
@@ -123,6 +147,9 @@ int main(int argc, char** argv) {
   TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
              << address << " (port " << port << "); checkpoints only under "
              << state_roots->roots()[0];
+  TLOG(INFO) << "ps " << spec->task_index << ": memory budget " << budget
+             << " bytes for all jobs, at most " << absl::GetFlag(FLAGS_max_job_bytes)
+             << " per job";
   TLOG(INFO) << "ps " << spec->task_index << ": " << (*security)->Describe();
   const int sig = (*stop)->Wait();  // later signals are ignored
   const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_s));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/checked_math.h"
 #include "common/initializer.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -112,6 +113,10 @@ class Job {
     for (const auto& v : vars) b += v.optimizer->slot_bytes();
     return b;
   }
+
+  // RegisterFootprintBytes counted against the server's budget; returned by
+  // DeleteJob. Set before the job is published.
+  int64_t reserved = 0;
 
   int64_t bytes() const {
     int64_t b = 0;
@@ -215,7 +220,6 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
   }
   TOWERPS_RETURN_IF_ERROR(common::Annotate(ValidateOptimizer(c.optimizer()), "register"));
   std::set<std::string> names;
-  int64_t total = 0;
   for (const auto& v : r.variables()) {
     if (v.name().empty()) return absl::InvalidArgumentError("register: a variable has no name");
     if (!names.insert(v.name()).second) {
@@ -229,30 +233,20 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
     // Before anything is created: a bad update rule must never reach CreateJob.
     TOWERPS_RETURN_IF_ERROR(common::Annotate(ValidateVariableUpdate(v), "register"));
     int64_t n = 1;
-    bool too_big = false;
     for (int64_t d : v.shape()) {
-      if (d <= 0 || d > max_bytes) {
+      if (d <= 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "register: variable \"", v.name(), "\" has invalid dimension ", d));
       }
-      // Checked before multiplying: shapes such as [2^31, 2^33 - 1] would
-      // overflow int64.
-      if (n > max_bytes / 4 / d) {
-        too_big = true;
-        break;
+      // Shapes such as [2^31, 2^33 - 1] would overflow int64.
+      std::optional<int64_t> product = common::CheckedMul(n, d);
+      if (!product.has_value() || !common::CheckedMul(*product, sizeof(float)).has_value()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "register: variable \"", v.name(), "\" of shape [", absl::StrJoin(v.shape(), ", "),
+            "] overflows int64 (elements x 4 bytes); this server's limit is ", max_bytes,
+            " bytes per job (--max_job_bytes)"));
       }
-      n *= d;
-    }
-    if (too_big) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "register: variable \"", v.name(), "\" of shape [", absl::StrJoin(v.shape(), ", "),
-          "] needs more than ", max_bytes, " bytes on this server (limit --max_job_bytes)"));
-    }
-    total += n * 4;
-    if (total > max_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "register: job \"", r.job_id(), "\" needs more than ", max_bytes,
-          " bytes on this server (limit --max_job_bytes)"));
+      n = *product;
     }
   }
   return absl::OkStatus();
@@ -272,7 +266,66 @@ bool AllFinite(const std::vector<float>& x) {
   return std::isfinite(cblas_sasum(static_cast<int>(x.size()), x.data(), 1));
 }
 
+int64_t ElementsOf(const v1::VariableDef& def) {
+  int64_t n = 1;
+  for (int64_t d : def.shape()) n = common::SaturatingMul(n, d);
+  return n;
+}
+
+// Why a register is refused for its size: the job's bytes, its largest
+// variable and what each of its elements costs.
+std::string FootprintDetail(const v1::RegisterRequest& r, const v1::TrainingConfig& config,
+                            int64_t need) {
+  int largest = 0;
+  int64_t largest_bytes = -1;
+  for (int i = 0; i < r.variables_size(); ++i) {
+    const int64_t b = common::SaturatingMul(
+        common::SaturatingMul(ElementsOf(r.variables(i)), FloatsPerElement(r.variables(i), config)),
+        sizeof(float));
+    if (b > largest_bytes) {
+      largest = i;
+      largest_bytes = b;
+    }
+  }
+  std::string detail = absl::StrCat("job \"", r.job_id(), "\" needs ", need, " bytes");
+  if (r.variables_size() == 0) return detail;
+  const v1::VariableDef& v = r.variables(largest);
+  const int64_t floats = FloatsPerElement(v, config);
+  return absl::StrCat(detail, "; variable \"", v.name(), "\" of shape [",
+                      absl::StrJoin(v.shape(), ", "), "] alone needs ", largest_bytes, " (",
+                      floats, " floats per element: value, gradient accumulator, pull snapshot, ",
+                      floats - 3 - config.num_workers(), " optimizer slots, ",
+                      config.num_workers(), " push buffers)");
+}
+
 }  // namespace
+
+int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& config) {
+  int64_t slots = 0;
+  if (def.update() != v1::VariableDef::MOVING_AVERAGE) {
+    switch (config.optimizer().type()) {
+      case v1::OptimizerSpec::ADAM:
+        slots = 2;
+        break;
+      case v1::OptimizerSpec::MOMENTUM:
+        slots = 1;
+        break;
+      default:
+        slots = 0;
+    }
+  }
+  return 3 + slots + std::max(0, config.num_workers());
+}
+
+int64_t RegisterFootprintBytes(const v1::RegisterRequest& request,
+                               const v1::TrainingConfig& config) {
+  int64_t total = 0;
+  for (const auto& v : request.variables()) {
+    const int64_t floats = common::SaturatingMul(ElementsOf(v), FloatsPerElement(v, config));
+    total = common::SaturatingAdd(total, common::SaturatingMul(floats, sizeof(float)));
+  }
+  return total;
+}
 
 PushSession::~PushSession() {
   if (job_ && !grads_.empty()) {
@@ -347,6 +400,7 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
   const v1::RegisterRequest& request = confined.job_id().empty() ? original : confined;
   TOWERPS_RETURN_IF_ERROR(ValidateRegister(request, options_.max_job_bytes));
   const v1::TrainingConfig config = Normalized(request.config());
+  const int64_t need = RegisterFootprintBytes(request, config);
   v1::RegisterResponse response;
   {
     absl::MutexLock lock(&mu_);
@@ -379,11 +433,32 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
       response.set_incarnation(Incarnation());
       return response;
     }
+    if (need > options_.max_job_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "register: ", FootprintDetail(request, config, need), "; the limit is ",
+          options_.max_job_bytes, " bytes per job on this server (--max_job_bytes)"));
+    }
+    if (need > options_.memory_budget_bytes - reserved_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "register: ", FootprintDetail(request, config, need), ", but ", reserved_bytes_,
+          " bytes are already held by ", jobs_.size(), " jobs on this server and its budget is ",
+          options_.memory_budget_bytes, " bytes (--memory_budget_bytes)"));
+    }
+    reserved_bytes_ += need;
   }
   // Build outside the server lock: initialization of large jobs takes time.
-  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, CreateJob(request, config));
+  // The bytes are reserved first, so that concurrent registers cannot pass
+  // the budget together.
+  absl::StatusOr<std::shared_ptr<Job>> created = CreateJob(request, config);
   absl::MutexLock lock(&mu_);
+  if (!created.ok()) {
+    reserved_bytes_ -= need;
+    return created.status();
+  }
+  std::shared_ptr<Job> job = *std::move(created);
+  job->reserved = need;
   auto [it, inserted] = jobs_.emplace(request.job_id(), job);
+  if (!inserted) reserved_bytes_ -= need;  // the winner holds its own
   response.set_created(inserted);
   if (inserted && options_.apply_log != nullptr) {
     absl::MutexLock job_lock(&job->mu);
@@ -875,6 +950,11 @@ void ParameterServer::StopWaiting() {
   }
 }
 
+int64_t ParameterServer::reserved_bytes() {
+  absl::MutexLock lock(&mu_);
+  return reserved_bytes_;
+}
+
 v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& request) {
   v1::DeleteJobResponse response;
   std::shared_ptr<Job> job;
@@ -885,6 +965,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     job = std::move(it->second);
     jobs_.erase(it);
     if (options_.apply_log != nullptr) Record(absl::StrCat("delete ", request.job_id()));
+    reserved_bytes_ -= job->reserved;
   }
   int64_t freed = job->bytes();
   {

@@ -69,8 +69,15 @@ struct ParameterServerOptions {
   absl::Duration max_pull_wait = absl::Seconds(30);
   // A waiting pull logs which workers the step waits for this often.
   absl::Duration wait_log_interval = absl::Seconds(5);
-  // Largest job a Register may create on this server. Default: 8 GiB.
+  // Largest job a Register may create on this server, everything it will
+  // hold counted (RegisterFootprintBytes). Default: 8 GiB.
   int64_t max_job_bytes = int64_t{8} << 30;
+  // Most bytes all jobs together may hold on this server, counted as
+  // RegisterFootprintBytes: a Register that would pass it is refused with
+  // ResourceExhausted naming the largest variable, the bytes already held and
+  // the limit; DeleteJob returns a job's bytes. Default here: no total (the
+  // binary sets --memory_budget_bytes, by default half the physical memory).
+  int64_t memory_budget_bytes = INT64_MAX;
   // Where Save's checkpoint_dir and Register's restore_from may point (the
   // ps's --state_dir): anything else is refused with InvalidArgument naming
   // the field. Unset: anywhere (in-process tests only; the ps binary always
@@ -90,6 +97,20 @@ struct WeightsSnapshot {
 namespace internal {
 class Job;
 }
+
+// Floats a job holds on a server per element of variable `def`, given the
+// job's normalized `config`: the value, the gradient accumulator, the pull
+// snapshot (a copy of the values), the optimizer's slots (ADAM 2, MOMENTUM 1,
+// SGD none; a MOVING_AVERAGE variable none) and one push staging buffer per
+// worker (SYNC stages each worker's gradient until its step is complete;
+// ASYNC has at most one push per worker in flight).
+int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& config);
+
+// Bytes the job of `request` will hold on this server (FloatsPerElement times
+// 4 bytes times the elements, summed over its variables), saturating at
+// INT64_MAX. REQUIRES: shapes positive; `config` normalized.
+int64_t RegisterFootprintBytes(const v1::RegisterRequest& request,
+                               const v1::TrainingConfig& config);
 
 // One push being received. Owned by the caller between BeginPush and FinishPush.
 class PushSession {
@@ -175,6 +196,9 @@ class ParameterServer {
   // The job's variable definitions, in var_index order (NotFound if unknown).
   absl::StatusOr<std::vector<v1::VariableDef>> Variables(const std::string& job_id);
 
+  // Bytes counted against options.memory_budget_bytes by the jobs held now.
+  int64_t reserved_bytes();
+
  private:
   // `dir` in its normal form when it is under options_.checkpoint_roots (or
   // as given when they are unset); InvalidArgument naming `field` otherwise.
@@ -196,6 +220,9 @@ class ParameterServer {
   std::atomic<bool> stopping_{false};  // StopWaiting() was called.
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<internal::Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Sum of RegisterFootprintBytes of the jobs in jobs_ and of those being
+  // created (reserved before CreateJob, returned if it fails).
+  int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace towerps::ps

@@ -7,6 +7,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "proto/ps.pb.h"
@@ -833,6 +834,94 @@ TEST(DeleteJobTest, FreesTheJobAndWakesWaitingPulls) {
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->created());
   EXPECT_EQ(again->global_step(), 0);
+}
+
+}  // namespace
+}  // namespace towerps::ps
+
+namespace towerps::ps {
+namespace {
+
+// Issue 15 (limits): everything a job holds is counted, per element of each
+// variable: value + accumulator + pull snapshot + optimizer slots + one push
+// buffer per worker. TwoVarJob has 6 + 2 elements and 2 workers.
+TEST(ParameterServerBudgetTest, FootprintCountsValuesAccumulatorsSlotsAndBuffers) {
+  auto r = TwoVarJob(v1::SYNC, 2);
+  auto footprint = [](v1::RegisterRequest req, v1::OptimizerSpec::Type type) {
+    req.mutable_config()->mutable_optimizer()->set_type(type);
+    return RegisterFootprintBytes(req, req.config());
+  };
+  EXPECT_EQ(footprint(r, v1::OptimizerSpec::SGD), 8 * (3 + 0 + 2) * 4);       // 160
+  EXPECT_EQ(footprint(r, v1::OptimizerSpec::MOMENTUM), 8 * (3 + 1 + 2) * 4);  // 192
+  EXPECT_EQ(footprint(r, v1::OptimizerSpec::ADAM), 8 * (3 + 2 + 2) * 4);      // 224
+  // A moving statistic has no slots.
+  r.mutable_variables(1)->set_update(v1::VariableDef::MOVING_AVERAGE);
+  EXPECT_EQ(footprint(r, v1::OptimizerSpec::ADAM), 6 * 7 * 4 + 2 * 5 * 4);  // 208
+}
+
+TEST(ParameterServerBudgetTest, BudgetIsSummedOverJobsAndReturnedOnDelete) {
+  ParameterServer ps({.task_index = 0, .memory_budget_bytes = 400});
+  auto job = [](const std::string& id) {
+    auto r = TwoVarJob(v1::SYNC, 2);  // 160 bytes with SGD
+    r.set_job_id(id);
+    return r;
+  };
+  ASSERT_TRUE(ps.Register(job("j1")).ok());
+  ASSERT_TRUE(ps.Register(job("j2")).ok());
+  EXPECT_EQ(ps.reserved_bytes(), 320);
+  // The same job again is no new memory.
+  ASSERT_TRUE(ps.Register(job("j1")).ok());
+  EXPECT_EQ(ps.reserved_bytes(), 320);
+  const absl::Status refused = ps.Register(job("j3")).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  for (const char* part : {"job \"j3\" needs 160 bytes", "variable \"a\"", "120 (5 floats",
+                           "320 bytes are already held by 2 jobs", "budget is 400 bytes",
+                           "--memory_budget_bytes"}) {
+    EXPECT_NE(refused.message().find(part), std::string::npos) << part << " in " << refused;
+  }
+  EXPECT_EQ(ps.reserved_bytes(), 320);
+  v1::DeleteJobRequest del;
+  del.set_job_id("j1");
+  ASSERT_TRUE(ps.DeleteJob(del).existed());
+  EXPECT_EQ(ps.reserved_bytes(), 160);
+  ASSERT_TRUE(ps.Register(job("j3")).ok());
+  EXPECT_EQ(ps.reserved_bytes(), 320);
+}
+
+// The attack of issue 15: one 7.4 GiB variable with Adam, under the old 8 GiB
+// per-job limit that counted only values. Refused before anything is allocated.
+TEST(ParameterServerBudgetTest, HugeAdamVariableIsRefusedByMaxJobBytes) {
+  ParameterServer ps({.task_index = 0});
+  auto r = TwoVarJob(v1::SYNC, 1);
+  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+  r.mutable_config()->mutable_optimizer()->set_learning_rate(0.001f);
+  const int64_t elements = int64_t{7946} << 20;  // 7.4 GiB of floats / 4, roughly
+  r.mutable_variables(0)->clear_shape();
+  r.mutable_variables(0)->add_shape(elements);
+  r.mutable_variables(0)->set_name("huge");
+  const absl::Status st = ps.Register(r).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  for (const std::string& part :
+       {std::string("variable \"huge\""), absl::StrCat("alone needs ", elements * 6 * 4),
+        std::string("2 optimizer slots"), std::string("--max_job_bytes"),
+        absl::StrCat(int64_t{8} << 30)}) {
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << " in " << st;
+  }
+  EXPECT_EQ(ps.reserved_bytes(), 0);
+}
+
+TEST(ParameterServerBudgetTest, ShapeOverflowingInt64IsRefusedNamingTheVariable) {
+  ParameterServer ps({.task_index = 0});
+  auto r = TwoVarJob(v1::SYNC, 1);
+  r.mutable_variables(1)->clear_shape();
+  r.mutable_variables(1)->add_shape(int64_t{1} << 31);
+  r.mutable_variables(1)->add_shape((int64_t{1} << 33) - 1);
+  const absl::Status st = ps.Register(r).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("variable \"b\" of shape [2147483648, 8589934591]"),
+            std::string::npos)
+      << st;
+  EXPECT_EQ(ps.reserved_bytes(), 0);
 }
 
 }  // namespace

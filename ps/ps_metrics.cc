@@ -57,7 +57,16 @@ PsMetrics::PsMetrics(prometheus::Registry& registry, const std::string& task)
                             .Help("Bytes of the checkpoint shards this server wrote.")
                             .Labels({{"task", task}})
                             .Register(registry)
-                            .Add({})) {}
+                            .Add({})),
+      refusals_(prometheus::BuildCounter()
+                    .Name("towerps_refusals_total")
+                    .Help("Requests refused by a resource limit, by the limit's name.")
+                    .Labels({{"task", task}, {"server", "ps"}})
+                    .Register(registry)) {}
+
+void PsMetrics::CountRefusal(const std::string& reason) {
+  refusals_.Add({{"reason", reason}}).Increment();
+}
 
 void PsMetrics::CountPush(const std::string& training_job, const std::string& outcome) {
   pushes_.Add({{"training_job", training_job}, {"outcome", outcome}}).Increment();

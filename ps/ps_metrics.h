@@ -11,6 +11,9 @@
 //                                               its step already applied: dropped)
 //   towerps_ps_checkpoint_seconds               time to write this server's shard (histogram)
 //   towerps_ps_checkpoint_bytes_total           bytes of the shards written
+//   towerps_refusals_total{server="ps",reason}  requests refused by a limit
+//                                               (issue 15): reason names it,
+//                                               e.g. memory_budget_bytes
 //
 // Every series also carries the constant label task ("ps:0").
 //
@@ -42,6 +45,8 @@ class PsMetrics {
   void CountPush(const std::string& training_job, const std::string& outcome);
   // One shard written: its bytes and how long it took.
   void RecordCheckpoint(int64_t bytes, double seconds);
+  // One request refused by a limit; `reason` names it ("max_job_bytes").
+  void CountRefusal(const std::string& reason);
   // One finished RPC: `method` ("Push"), `code` a gRPC code name ("OK").
   void RecordRpc(const std::string& method, const std::string& code, double seconds);
 
@@ -54,6 +59,7 @@ class PsMetrics {
   prometheus::Family<prometheus::Counter>& pushes_;
   prometheus::Histogram& checkpoint_seconds_;
   prometheus::Counter& checkpoint_bytes_;
+  prometheus::Family<prometheus::Counter>& refusals_;
 };
 
 // "OK", "INVALID_ARGUMENT", ... for a gRPC status code number.

@@ -58,6 +58,20 @@ TEST(PsMetricsTest, CountsPushOutcomesAndCheckpoints) {
   }
 }
 
+TEST(PsMetricsTest, CountsRefusalsByReason) {
+  prometheus::Registry registry;
+  PsMetrics m(registry, "ps:0");
+  m.CountRefusal("memory_budget_bytes");
+  m.CountRefusal("memory_budget_bytes");
+  m.CountRefusal("max_job_bytes");
+  const std::string text = Scrape(registry);
+  for (const char* want :
+       {"towerps_refusals_total{server=\"ps\",task=\"ps:0\",reason=\"memory_budget_bytes\"} 2",
+        "towerps_refusals_total{server=\"ps\",task=\"ps:0\",reason=\"max_job_bytes\"} 1"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
 TEST(GrpcCodeNameTest, NamesEveryCode) {
   EXPECT_EQ(GrpcCodeName(0), "OK");
   EXPECT_EQ(GrpcCodeName(14), "UNAVAILABLE");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
@@ -45,7 +46,15 @@ grpc::Status ParameterServiceImpl::RegisterVariables(
     grpc::ServerContext*, const v1::RegisterRequest* request,
     v1::RegisterResponse* response) {
   auto r = ps_.Register(*request);
-  if (!r.ok()) return ToGrpcStatus(r.status());
+  if (!r.ok()) {
+    if (metrics_ != nullptr && absl::IsResourceExhausted(r.status())) {
+      const absl::string_view m = r.status().message();
+      metrics_->CountRefusal(absl::StrContains(m, "--memory_budget_bytes") ? "memory_budget_bytes"
+                             : absl::StrContains(m, "--max_job_bytes") ? "max_job_bytes"
+                                                                       : "size");
+    }
+    return ToGrpcStatus(r.status());
+  }
   *response = *r;
   return grpc::Status::OK;
 }

@@ -4,8 +4,12 @@
 //     final: test_accuracy=<x> test_loss=<y> steps=<n> wall_s=<t>
 // - --serve: a long-running worker that runs the jobs the chief sends; the
 //   chief also serves JobService (towerctl's server) with its queue of jobs.
+#include <unistd.h>
+
 #include <cmath>
 #include <csignal>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -94,6 +98,14 @@ ABSL_FLAG(bool, print_job_spec, false,
 ABSL_FLAG(bool, serve, false,
           "Run as a service: wait for jobs from the chief (submitted with towerctl) instead of "
           "training the job given by flags. The chief (worker 0) also serves JobService.");
+// Issue 15 (limits).
+ABSL_FLAG(int64_t, memory_budget_bytes, 0,
+          "Most bytes a job's model may take on this worker (weights, gradients and "
+          "activations of all towers); a larger job fails with RESOURCE_EXHAUSTED before it is "
+          "built. Default 0: half of the physical memory.");
+ABSL_FLAG(int, max_queued_jobs, 100,
+          "Chief: most jobs queued at once; a submit beyond it is refused with "
+          "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(double, drain_s, 0,
           "--serve, after SIGTERM/SIGINT: seconds to report NOT_SERVING with the port still open "
           "(for load balancers and readiness probes) before shutting the server down.");
@@ -204,6 +216,8 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
   towerps::worker::WorkerRuntime runtime(env);
   towerps::worker::WorkerServiceImpl worker_service(runtime);
   std::vector<grpc::Service*> services = {&worker_service};
+  // Before the manager, which reports to it.
+  std::unique_ptr<towerps::worker::ChiefRefusals> refusals;
   std::unique_ptr<towerps::worker::JobManager> manager;
   std::unique_ptr<towerps::worker::JobServiceImpl> job_service;
   if (spec.is_chief()) {
@@ -211,6 +225,13 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
     mopts.cluster = spec;
     mopts.state_dir = absl::GetFlag(FLAGS_state_dir);
     mopts.data_roots = DataRootFlag();
+    mopts.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_jobs);
+    mopts.worker_budget_bytes = env.memory_budget_bytes;
+    if (metrics_server != nullptr) {
+      refusals = std::make_unique<towerps::worker::ChiefRefusals>(
+          metrics_server->registry(), absl::StrCat("worker:", spec.task_index));
+      mopts.on_refusal = [r = refusals.get()](const std::string& reason) { r->Count(reason); };
+    }
     mopts.local = &runtime;
     mopts.security = env.security;
     auto m = towerps::worker::JobManager::Create(mopts);
@@ -317,6 +338,15 @@ int main(int argc, char** argv) {
   env.blas_threads = absl::GetFlag(FLAGS_blas_threads);
   env.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);
   env.layout = absl::GetFlag(FLAGS_layout);
+  env.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
+  if (env.memory_budget_bytes < 0) {
+    std::cerr << "worker: --memory_budget_bytes must be >= 0 (0: half the physical memory)\n";
+    return 2;
+  }
+  if (env.memory_budget_bytes == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    env.memory_budget_bytes = pages > 0 && page > 0 ? int64_t{pages} * page / 2 : int64_t{4} << 30;
+  }
   for (const auto& [name, value] : {std::pair<const char*, double>{"drain_s", absl::GetFlag(FLAGS_drain_s)},
                                      {"stop_checkpoint_timeout_s",
                                       absl::GetFlag(FLAGS_stop_checkpoint_timeout_s)}}) {

@@ -31,4 +31,15 @@ std::vector<prometheus::MetricFamily> ChiefJobsCollector::Collect() const {
   return {std::move(family)};
 }
 
+ChiefRefusals::ChiefRefusals(prometheus::Registry& registry, const std::string& task)
+    : refusals_(prometheus::BuildCounter()
+                    .Name("towerps_refusals_total")
+                    .Help("Requests refused by a resource limit, by the limit's name.")
+                    .Labels({{"task", task}, {"server", "chief"}})
+                    .Register(registry)) {}
+
+void ChiefRefusals::Count(const std::string& reason) {
+  refusals_.Add({{"reason", reason}}).Increment();
+}
+
 }  // namespace towerps::worker

@@ -29,5 +29,19 @@ TEST(ChiefJobsCollectorTest, CountsJobsByStateWithZeros) {
   EXPECT_NE(text.find("state=\"CANCELLED\"} 1"), std::string::npos) << text;
 }
 
+TEST(ChiefRefusalsTest, CountsByReason) {
+  prometheus::Registry registry;
+  ChiefRefusals r(registry, "worker:0");
+  r.Count("spec_limits");
+  r.Count("spec_limits");
+  r.Count("max_queued_jobs");
+  const std::string text = prometheus::TextSerializer().Serialize(registry.Collect());
+  for (const char* want :
+       {"towerps_refusals_total{server=\"chief\",task=\"worker:0\",reason=\"spec_limits\"} 2",
+        "towerps_refusals_total{server=\"chief\",task=\"worker:0\",reason=\"max_queued_jobs\"} 1"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+}
+
 }  // namespace
 }  // namespace towerps::worker

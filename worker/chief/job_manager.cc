@@ -4,6 +4,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -105,12 +106,34 @@ class JobManager::Impl {
     // Paths first: a dir outside the roots is refused before anything looks
     // into it (data files are looked for next).
     TOWERPS_RETURN_IF_ERROR(ConfineJobPaths(state_roots_, data_roots_, &spec));
-    TOWERPS_RETURN_IF_ERROR(
-        ValidateSubmission(spec, static_cast<int>(options_.cluster.worker.size())));
+    if (absl::Status valid = ValidateSubmission(
+            spec, static_cast<int>(options_.cluster.worker.size()), options_.worker_budget_bytes);
+        !valid.ok()) {
+      if (absl::IsResourceExhausted(valid)) {
+        Refused("memory_budget_bytes");
+      } else if (absl::StrContains(valid.message(), "(limit ")) {
+        Refused("spec_limits");
+      }
+      return valid;
+    }
     if (!named) spec.clear_job_id();
+    const std::vector<v1::JobRecord> jobs = store_->List();
+    const int64_t queued = std::count_if(jobs.begin(), jobs.end(), [](const v1::JobRecord& j) {
+      return j.state() == v1::QUEUED;
+    });
+    if (queued >= options_.max_queued_jobs) {
+      Refused("max_queued_jobs");
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "submit: ", queued, " jobs are queued on this chief (limit --max_queued_jobs=",
+          options_.max_queued_jobs, "); wait for some to run, or cancel some"));
+    }
     TOWERPS_ASSIGN_OR_RETURN(v1::JobRecord record, store_->Add(std::move(spec)));
     TLOG(INFO) << "chief: job \"" << record.job_id() << "\" queued";
     return record;
+  }
+
+  void Refused(const std::string& reason) {
+    if (options_.on_refusal) options_.on_refusal(reason);
   }
 
   std::vector<v1::JobRecord> List() { return store_ ? store_->List() : std::vector<v1::JobRecord>(); }

@@ -63,6 +63,18 @@ struct JobManagerOptions {
   absl::Duration control_timeout = absl::Minutes(5);
   // Wait before restarting a failed attempt.
   absl::Duration restart_backoff = absl::Seconds(1);
+  // Most jobs QUEUED at once (--max_queued_jobs): a submit beyond it is
+  // refused with ResourceExhausted naming the flag (issue 15, limits).
+  // Concurrent submits may pass it by the number of callers racing.
+  int max_queued_jobs = 100;
+  // A worker's --memory_budget_bytes (the chief's own, taken for every
+  // worker's): a submitted model over it is refused (ValidateSubmission).
+  int64_t worker_budget_bytes = INT64_MAX;
+  // Called once per submit refused by a limit, with the limit's name:
+  // "max_queued_jobs", "memory_budget_bytes" (worker_budget_bytes), or
+  // "spec_limits" for a spec over a size bound (for
+  // towerps_refusals_total). Optional.
+  std::function<void(const std::string& reason)> on_refusal;
   // TLS and token of the channels to the servers and workers. Default:
   // plaintext, no token.
   std::shared_ptr<const common::RpcSecurity> security = common::RpcSecurity::Insecure();

@@ -29,7 +29,8 @@ class JobManagerTest : public ::testing::Test {
 
   // A new chief over dir_ with fresh fakes (a restart of the chief).
   std::unique_ptr<JobManager> StartManager(FakeWorkerClient::OnStart on_start,
-                                           absl::Status error = absl::OkStatus()) {
+                                           absl::Status error = absl::OkStatus(),
+                                           int max_queued_jobs = 100) {
     workers_.clear();
     ps_.clear();
     JobManagerOptions o;
@@ -42,6 +43,8 @@ class JobManagerTest : public ::testing::Test {
     o.worker_lost_after = absl::Milliseconds(200);
     o.control_timeout = absl::Seconds(2);
     o.restart_backoff = absl::Milliseconds(1);
+    o.max_queued_jobs = max_queued_jobs;
+    o.on_refusal = [this](const std::string& reason) { refusals_.push_back(reason); };
     o.ps_factory = [this](int p) {
       auto fake = std::make_unique<FakePsControl>(p);
       ps_.push_back(fake.get());
@@ -91,6 +94,7 @@ class JobManagerTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::vector<std::string> refusals_;  // on_refusal's reasons
   std::vector<FakeWorkerClient*> workers_;  // Owned by the manager.
   std::vector<FakePsControl*> ps_;          // Owned by the manager.
 };
@@ -112,6 +116,31 @@ TEST_F(JobManagerTest, RunsJobsOneAtATimeInSubmissionOrder) {
   for (auto* w : workers_) w->Finish();
   EXPECT_EQ(AwaitEnd(*m, "b").state(), v1::SUCCEEDED);
   for (auto* p : ps_) EXPECT_FALSE(p->holds("b"));
+}
+
+// Issue 15 (limits): --max_queued_jobs bounds the queue; the running job
+// does not count; a cancelled one frees its place.
+TEST_F(JobManagerTest, SubmitBeyondMaxQueuedJobsIsResourceExhausted) {
+  auto m = StartManager(FakeWorkerClient::OnStart::kRun, absl::OkStatus(), /*max_queued_jobs=*/2);
+  ASSERT_TRUE(m->Submit(Job("a")).ok());
+  ASSERT_TRUE(workers_[0]->AwaitStarts(1, absl::Seconds(30)));
+  ASSERT_TRUE(m->Submit(Job("b")).ok());
+  ASSERT_TRUE(m->Submit(Job("c")).ok());
+  const absl::Status refused = m->Submit(Job("d")).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(refused.message(),
+            "submit: 2 jobs are queued on this chief (limit --max_queued_jobs=2); wait for some "
+            "to run, or cancel some");
+  EXPECT_FALSE(m->Get("d").ok());
+  // A spec over a size bound is refused and counted too.
+  v1::SubmitJobRequest huge = Job("huge");
+  huge.mutable_spec()->set_epochs(1000000000);
+  EXPECT_EQ(m->Submit(huge).status().message(), "job spec: epochs = 1000000000 (limit 100000)");
+  EXPECT_EQ(refusals_, (std::vector<std::string>{"max_queued_jobs", "spec_limits"}));
+  ASSERT_TRUE(m->Cancel("b").ok());
+  EXPECT_TRUE(m->Submit(Job("d")).ok());
+  for (auto* w : workers_) w->Finish();
+  EXPECT_EQ(AwaitEnd(*m, "a").state(), v1::SUCCEEDED);
 }
 
 TEST_F(JobManagerTest, JobsSurviveARestartOfTheChief) {

@@ -11,6 +11,7 @@
 #include "worker/device/backend.h"
 #include "worker/model/dataset.h"
 #include "worker/model/model.h"
+#include "worker/model/model_limits.h"
 
 namespace towerps::worker {
 
@@ -21,9 +22,26 @@ bool ValidJobId(const std::string& id) {
   });
 }
 
-absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers) {
+absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers,
+                                int64_t worker_budget_bytes) {
   TOWERPS_RETURN_IF_ERROR(ValidateJob(job, num_workers));
   TOWERPS_RETURN_IF_ERROR(common::Annotate(common::ValidateOptimizer(job.optimizer()), "job spec"));
+  // Sizes before anything is allocated (Model::Create below allocates the
+  // weights): the bounds, then a worker's budget.
+  auto size = CheckModelLimits(job.model());
+  if (!size.ok()) return common::Annotate(size.status(), "job spec");
+  const int64_t towers = std::max(1, std::max(job.towers(), job.tower_devices_size()));
+  const int64_t workers = std::max(1, num_workers);
+  const int64_t per_worker = (job.global_batch_size() + workers - 1) / workers;
+  const int64_t per_tower = (per_worker + towers - 1) / towers;
+  const int64_t need = WorkerTrainingBytes(*size, per_tower, static_cast<int>(towers));
+  if (need > worker_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "job spec: the model needs about ", need, " bytes on each worker (", size->parameters,
+        " parameters, ", size->activations_per_example, " activations per example x ",
+        per_tower, " examples x ", towers, " towers, weights and gradients); a worker's budget is ",
+        worker_budget_bytes, " bytes (--memory_budget_bytes)"));
+  }
   // The model: layer types, units, names (Model::Create names the layer).
   std::unique_ptr<Backend> backend = NewCpuBackend();
   auto model = Model::Create(job.model(), *backend);

@@ -7,6 +7,7 @@
 #ifndef TOWERPS_WORKER_CHIEF_SUBMISSION_H_
 #define TOWERPS_WORKER_CHIEF_SUBMISSION_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,7 +24,13 @@ bool ValidJobId(const std::string& id);
 // ValidateJob, the optimizer and schedule, the model (layers, units), the
 // model's input and output widths against the data set, and that the data
 // files exist. `job` has defaults applied. InvalidArgument otherwise.
-absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers);
+// Also (issue 15, limits): the model's size bounds (CheckModelLimits) and,
+// before the model is built here, what a worker would hold for it
+// (WorkerTrainingBytes) against `worker_budget_bytes` (the chief's own
+// --memory_budget_bytes, taken for every worker's): ResourceExhausted naming
+// the flag when over it.
+absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers,
+                                int64_t worker_budget_bytes = INT64_MAX);
 
 // Every path the spec names, resolved under the chief's roots and rewritten
 // in its absolute normal form: checkpoint.dir and tensorboard_dir under

@@ -32,6 +32,22 @@ TEST(ValidateSubmissionTest, TheBuiltInJobsAreValid) {
   EXPECT_TRUE(ValidateSubmission(cnn, 2).ok()) << ValidateSubmission(cnn, 2);
 }
 
+// Issue 15 (limits): the built-in mlp on 2 workers holds (269322 parameters x
+// 2 + 522 activations x 2 x 128 examples) floats = 2689104 bytes per worker.
+TEST(ValidateSubmissionTest, AModelOverTheWorkerBudgetIsResourceExhausted) {
+  EXPECT_TRUE(ValidateSubmission(Mlp(), 2, 2689104).ok());
+  const absl::Status s = ValidateSubmission(Mlp(), 2, 2689103);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(s.message(),
+            "job spec: the model needs about 2689104 bytes on each worker (269322 parameters, "
+            "522 activations per example x 128 examples x 1 towers, weights and gradients); a "
+            "worker's budget is 2689103 bytes (--memory_budget_bytes)");
+  // A 10^9-unit layer: the field, before anything is built.
+  v1::JobSpec huge = Mlp();
+  huge.mutable_model()->mutable_layers(1)->set_units(1000000000);
+  ExpectRejected(huge, "job spec: model.layers[1].units = 1000000000 (limit 1048576)");
+}
+
 TEST(ValidateSubmissionTest, ImageShapeMustBeTheDataSets) {
   v1::JobSpec j = JobWithDefaults(*BuiltinJob("cnn_small"));
   // 784 elements, so the model builds, but not Fashion-MNIST's image.

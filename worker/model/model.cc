@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "worker/model/conv_layers.h"
 #include "worker/model/losses.h"
+#include "worker/model/model_limits.h"
 #include "worker/model/norm_layers.h"
 #include "worker/model/pipeline_scheduler.h"
 #include "worker/model/residual.h"
@@ -83,6 +84,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
   if (spec.layers_size() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(model_label, ": layers is empty; need at least one"));
+  }
+  // Sizes first: nothing below may allocate for a spec over the limits.
+  if (absl::StatusOr<ModelSize> size = CheckModelLimits(spec); !size.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(model_label, ": ", size.status().message()));
   }
   const absl::StatusOr<LossKind> loss_kind = ToLossKind(spec.loss());
   if (!loss_kind.ok()) {

@@ -15,6 +15,7 @@
 #include "worker/model/dataset.h"
 #include "worker/model/device_placer.h"
 #include "worker/model/model.h"
+#include "worker/model/model_limits.h"
 #include "worker/train/ps_client.h"
 #include "worker/train/towers.h"
 
@@ -96,6 +97,23 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
     if (!d.ok()) return common::Annotate(d.status(), "tower_devices");
     tower_device[t] = (*d)->name();
     if (env.log_device_placement) Log(hooks, absl::StrCat("tower ", t, ": ", tower_device[t]));
+  }
+  // Issue 15 (limits): what the towers will hold, against this worker's
+  // budget, before anything is built.
+  {
+    auto size = CheckModelLimits(job.model());
+    if (!size.ok()) return common::Annotate(size.status(), "job spec");
+    const int64_t per_worker = (job.global_batch_size() + num_workers - 1) / num_workers;
+    const int64_t per_tower = (per_worker + num_towers - 1) / num_towers;
+    const int64_t need = WorkerTrainingBytes(*size, per_tower, num_towers);
+    if (need > env.memory_budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job spec: the model needs about ", need, " bytes on this worker (",
+          size->parameters, " parameters, ", size->activations_per_example,
+          " activations per example x ", per_tower, " examples x ", num_towers,
+          " towers, weights and gradients); its budget is ", env.memory_budget_bytes,
+          " bytes (--memory_budget_bytes)"));
+    }
   }
   auto towers_or = Towers::Create(job.model(), num_towers, [&](int t) {
     if (layers_placed && num_towers > 1) return placers[t]->TowerPlacer(t, num_towers);

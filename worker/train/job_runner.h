@@ -45,6 +45,12 @@ struct WorkerEnv {
   // where jobs come from StartJob): InvalidArgument naming data.dir otherwise.
   // Not owned; null: anywhere (a job from the command line).
   const common::PathRoots* data_roots = nullptr;
+  // Most bytes a job's model may take on this worker (weights, gradients and
+  // activations of every tower, worker/model/model_limits.h; not the data
+  // set): RunJob refuses a larger job with ResourceExhausted before building
+  // it. The binary sets --memory_budget_bytes (default half the physical
+  // memory).
+  int64_t memory_budget_bytes = INT64_MAX;
 };
 
 // Callbacks and controls of one run. All optional.

@@ -158,6 +158,22 @@ TEST_F(JobRunnerTest, TargetsWiderThanTheModelOutputAreInvalidArgument) {
       HasSubstr("targets shape [5,5] does not match predictions shape [5,3]"));
 }
 
+// Issue 15 (limits): SmallJob's towers hold (67 parameters x 2 + 11
+// activations x 2 x 5 examples) floats = 976 bytes; a budget of 975 refuses
+// it before anything is built or registered.
+TEST_F(JobRunnerTest, AJobOverTheWorkerBudgetIsResourceExhausted) {
+  env_.memory_budget_bytes = 975;
+  auto result = RunJob(env_, SmallJob(), "", hooks_);
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("the model needs about 976 bytes on this worker (67 parameters, 11 "
+                        "activations per example x 5 examples x 1 towers"));
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("its budget is 975 bytes (--memory_budget_bytes)"));
+  EXPECT_FALSE(cluster_.server(0).Variables("small").ok());
+  EXPECT_FALSE(cluster_.server(1).Variables("small").ok());
+}
+
 TEST_F(JobRunnerTest, ABadModelIsInvalidArgumentNamingTheModel) {
   v1::JobSpec job = SmallJob();
   job.mutable_model()->mutable_layers(1)->set_units(0);

@@ -1,0 +1,147 @@
+#include "worker/model/model_limits.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
+#include "common/status.h"
+
+namespace towerps::worker {
+
+using common::SaturatingAdd;
+using common::SaturatingMul;
+
+namespace {
+
+// Only the upper bound: Model::Create refuses values that are too small, in
+// its own words. Estimates use max(value, 0).
+absl::Status OutOfRange(const std::string& field, int64_t value, int64_t hi) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.", field, " = ", value, " (limit ", hi, ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const ModelLimits& limits) {
+  if (spec.layers_size() > limits.max_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("model.layers has ", spec.layers_size(),
+                                                   " layers (limit ", limits.max_layers, ")"));
+  }
+  if (spec.input_dim() > limits.max_width) {
+    return OutOfRange("input_dim", spec.input_dim(), limits.max_width);
+  }
+  ModelSize size;
+  // The current rows: `width` floats per example; while image layers run,
+  // `channels` x `pixels` of them.
+  int64_t width = std::max(1, spec.input_dim());
+  int64_t channels = width, height = 1, cols = 1;
+  // Output side of a strided layer: ceil(in / stride) bounds SAME and VALID.
+  auto shrink = [](int64_t side, int64_t stride) { return (side + stride - 1) / stride; };
+  bool image = false;
+  if (spec.has_input_shape()) {
+    const v1::ImageShape& in = spec.input_shape();
+    for (const auto& [name, v] : {std::pair<const char*, int>{"channels", in.channels()},
+                                  {"height", in.height()},
+                                  {"width", in.width()}}) {
+      if (v > limits.max_width) {
+        return OutOfRange(absl::StrCat("input_shape.", name), v, limits.max_width);
+      }
+    }
+    if (in.channels() > 0 && in.height() > 0 && in.width() > 0) {
+      image = true;
+      channels = in.channels();  // positive here
+      height = in.height();
+      cols = in.width();
+    }
+  }
+  for (int i = 0; i < spec.layers_size(); ++i) {
+    const v1::LayerSpec& l = spec.layers(i);
+    const std::string at = absl::StrCat("layers[", i, "].");
+    auto within = [&](const char* field, int64_t v, int64_t hi) -> absl::Status {
+      if (v > hi) return OutOfRange(at + field, v, hi);
+      return absl::OkStatus();
+    };
+    auto pos = [](int64_t v) { return std::max<int64_t>(v, 0); };
+    int64_t params = 0;
+    switch (l.type()) {
+      case v1::LayerSpec::DENSE:
+        TOWERPS_RETURN_IF_ERROR(within("units", l.units(), limits.max_width));
+        params = SaturatingMul(SaturatingAdd(width, 1), pos(l.units()));
+        width = pos(l.units());
+        image = false;
+        break;
+      case v1::LayerSpec::CONV2D:
+      case v1::LayerSpec::RESIDUAL_BLOCK: {
+        TOWERPS_RETURN_IF_ERROR(within("filters", l.filters(), limits.max_width));
+        TOWERPS_RETURN_IF_ERROR(within("strides", l.strides(), limits.max_kernel));
+        const int64_t in_c = image ? channels : width;
+        const int64_t f = pos(l.filters());
+        if (l.type() == v1::LayerSpec::CONV2D) {
+          TOWERPS_RETURN_IF_ERROR(
+              within("kernel_size", l.kernel_size(), limits.max_kernel));
+          TOWERPS_RETURN_IF_ERROR(within("kernel_w", l.kernel_w(), limits.max_kernel));
+          const int64_t kh = pos(l.kernel_size());
+          const int64_t kw = l.kernel_w() == 0 ? kh : pos(l.kernel_w());
+          params = SaturatingAdd(SaturatingMul(SaturatingMul(f, in_c), kh * kw), f);
+        } else {
+          // Two 3x3 convolutions, two batch norms (4 per channel), a 1x1
+          // shortcut, biases.
+          params = SaturatingAdd(SaturatingMul(SaturatingMul(f, in_c), 9 + 1),
+                                 SaturatingMul(SaturatingMul(f, f), 9));
+          params = SaturatingAdd(params, SaturatingMul(f, 3 + 8));
+        }
+        if (!image) height = cols = 1;
+        const int64_t stride = l.strides() > 0 ? l.strides() : 1;
+        height = shrink(height, stride);
+        cols = shrink(cols, stride);
+        channels = f;
+        image = true;
+        width = SaturatingMul(channels, SaturatingMul(height, cols));
+        break;
+      }
+      case v1::LayerSpec::MAX_POOL2D:
+      case v1::LayerSpec::AVG_POOL2D:
+        TOWERPS_RETURN_IF_ERROR(within("pool_size", l.pool_size(), limits.max_kernel));
+        TOWERPS_RETURN_IF_ERROR(within("strides", l.strides(), limits.max_kernel));
+        if (image) {
+          const int64_t pool = l.pool_size() > 0 ? l.pool_size() : 2;
+          const int64_t stride = l.strides() > 0 ? l.strides() : pool;
+          height = shrink(height, stride);
+          cols = shrink(cols, stride);
+          width = SaturatingMul(channels, SaturatingMul(height, cols));
+        }
+        break;
+      case v1::LayerSpec::GLOBAL_AVG_POOL2D:
+        if (image) width = channels;
+        image = false;
+        break;
+      case v1::LayerSpec::FLATTEN:
+        image = false;
+        break;
+      case v1::LayerSpec::BATCH_NORM:
+        params = SaturatingMul(4, image ? channels : width);
+        break;
+      default:  // ReLU, dropout: no parameters, same width. Unknown: Create says.
+        break;
+    }
+    size.parameters = SaturatingAdd(size.parameters, params);
+    size.activations_per_example = SaturatingAdd(size.activations_per_example, width);
+    if (size.parameters > limits.max_parameters) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: about ", size.parameters, " parameters up to model.layers[", i, "] (limit ",
+          limits.max_parameters, " for the whole model)"));
+    }
+  }
+  return size;
+}
+
+int64_t WorkerTrainingBytes(const ModelSize& size, int64_t examples_per_step, int towers) {
+  const int64_t per_tower =
+      SaturatingAdd(SaturatingMul(size.parameters, 2),
+                    SaturatingMul(SaturatingMul(size.activations_per_example, 2),
+                                  std::max<int64_t>(1, examples_per_step)));
+  return SaturatingMul(SaturatingMul(per_tower, sizeof(float)), std::max(1, towers));
+}
+
+}  // namespace towerps::worker

@@ -1,0 +1,56 @@
+// Size limits of a model spec, checked before anything is allocated (issue
+// 15, limits): a spec with a 10^9-unit layer must be refused with the field
+// named, never make a chief or worker allocate gigabytes. Model::Create runs
+// CheckModelLimits first, so that the chief's submission check, the chief's
+// variable listing and the worker's job runner are all covered.
+//
+// The sizes are upper-bound estimates from the spec alone (a strided image
+// layer's output side is taken as ceil(input side / stride), which bounds
+// both paddings), with saturating arithmetic: no product of spec fields can
+// overflow.
+//
+// Thread-safe (pure functions).
+#ifndef TOWERPS_WORKER_MODEL_MODEL_LIMITS_H_
+#define TOWERPS_WORKER_MODEL_MODEL_LIMITS_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "proto/job.pb.h"
+
+namespace towerps::worker {
+
+struct ModelLimits {
+  // Most layers in model.layers.
+  int max_layers = 1000;
+  // Widest input_dim, DENSE units and CONV2D / RESIDUAL_BLOCK filters.
+  int64_t max_width = int64_t{1} << 20;
+  // Largest kernel side, stride and pool size.
+  int max_kernel = 64;
+  // Most parameters (floats) of the whole model: 2^28, 1 GiB of values.
+  int64_t max_parameters = int64_t{1} << 28;
+};
+
+// What one replica of the model holds, estimated from the spec.
+struct ModelSize {
+  int64_t parameters = 0;                // floats of all variables
+  int64_t activations_per_example = 0;  // floats of every layer's output, one example
+};
+
+// Checks the spec's sizes against `limits` and estimates the model's size.
+// InvalidArgument naming the field and the limit, e.g.
+// `model.layers[1].units = 1000000000 (limit 1048576)`, or
+// `model: about 4000000000 parameters (limit 268435456)`. Does not check what
+// Model::Create checks (types, names, shapes that fit).
+absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec,
+                                           const ModelLimits& limits = {});
+
+// Bytes a worker holds to train `size` with `examples_per_step` examples per
+// tower and `towers` towers: per tower, weights and gradients (2 floats per
+// parameter) and each layer's output and its gradient (2 floats per
+// activation per example). Saturates at INT64_MAX.
+int64_t WorkerTrainingBytes(const ModelSize& size, int64_t examples_per_step, int towers);
+
+}  // namespace towerps::worker
+
+#endif  // TOWERPS_WORKER_MODEL_MODEL_LIMITS_H_
