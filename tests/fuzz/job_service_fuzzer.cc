@@ -40,18 +40,11 @@ using towerps::worker::FakeWorkerClient;
 using towerps::worker::JobManager;
 
 void CheckError(const grpc::Status& s, const char* what) {
-  if (s.ok()) return;
-  const grpc::StatusCode code = s.error_code();
-  FUZZ_CHECK(code != grpc::StatusCode::UNKNOWN && code != grpc::StatusCode::INTERNAL &&
-                 code != grpc::StatusCode::DATA_LOSS,
-             "%s: code %d: %s", what, static_cast<int>(code), s.error_message().c_str());
-  FUZZ_CHECK(!s.error_message().empty(), "%s: an error without a message", what);
+  towerps::fuzz::CheckHandlerError(static_cast<int>(s.error_code()), s.error_message(), what);
 }
 
 void CheckError(const absl::Status& s, const char* what) {
-  if (s.ok()) return;
-  CheckError(grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message())),
-             what);
+  towerps::fuzz::CheckHandlerError(static_cast<int>(s.code()), std::string(s.message()), what);
 }
 
 template <typename Request>
@@ -85,8 +78,8 @@ std::unique_ptr<JobManager> NewManager(const std::string& dir) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int,
-                                     const std::string&) {});
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
   return 0;
 }
 
@@ -97,16 +90,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::unique_ptr<JobManager> manager = NewManager(dir);
     towerps::worker::JobServiceImpl service(*manager);
     grpc::ServerContext context;
-    size_t pos = 0;
-    while (pos + 3 <= size) {
-      const int op = data[pos] % 7;
-      const size_t len = std::min<size_t>(data[pos + 1] | (data[pos + 2] << 8), size - pos - 3);
-      const uint8_t* payload = data + pos + 3;
-      pos += 3 + len;
+    towerps::fuzz::ForEachRecord(data, size, 7, [&](int op, const uint8_t* payload, size_t len) {
       switch (op) {
         case 0: {
           v1::SubmitJobRequest r;
-          if (!Parse(payload, len, &r)) continue;
+          if (!Parse(payload, len, &r)) return;
           v1::SubmitJobResponse out;
           const grpc::Status s = service.SubmitJob(&context, &r, &out);
           CheckError(s, "SubmitJob");
@@ -123,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         case 1: {
           v1::ListJobsRequest r;
-          if (!Parse(payload, len, &r)) continue;
+          if (!Parse(payload, len, &r)) return;
           v1::ListJobsResponse out;
           CheckError(service.ListJobs(&context, &r, &out), "ListJobs");
           for (const auto& j : out.jobs()) {
@@ -133,28 +121,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         case 2: {
           v1::GetJobRequest r;
-          if (!Parse(payload, len, &r)) continue;
+          if (!Parse(payload, len, &r)) return;
           v1::GetJobResponse out;
           CheckError(service.GetJob(&context, &r, &out), "GetJob");
           break;
         }
         case 3: {
           v1::CancelJobRequest r;
-          if (!Parse(payload, len, &r)) continue;
+          if (!Parse(payload, len, &r)) return;
           v1::CancelJobResponse out;
           CheckError(service.CancelJob(&context, &r, &out), "CancelJob");
           break;
         }
         case 4: {
           v1::ClusterRequest r;
-          if (!Parse(payload, len, &r)) continue;
+          if (!Parse(payload, len, &r)) return;
           v1::ClusterResponse out;
           CheckError(service.GetCluster(&context, &r, &out), "GetCluster");
           break;
         }
         case 5: {
           v1::WatchJobRequest r;
-          if (!Parse(payload, len, &r)) continue;
+          if (!Parse(payload, len, &r)) return;
           int64_t last = -1;
           const absl::Status s = manager->Watch(
               r.job_id(), r.after_seq(), /*follow=*/false,
@@ -170,14 +158,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         case 6: {
           v1::ExportRequest r;
-          if (!Parse(payload, len, &r)) continue;
-          const absl::Status s = manager->Export(r.job_id(), 4096,
-                                                 [](const v1::ExportChunk&) { return true; });
+          if (!Parse(payload, len, &r)) return;
+          const absl::Status s =
+              manager->Export(r.job_id(), 4096, [](const v1::ExportChunk&) { return true; });
           CheckError(s, "ExportWeights");
           break;
         }
       }
-    }
+    });
   }  // the manager stops its runner and the fakes before the files go
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);

@@ -38,15 +38,11 @@ using towerps::ps::ParameterServer;
 constexpr int64_t kMaxJobBytes = int64_t{16} << 20;
 
 void CheckError(grpc::StatusCode code, const std::string& message, const char* what) {
-  FUZZ_CHECK(code != grpc::StatusCode::UNKNOWN && code != grpc::StatusCode::INTERNAL &&
-                 code != grpc::StatusCode::DATA_LOSS,
-             "%s: code %d: %s", what, static_cast<int>(code), message.c_str());
-  FUZZ_CHECK(!message.empty(), "%s: an error without a message", what);
+  towerps::fuzz::CheckHandlerError(static_cast<int>(code), message, what);
 }
 
 void CheckError(const absl::Status& s, const char* what) {
-  if (s.ok()) return;
-  CheckError(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()), what);
+  towerps::fuzz::CheckHandlerError(static_cast<int>(s.code()), std::string(s.message()), what);
 }
 
 // Both the request's directories forced under the temp directory.
@@ -74,7 +70,8 @@ void DoPull(ParameterServer& ps, const v1::PullRequest& request) {
   const towerps::ps::WeightsSnapshot& w = **snap;
   const int64_t chunk =
       std::clamp<int64_t>(request.chunk_bytes() > 0 ? request.chunk_bytes() : 4096, 4096,
-                          int64_t{32} << 20) / 4 * 4;
+                          int64_t{32} << 20) /
+      4 * 4;
   std::vector<std::vector<float>> seen(w.values.size());
   v1::PullResponse msg;
   towerps::common::SliceWriter<v1::PullResponse> out(&msg, chunk, [&](const v1::PullResponse& m) {
@@ -110,8 +107,8 @@ bool Parse(const uint8_t* data, size_t size, Request* r) {
 // Protobuf's own log line for each string that is not UTF-8 would drown the
 // output (the parse fails and the record is skipped, as gRPC would).
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int,
-                                     const std::string&) {});
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
   return 0;
 }
 
@@ -123,17 +120,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   towerps::ps::ParameterServiceImpl service(ps, /*default_chunk_bytes=*/4096);
   grpc::ServerContext context;
 
-  size_t pos = 0;
-  while (pos + 3 <= size) {
-    const int op = data[pos] % 7;
-    const size_t len = std::min<size_t>(data[pos + 1] | (data[pos + 2] << 8), size - pos - 3);
-    const uint8_t* payload = data + pos + 3;
-    pos += 3 + len;
+  towerps::fuzz::ForEachRecord(data, size, 7, [&](int op, const uint8_t* payload, size_t len) {
     grpc::Status s;
     switch (op) {
       case 0: {
         v1::RegisterRequest r;
-        if (!Parse(payload, len, &r)) continue;
+        if (!Parse(payload, len, &r)) return;
         if (!r.restore_from().empty()) r.set_restore_from(CheckpointDir());
         v1::RegisterResponse out;
         s = service.RegisterVariables(&context, &r, &out);
@@ -142,30 +134,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 1: {
         v1::PushRequest r;
         if (Parse(payload, len, &r)) DoPush(ps, r);
-        continue;
+        return;
       }
       case 2: {
         v1::PullRequest r;
         if (Parse(payload, len, &r)) DoPull(ps, r);
-        continue;
+        return;
       }
       case 3: {
         v1::HeartbeatRequest r;
-        if (!Parse(payload, len, &r)) continue;
+        if (!Parse(payload, len, &r)) return;
         v1::HeartbeatResponse out;
         s = service.Heartbeat(&context, &r, &out);
         break;
       }
       case 4: {
         v1::StatusRequest r;
-        if (!Parse(payload, len, &r)) continue;
+        if (!Parse(payload, len, &r)) return;
         v1::StatusResponse out;
         s = service.GetStatus(&context, &r, &out);
         break;
       }
       case 5: {
         v1::DeleteJobRequest r;
-        if (!Parse(payload, len, &r)) continue;
+        if (!Parse(payload, len, &r)) return;
         v1::DeleteJobResponse out;
         s = service.DeleteJob(&context, &r, &out);
         FUZZ_CHECK(out.bytes_freed() >= 0, "freed %lld bytes",
@@ -174,7 +166,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 6: {
         v1::SaveRequest r;
-        if (!Parse(payload, len, &r)) continue;
+        if (!Parse(payload, len, &r)) return;
         if (!r.checkpoint_dir().empty()) r.set_checkpoint_dir(CheckpointDir());
         v1::SaveResponse out;
         s = service.SaveCheckpoint(&context, &r, &out);
@@ -182,6 +174,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     if (!s.ok()) CheckError(s.error_code(), s.error_message(), "handler");
-  }
+  });
   return 0;
 }
