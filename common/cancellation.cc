@@ -16,10 +16,15 @@ void CancellationToken::Cancel(absl::string_view reason) {
     cancel_thread_ = std::this_thread::get_id();
     reason_ = std::string(reason);
     callbacks.swap(callbacks_);
+    // Under mu_, with cancelling_: a callback added from now on runs at once
+    // in AddCallback, and its caller must then see cancelled(), or a waiter
+    // that registered a wake-up callback, found cancelled() false and went to
+    // sleep would never wake (found by the job_service fuzzer: a chief's
+    // shutdown hung joining its runner).
+    notification_.Notify();
   }
-  // Waiters wake first; callbacks run outside the lock (they may call back
-  // into this token, e.g. RemoveCallback of another id).
-  notification_.Notify();
+  // Callbacks run outside the lock (they may call back into this token, e.g.
+  // RemoveCallback of another id).
   for (auto& [id, callback] : callbacks) callback();
   absl::MutexLock lock(&mu_);
   callbacks_done_ = true;

@@ -49,7 +49,8 @@ class CancellationToken {
   bool WaitFor(absl::Duration timeout) const;
 
   // Registers `callback`; runs it at once (and returns -1) if already
-  // cancelled. The id removes it again. Const: being told is observing, so a
+  // cancelled, and then cancelled() is true already: a waiter may register a
+  // wake-up callback, check cancelled() and sleep without missing the wake. The id removes it again. Const: being told is observing, so a
   // holder of a const token (one that may not cancel it) may register too.
   int64_t AddCallback(std::function<void()> callback) const;
 

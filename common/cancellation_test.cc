@@ -81,6 +81,29 @@ TEST(CancellationTokenTest, RemoveWaitsForARunningCallback) {
   canceller.join();
 }
 
+// A callback added while another thread cancels either runs later from
+// Cancel(), or runs at once in AddCallback, and then cancelled() is already
+// true: the waiter that registered it to be woken (and then checks
+// cancelled() before sleeping) can never miss the wake-up. Before the fix
+// the second case could see cancelled() still false.
+TEST(CancellationTokenTest, ACallbackRunAtOnceSeesTheTokenCancelled) {
+  for (int i = 0; i < 2000; ++i) {
+    CancellationToken token;
+    std::atomic<bool> go{false};
+    std::thread canceller([&] {
+      while (!go.load()) {
+      }
+      token.Cancel("stop");
+    });
+    go.store(true);
+    std::atomic<bool> ran{false};
+    const int64_t id = token.AddCallback([&] { ran.store(true); });
+    if (id < 0) ASSERT_TRUE(token.cancelled()) << "iteration " << i;
+    canceller.join();
+    EXPECT_TRUE(ran.load()) << "iteration " << i;  // one way or the other
+  }
+}
+
 TEST(ScopedCancellationCallbackTest, UnregistersOnScopeExitAndAcceptsNull) {
   CancellationToken token;
   int n = 0;
