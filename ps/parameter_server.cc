@@ -77,7 +77,11 @@ class Job {
   int64_t acc_examples ABSL_GUARDED_BY(mu) = 0;
   std::set<int> pushed ABSL_GUARDED_BY(mu);
   absl::Time step_opened ABSL_GUARDED_BY(mu) = absl::Now();
-  std::shared_ptr<const WeightsSnapshot> snapshot ABSL_GUARDED_BY(mu);
+  // The values pulls stream from, made at the first pull of each step.
+  std::shared_ptr<WeightsSnapshot> snapshot ABSL_GUARDED_BY(mu);
+  // The previous step's snapshot: its memory is reused for the next one once
+  // no pull holds it any more (no fresh pages, no allocation each step).
+  std::shared_ptr<WeightsSnapshot> retired ABSL_GUARDED_BY(mu);
   // Staging buffers of finished pushes, reused to avoid fresh pages each step.
   std::vector<std::vector<std::vector<float>>> free_buffers ABSL_GUARDED_BY(mu);
   bool deleted ABSL_GUARDED_BY(mu) = false;
@@ -170,6 +174,7 @@ class Job {
   void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     ++global_step;
     ++steps_applied;
+    if (snapshot) retired = std::move(snapshot);
     snapshot.reset();
     step_opened = absl::Now();
     changed.SignalAll();
@@ -335,31 +340,36 @@ PushSession::~PushSession() {
 }
 
 absl::Status PushSession::AddSlice(const v1::TensorSlice& slice) {
-  if (slice.var_index() >= grads_.size()) {
+  TOWERPS_ASSIGN_OR_RETURN(char* dst,
+                           Reserve(slice.var_index(), slice.offset(), slice.data().size()));
+  std::memcpy(dst, slice.data().data(), slice.data().size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> PushSession::Reserve(uint32_t v, uint64_t offset, uint64_t bytes) {
+  if (v >= grads_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "push: var_index ", slice.var_index(), " is out of range (job \"",
+        "push: var_index ", v, " is out of range (job \"",
         job_->id, "\" has ", grads_.size(), " variables on this server)"));
   }
-  const uint32_t v = slice.var_index();
-  if (slice.data().size() % sizeof(float) != 0) {
+  if (bytes % sizeof(float) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "push: slice of variable ", v, " has ", slice.data().size(),
-        " bytes, not a multiple of 4"));
+        "push: slice of variable ", v, " has ", bytes, " bytes, not a multiple of 4"));
   }
-  const int64_t n = static_cast<int64_t>(slice.data().size() / sizeof(float));
-  if (static_cast<int64_t>(slice.offset()) != covered_[v]) {
+  if (offset != static_cast<uint64_t>(covered_[v])) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "push: slice of variable ", v, " starts at element ", slice.offset(),
+        "push: slice of variable ", v, " starts at element ", offset,
         ", expected ", covered_[v], " (slices must arrive in order, once)"));
   }
-  if (covered_[v] + n > job_->sizes[v]) {
+  const uint64_t n = bytes / sizeof(float);
+  if (n > static_cast<uint64_t>(job_->sizes[v] - covered_[v])) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "push: slice of variable ", v, " runs past its end (", covered_[v] + n,
+        "push: slice of variable ", v, " runs past its end (", covered_[v], " + ", n,
         " > ", job_->sizes[v], " elements)"));
   }
-  std::memcpy(grads_[v].data() + covered_[v], slice.data().data(), slice.data().size());
-  covered_[v] += n;
-  return absl::OkStatus();
+  char* dst = reinterpret_cast<char*>(grads_[v].data() + covered_[v]);
+  covered_[v] += static_cast<int64_t>(n);
+  return dst;
 }
 
 ParameterServer::ParameterServer(ParameterServerOptions options)
@@ -870,10 +880,14 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
                                            options_.task_index));
   }
   if (!job.snapshot) {
-    auto snap = std::make_shared<WeightsSnapshot>();
+    // A retired snapshot no pull holds any more is only ours: overwrite it.
+    std::shared_ptr<WeightsSnapshot> snap = std::move(job.retired);
+    if (snap == nullptr || snap.use_count() != 1) snap = std::make_shared<WeightsSnapshot>();
     snap->global_step = job.global_step;
-    snap->values.reserve(job.vars.size());
-    for (const auto& v : job.vars) snap->values.push_back(v.value);
+    snap->values.resize(job.vars.size());
+    for (size_t i = 0; i < job.vars.size(); ++i) {
+      snap->values[i].assign(job.vars[i].value.begin(), job.vars[i].value.end());
+    }
     job.snapshot = std::move(snap);
   }
   return job.snapshot;
@@ -979,6 +993,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     job->staged.clear();
     job->free_buffers.clear();
     job->snapshot.reset();
+    job->retired.reset();
     job->changed.SignalAll();
   }
   response.set_existed(true);

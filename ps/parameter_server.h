@@ -119,6 +119,10 @@ class PushSession {
   // Validates `slice` (variable index, offset, length, in-order coverage) and
   // copies it in. InvalidArgument names what was wrong.
   absl::Status AddSlice(const v1::TensorSlice& slice);
+  // The same checks for a slice of `bytes` bytes of variable `var` from
+  // element `offset`, whose payload the caller then copies to the returned
+  // address (room for `bytes`) before the next call.
+  absl::StatusOr<char*> Reserve(uint32_t var, uint64_t offset, uint64_t bytes);
 
  private:
   friend class ParameterServer;

@@ -3,19 +3,41 @@
 #include <algorithm>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
-#include "common/slice_writer.h"
 #include "common/status.h"
+#include "common/tensor_wire.h"
+#include "proto/ps_wire.h"
+#include "grpcpp/support/method_handler.h"
 
 namespace towerps::ps {
 
 using common::ToGrpcStatus;
 
+using v1::ps_wire::kPullSlicesField;
+using v1::ps_wire::kPullStepField;
+using v1::ps_wire::kPushHeaderField;
+using v1::ps_wire::kPushSlicesField;
+
 ParameterServiceImpl::ParameterServiceImpl(ParameterServer& ps,
                                            int64_t default_chunk_bytes, PsMetrics* metrics)
-    : ps_(ps), default_chunk_bytes_(default_chunk_bytes), metrics_(metrics) {}
+    : ps_(ps), default_chunk_bytes_(default_chunk_bytes), metrics_(metrics) {
+  // Push and Pull get handlers on byte buffers in place of the generated ones.
+  MarkMethodStreamed(v1::ps_wire::kPushMethodIndex,
+                     new grpc::internal::BidiStreamingHandler<ParameterServiceImpl,
+                                                              grpc::ByteBuffer, grpc::ByteBuffer>(
+                         [](ParameterServiceImpl* self, grpc::ServerContext* ctx,
+                            TensorStream* stream) { return self->PushTensors(ctx, stream); },
+                         this));
+  MarkMethodStreamed(v1::ps_wire::kPullMethodIndex,
+                     new grpc::internal::BidiStreamingHandler<ParameterServiceImpl,
+                                                              grpc::ByteBuffer, grpc::ByteBuffer>(
+                         [](ParameterServiceImpl* self, grpc::ServerContext* ctx,
+                            TensorStream* stream) { return self->PullTensors(ctx, stream); },
+                         this));
+}
 
 void ParameterServiceImpl::RecordRpc(const char* method, const grpc::Status& status,
                                      absl::Time start) {
@@ -24,20 +46,30 @@ void ParameterServiceImpl::RecordRpc(const char* method, const grpc::Status& sta
                       absl::ToDoubleSeconds(absl::Now() - start));
 }
 
-grpc::Status ParameterServiceImpl::Push(grpc::ServerContext*,
-                                        grpc::ServerReader<v1::PushRequest>* reader,
-                                        v1::PushResponse* response) {
+grpc::Status ParameterServiceImpl::PushTensors(grpc::ServerContext*, TensorStream* stream) {
   const absl::Time start = absl::Now();
-  grpc::Status s = DoPush(reader, response);
+  v1::PushResponse response;
+  grpc::Status s = DoPush(stream, &response);
+  if (s.ok() && !stream->Write(common::ToByteBuffer(response))) {
+    s = grpc::Status(grpc::StatusCode::CANCELLED, "push: client went away");
+  }
   RecordRpc("Push", s, start);
   return s;
 }
 
-grpc::Status ParameterServiceImpl::Pull(grpc::ServerContext* context,
-                                        const v1::PullRequest* request,
-                                        grpc::ServerWriter<v1::PullResponse>* writer) {
+grpc::Status ParameterServiceImpl::PullTensors(grpc::ServerContext* context,
+                                               TensorStream* stream) {
   const absl::Time start = absl::Now();
-  grpc::Status s = DoPull(context, request, writer);
+  grpc::ByteBuffer buffer;
+  v1::PullRequest request;
+  grpc::Status s;
+  if (!stream->Read(&buffer)) {
+    s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "pull: no request");
+  } else if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&buffer, &request).ok()) {
+    s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "pull: the request does not parse");
+  } else {
+    s = DoPull(context, request, stream);
+  }
   RecordRpc("Pull", s, start);
   return s;
 }
@@ -59,29 +91,43 @@ grpc::Status ParameterServiceImpl::RegisterVariables(
   return grpc::Status::OK;
 }
 
-grpc::Status ParameterServiceImpl::DoPush(grpc::ServerReader<v1::PushRequest>* reader,
-                                          v1::PushResponse* response) {
-  v1::PushRequest msg;
-  if (!reader->Read(&msg)) {
+grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse* response) {
+  grpc::ByteBuffer buffer;
+  if (!stream->Read(&buffer)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: empty stream");
   }
-  if (!msg.has_header()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "push: the first message must carry the header");
-  }
   const absl::Time start = absl::Now();
-  const std::string job_id = msg.header().job_id();
-  auto session = ps_.BeginPush(msg.header());
-  if (!session.ok()) return ToGrpcStatus(session.status());
+  std::string job_id;
+  std::unique_ptr<PushSession> session;
   int64_t bytes = 0;
-  do {
-    for (const auto& slice : msg.slices()) {
-      absl::Status s = (*session)->AddSlice(slice);
-      if (!s.ok()) return ToGrpcStatus(s);
-      bytes += static_cast<int64_t>(slice.data().size());
+  common::TensorWireHandler handler;
+  handler.on_bytes = [&](int field, std::string encoded) -> absl::Status {
+    if (field != kPushHeaderField) return absl::OkStatus();
+    if (session != nullptr) return absl::InvalidArgumentError("push: a second header");
+    v1::PushHeader header;
+    if (!header.ParseFromString(encoded)) {
+      return absl::InvalidArgumentError("push: the header does not parse");
     }
-  } while (reader->Read(&msg));
-  auto r = ps_.FinishPush(std::move(*session));
+    job_id = header.job_id();
+    TOWERPS_ASSIGN_OR_RETURN(session, ps_.BeginPush(header));
+    return absl::OkStatus();
+  };
+  handler.on_slice = [&](uint32_t var, uint64_t offset, uint64_t n) -> absl::StatusOr<char*> {
+    if (session == nullptr) {
+      return absl::InvalidArgumentError("push: the first message must carry the header");
+    }
+    bytes += static_cast<int64_t>(n);
+    return session->Reserve(var, offset, n);
+  };
+  do {
+    absl::Status s = common::ReadTensorMessage(buffer, kPushSlicesField, handler);
+    if (!s.ok()) return ToGrpcStatus(s);
+    if (session == nullptr) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "push: the first message must carry the header");
+    }
+  } while (stream->Read(&buffer));
+  auto r = ps_.FinishPush(std::move(session));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *r;
   if (metrics_ != nullptr) {
@@ -96,36 +142,36 @@ grpc::Status ParameterServiceImpl::DoPush(grpc::ServerReader<v1::PushRequest>* r
 }
 
 grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
-                                          const v1::PullRequest* request,
-                                          grpc::ServerWriter<v1::PullResponse>* writer) {
+                                          const v1::PullRequest& request, TensorStream* stream) {
   const absl::Time deadline = absl::FromChrono(context->deadline());
-  auto snap = ps_.Pull(*request, deadline);
+  auto snap = ps_.Pull(request, deadline);
   if (!snap.ok()) return ToGrpcStatus(snap.status());
   const absl::Time start = absl::Now();  // after the wait: service time only
   const WeightsSnapshot& w = **snap;
   const int64_t chunk = std::clamp<int64_t>(
-      request->chunk_bytes() > 0 ? request->chunk_bytes() : default_chunk_bytes_,
+      request.chunk_bytes() > 0 ? request.chunk_bytes() : default_chunk_bytes_,
       4096, int64_t{32} << 20) / 4 * 4;
-  // One message object reused for every chunk: its slices and their strings
-  // keep their capacity, so steady-state pulls allocate nothing here.
-  v1::PullResponse msg;
-  msg.set_global_step(w.global_step);
-  common::SliceWriter<v1::PullResponse> out(
-      &msg, chunk, [writer](const v1::PullResponse& m) { return writer->Write(m); });
+  // The messages point into the snapshot (no copy) and hold it until sent.
+  common::TensorWireWriter out(kPullSlicesField, chunk,
+                               [stream](const grpc::ByteBuffer& m) { return stream->Write(m); });
+  std::string step;
+  common::AppendVarintField(kPullStepField, static_cast<uint64_t>(w.global_step), &step);
+  out.set_prefix(std::move(step));
+  const std::shared_ptr<const void> keep_alive = *snap;
   for (size_t v = 0; v < w.values.size(); ++v) {
     out.Add(static_cast<uint32_t>(v), w.values[v].data(),
-            static_cast<int64_t>(w.values[v].size()));
+            static_cast<int64_t>(w.values[v].size()), 0, keep_alive);
   }
   // A job with no variables here still answers with its step.
   if (!out.Finish(/*even_if_empty=*/w.values.empty())) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
   }
-  ps_.RecordRequest(request->job_id(), absl::Now() - start);
+  ps_.RecordRequest(request.job_id(), absl::Now() - start);
   if (metrics_ != nullptr) {
     int64_t bytes = 0;
     for (const auto& v : w.values) bytes += static_cast<int64_t>(v.size() * sizeof(float));
-    metrics_->AddPullBytes(request->job_id(), bytes);
-    metrics_->SetGlobalStep(request->job_id(), w.global_step);
+    metrics_->AddPullBytes(request.job_id(), bytes);
+    metrics_->SetGlobalStep(request.job_id(), w.global_step);
   }
   return grpc::Status::OK;
 }

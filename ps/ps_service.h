@@ -1,6 +1,12 @@
 // gRPC adapter for ParameterServer: converts messages and statuses, streams
 // weights in chunks. No training logic here.
 //
+// Push and Pull, the streams that carry tensors, are served on gRPC byte
+// buffers (common/tensor_wire.h): Pull's payload goes out of the weights
+// snapshot's memory with no copy, and Push's payload is copied once, from
+// gRPC's receive buffers into the push's staging buffer. On the wire they are
+// the protobuf messages of proto/ps.proto, so any protobuf client works.
+//
 // Thread-safe (gRPC calls handlers concurrently).
 #ifndef TOWERPS_PS_PS_SERVICE_H_
 #define TOWERPS_PS_PS_SERVICE_H_
@@ -8,6 +14,8 @@
 #include <cstdint>
 
 #include "absl/time/time.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_metrics.h"
@@ -25,11 +33,12 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   grpc::Status RegisterVariables(grpc::ServerContext* context,
                                  const v1::RegisterRequest* request,
                                  v1::RegisterResponse* response) override;
-  grpc::Status Push(grpc::ServerContext* context,
-                    grpc::ServerReader<v1::PushRequest>* reader,
-                    v1::PushResponse* response) override;
-  grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request,
-                    grpc::ServerWriter<v1::PullResponse>* writer) override;
+  // ParameterService.Push and .Pull (see the top of this file), served as
+  // bidirectional streams of byte buffers: Push reads every message, then
+  // writes its one PushResponse; Pull reads its one PullRequest, then writes.
+  using TensorStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+  grpc::Status PushTensors(grpc::ServerContext* context, TensorStream* stream);
+  grpc::Status PullTensors(grpc::ServerContext* context, TensorStream* stream);
   grpc::Status GetStatus(grpc::ServerContext* context,
                          const v1::StatusRequest* request,
                          v1::StatusResponse* response) override;
@@ -41,9 +50,9 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
                          v1::HeartbeatResponse* response) override;
 
  private:
-  grpc::Status DoPush(grpc::ServerReader<v1::PushRequest>* reader, v1::PushResponse* response);
-  grpc::Status DoPull(grpc::ServerContext* context, const v1::PullRequest* request,
-                      grpc::ServerWriter<v1::PullResponse>* writer);
+  grpc::Status DoPush(TensorStream* stream, v1::PushResponse* response);
+  grpc::Status DoPull(grpc::ServerContext* context, const v1::PullRequest& request,
+                      TensorStream* stream);
   // Counts one finished RPC that started at `start` (no-op without metrics).
   void RecordRpc(const char* method, const grpc::Status& status, absl::Time start);
 

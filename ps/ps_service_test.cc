@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "proto/ps_wire.h"
 #include "proto/tensor.pb.h"
 
 namespace towerps::ps {
@@ -169,6 +170,25 @@ TEST_F(PsServiceTest, UnknownJobIsNotFound) {
   grpc::Status s = r->Finish();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_NE(s.error_message().find("\"nope\""), std::string::npos);
+}
+
+// The service serves Push and Pull by their positions in the generated
+// service: they must be where proto/ps_wire.h says.
+TEST(PsWireTest, MethodIndicesAndNamesMatchTheProto) {
+  const auto* service = v1::PushRequest::descriptor()->file()->FindServiceByName("ParameterService");
+  ASSERT_NE(service, nullptr);
+  EXPECT_EQ(service->method(v1::ps_wire::kPushMethodIndex)->name(), "Push");
+  EXPECT_EQ(service->method(v1::ps_wire::kPullMethodIndex)->name(), "Pull");
+  EXPECT_STREQ(v1::ps_wire::PushMethod(), "/towerps.v1.ParameterService/Push");
+  EXPECT_STREQ(v1::ps_wire::PullMethod(), "/towerps.v1.ParameterService/Pull");
+  EXPECT_EQ(v1::PushRequest::descriptor()->FindFieldByName("header")->number(),
+            v1::ps_wire::kPushHeaderField);
+  EXPECT_EQ(v1::PushRequest::descriptor()->FindFieldByName("slices")->number(),
+            v1::ps_wire::kPushSlicesField);
+  EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("global_step")->number(),
+            v1::ps_wire::kPullStepField);
+  EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("slices")->number(),
+            v1::ps_wire::kPullSlicesField);
 }
 
 }  // namespace

@@ -16,17 +16,27 @@
 #include "common/parallel.h"
 #include "common/retry.h"
 #include "common/rpc.h"
-#include "common/slice_writer.h"
 #include "common/status.h"
+#include "common/tensor_wire.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
 #include "proto/job.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "proto/ps_wire.h"
 #include "proto/tensor.pb.h"
 
 namespace towerps::worker {
 namespace {
 
 using common::FromGrpcStatus;
+
+using v1::ps_wire::kPullSlicesField;
+using v1::ps_wire::kPullStepField;
+using v1::ps_wire::kPushSlicesField;
+using v1::ps_wire::PullMethod;
+using v1::ps_wire::PushMethod;
 
 class GrpcParameterClient : public ParameterClient {
  public:
@@ -44,9 +54,12 @@ class GrpcParameterClient : public ParameterClient {
     for (int s = 0; s < n; ++s) {
       channels_.push_back(common::NewChannel(options_.ps_addresses[s], options_.security.get()));
       stubs_.push_back(v1::ParameterService::NewStub(channels_.back()));
+      push_methods_.push_back(std::make_unique<grpc::internal::RpcMethod>(
+          PushMethod(), grpc::internal::RpcMethod::CLIENT_STREAMING, channels_.back()));
+      pull_methods_.push_back(std::make_unique<grpc::internal::RpcMethod>(
+          PullMethod(), grpc::internal::RpcMethod::SERVER_STREAMING, channels_.back()));
       on_server_.push_back(placement_.VariablesOn(s));
     }
-    push_msgs_.resize(n);
     health_.resize(n);
   }
 
@@ -229,33 +242,40 @@ class GrpcParameterClient : public ParameterClient {
     // A cancelled job ends the call at once, not after the server's wait.
     const common::ScopedCancellationCallback cancel_call(options_.cancel,
                                                          [&ctx] { ctx.TryCancel(); });
-    auto reader = stubs_[s]->Pull(&ctx, req);
+    // Payload goes from gRPC's receive buffers straight into the tensors.
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+            channels_[s].get(), *pull_methods_[s], &ctx, req));
     const std::vector<int>& vars = on_server_[s];
     std::vector<int64_t> covered(vars.size(), 0);
-    v1::PullResponse msg;
+    common::TensorWireHandler handler;
     bool first = true;
+    handler.on_varint = [&](int field, uint64_t value) {
+      if (field == kPullStepField && first) *step = static_cast<int64_t>(value);
+      return absl::OkStatus();
+    };
+    handler.on_slice = [&](uint32_t var, uint64_t offset, uint64_t bytes) -> absl::StatusOr<char*> {
+      if (var >= vars.size()) {
+        return absl::DataLossError(absl::StrCat("pull: bad var_index ", var));
+      }
+      common::Tensor* t = weights[vars[var]];
+      const uint64_t count = bytes / 4;
+      if (bytes % 4 != 0 || offset > static_cast<uint64_t>(t->num_elements()) ||
+          count > static_cast<uint64_t>(t->num_elements()) - offset) {
+        return absl::DataLossError(absl::StrCat("pull: slice of ", vars_[vars[var]].name(),
+                                                " does not fit ", t->ShapeString()));
+      }
+      covered[var] += static_cast<int64_t>(count);
+      return reinterpret_cast<char*>(t->data() + offset);
+    };
+    grpc::ByteBuffer msg;
     absl::Status bad;
     while (reader->Read(&msg)) {
-      if (first) *step = msg.global_step();
-      first = false;
-      for (const auto& slice : msg.slices()) {
-        if (!bad.ok()) break;
-        if (slice.var_index() >= vars.size()) {
-          bad = absl::DataLossError(absl::StrCat("pull: bad var_index ", slice.var_index()));
-          break;
-        }
-        common::Tensor* t = weights[vars[slice.var_index()]];
-        const int64_t count = static_cast<int64_t>(slice.data().size() / 4);
-        if (slice.data().size() % 4 != 0 ||
-            static_cast<int64_t>(slice.offset()) + count > t->num_elements()) {
-          bad = absl::DataLossError(absl::StrCat(
-              "pull: slice of ", vars_[vars[slice.var_index()]].name(), " does not fit ",
-              t->ShapeString()));
-          break;
-        }
-        std::memcpy(t->data() + slice.offset(), slice.data().data(), slice.data().size());
-        covered[slice.var_index()] += count;
+      if (bad.ok()) {
+        bad = common::ReadTensorMessage(msg, kPullSlicesField, handler);
+        if (absl::IsInvalidArgument(bad)) bad = absl::DataLossError(bad.message());
       }
+      first = false;
     }
     absl::Status st = FromGrpcStatus(reader->Finish(), Call("Pull", s));
     if (!st.ok()) return st;
@@ -276,9 +296,10 @@ class GrpcParameterClient : public ParameterClient {
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     const common::ScopedCancellationCallback cancel_call(options_.cancel,
                                                          [&ctx] { ctx.TryCancel(); });
-    auto writer = stubs_[s]->Push(&ctx, response);
-    v1::PushRequest& msg = push_msgs_[s];  // reused: keeps string capacity
-    msg.Clear();
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            channels_[s].get(), *push_methods_[s], &ctx, response));
+    v1::PushRequest msg;
     v1::PushHeader* h = msg.mutable_header();
     h->set_job_id(options_.job_id);
     h->set_worker_task(options_.worker_task);
@@ -286,11 +307,12 @@ class GrpcParameterClient : public ParameterClient {
     h->set_sequence(sequence);
     h->set_step(step);
     h->set_num_examples(num_examples);
-    bool ok = writer->Write(msg);
-    msg.clear_header();
-    common::SliceWriter<v1::PushRequest> out(
-        &msg, options_.chunk_bytes,
-        [&writer](const v1::PushRequest& m) { return writer->Write(m); });
+    bool ok = writer->Write(common::ToByteBuffer(msg));
+    // The messages point into the gradients (no copy): gRPC is done with
+    // them when Finish returns, before this call does.
+    common::TensorWireWriter out(
+        kPushSlicesField, options_.chunk_bytes,
+        [&writer](const grpc::ByteBuffer& m) { return writer->Write(m); });
     const std::vector<int>& vars = on_server_[s];
     for (size_t k = 0; ok && k < vars.size(); ++k) {
       const common::Tensor& g = *grads[vars[k]];
@@ -422,8 +444,10 @@ class GrpcParameterClient : public ParameterClient {
   std::vector<std::unique_ptr<v1::ParameterService::Stub>> stubs_;
   std::vector<std::vector<int>> on_server_;  // variable indices per server
 
+  // Push and Pull on byte buffers (common/tensor_wire.h), per channel.
+  std::vector<std::unique_ptr<grpc::internal::RpcMethod>> push_methods_, pull_methods_;
+
   // Used by the one thread that calls Pull/Push (thread-compatible).
-  std::vector<v1::PushRequest> push_msgs_;
   uint64_t sequence_ = 0;
 
   struct Health {
