@@ -77,11 +77,14 @@ class Job {
   int64_t acc_examples ABSL_GUARDED_BY(mu) = 0;
   std::set<int> pushed ABSL_GUARDED_BY(mu);
   absl::Time step_opened ABSL_GUARDED_BY(mu) = absl::Now();
-  // The values pulls stream from, made at the first pull of each step.
+  // What pulls stream from: views of `vars`' values at global_step, made by
+  // the first pull of a step. DetachSnapshotLocked runs before the values
+  // change.
   std::shared_ptr<WeightsSnapshot> snapshot ABSL_GUARDED_BY(mu);
-  // The previous step's snapshot: its memory is reused for the next one once
-  // no pull holds it any more (no fresh pages, no allocation each step).
-  std::shared_ptr<WeightsSnapshot> retired ABSL_GUARDED_BY(mu);
+  // Snapshots that took the variables' old buffers while pulls held them;
+  // once no pull does, their buffers are reused (spare, by var_index).
+  std::vector<std::shared_ptr<WeightsSnapshot>> detached ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> spare ABSL_GUARDED_BY(mu);
   // Staging buffers of finished pushes, reused to avoid fresh pages each step.
   std::vector<std::vector<std::vector<float>>> free_buffers ABSL_GUARDED_BY(mu);
   bool deleted ABSL_GUARDED_BY(mu) = false;
@@ -164,6 +167,7 @@ class Job {
   // variable) to every variable with its update rule and advances the step.
   void ApplyLocked(std::vector<std::vector<float>>& grads)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    DetachSnapshotLocked();
     for (size_t i = 0; i < vars.size(); ++i) {
       Variable& v = vars[i];
       v.optimizer->Apply(absl::MakeSpan(v.value), grads[i], ++v.updates);
@@ -171,11 +175,42 @@ class Job {
     AdvanceLocked();
   }
 
+  // The values are about to change: a snapshot a pull still holds takes
+  // their buffers, and the variables continue on copies (reusing buffers of
+  // snapshots no pull holds any more). No copy when no pull holds it, which
+  // is the common case: a worker's pull ends before its push is applied.
+  void DetachSnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (snapshot == nullptr) return;
+    // use_count is exact here: new references are only taken under `mu`.
+    if (snapshot.use_count() > 1) {
+      for (auto it = detached.begin(); it != detached.end();) {
+        if (it->use_count() == 1) {
+          spare.resize(vars.size());
+          for (size_t i = 0; i < (*it)->owned.size() && i < spare.size(); ++i) {
+            if (spare[i].empty()) spare[i] = std::move((*it)->owned[i]);
+          }
+          it = detached.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      spare.resize(vars.size());
+      for (size_t i = 0; i < vars.size(); ++i) {
+        std::vector<float> copy = std::move(spare[i]);
+        spare[i].clear();
+        copy.assign(vars[i].value.begin(), vars[i].value.end());
+        snapshot->owned.push_back(std::move(vars[i].value));  // the buffer `values` views
+        vars[i].value = std::move(copy);
+      }
+      detached.push_back(std::move(snapshot));
+    }
+    snapshot.reset();
+  }
+
   void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     ++global_step;
     ++steps_applied;
-    if (snapshot) retired = std::move(snapshot);
-    snapshot.reset();
+    DetachSnapshotLocked();
     step_opened = absl::Now();
     changed.SignalAll();
   }
@@ -880,14 +915,10 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
                                            options_.task_index));
   }
   if (!job.snapshot) {
-    // A retired snapshot no pull holds any more is only ours: overwrite it.
-    std::shared_ptr<WeightsSnapshot> snap = std::move(job.retired);
-    if (snap == nullptr || snap.use_count() != 1) snap = std::make_shared<WeightsSnapshot>();
+    auto snap = std::make_shared<WeightsSnapshot>();
     snap->global_step = job.global_step;
-    snap->values.resize(job.vars.size());
-    for (size_t i = 0; i < job.vars.size(); ++i) {
-      snap->values[i].assign(job.vars[i].value.begin(), job.vars[i].value.end());
-    }
+    snap->values.reserve(job.vars.size());
+    for (const auto& v : job.vars) snap->values.emplace_back(v.value);
     job.snapshot = std::move(snap);
   }
   return job.snapshot;
@@ -987,13 +1018,15 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     freed += job->slot_bytes();
     job->deleted = true;
     // Free the memory now, not when the last waiting pull lets go of the job.
+    job->DetachSnapshotLocked();  // pulls still streaming keep their values
     job->vars.clear();
     job->vars.shrink_to_fit();
     job->acc.clear();
     job->staged.clear();
     job->free_buffers.clear();
     job->snapshot.reset();
-    job->retired.reset();
+    job->detached.clear();
+    job->spare.clear();
     job->changed.SignalAll();
   }
   response.set_existed(true);

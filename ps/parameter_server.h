@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/paths.h"
 #include "ps/apply_log.h"
 #include "proto/ps.pb.h"
@@ -88,10 +89,15 @@ struct ParameterServerOptions {
   ApplyLog* apply_log = nullptr;
 };
 
-// The values of a job's variables at one global step; immutable.
+// The values of a job's variables at one global step, for a pull to stream
+// without the job's lock; immutable while anyone holds it. No copy is made
+// for it: `values` view the variables themselves, and before the server
+// changes them while a pull still holds the snapshot, the snapshot takes the
+// old buffers and the variables continue on copies (copy on write).
 struct WeightsSnapshot {
   int64_t global_step = 0;
-  std::vector<std::vector<float>> values;  // by var_index
+  std::vector<absl::Span<const float>> values;  // by var_index
+  std::vector<std::vector<float>> owned;        // set once detached: what `values` view
 };
 
 namespace internal {
@@ -100,7 +106,8 @@ class Job;
 
 // Floats a job holds on a server per element of variable `def`, given the
 // job's normalized `config`: the value, the gradient accumulator, the pull
-// snapshot (a copy of the values), the optimizer's slots (ADAM 2, MOMENTUM 1,
+// snapshot (a copy of the values, made only while a pull holds them as they
+// change), the optimizer's slots (ADAM 2, MOMENTUM 1,
 // SGD none; a MOVING_AVERAGE variable none) and one push staging buffer per
 // worker (SYNC stages each worker's gradient until its step is complete;
 // ASYNC has at most one push per worker in flight).

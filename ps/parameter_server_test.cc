@@ -192,6 +192,37 @@ TEST(ParameterServerTest, SyncAveragesWeightedByExamplesAndAppliesOnce) {
   for (float v : snap->values[1]) EXPECT_FLOAT_EQ(v, -1.0f);
 }
 
+// A pull still streaming while the values change keeps its step's values
+// (copy on write); when no pull holds the snapshot, updates are applied in
+// place and pulls stream from the variables themselves, with no copy.
+TEST(ParameterServerTest, HeldSnapshotKeepsItsValuesWhileTheJobMovesOn) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  auto held = PullNow(ps);  // step 0: a = 1
+  const float* viewed = held->values[0].data();
+  ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());  // a = 1 - 0.5 = 0.5
+  auto next = PullNow(ps);
+  EXPECT_EQ(held->global_step, 0);
+  EXPECT_EQ(held->values[0], std::vector<float>(6, 1.0f));
+  EXPECT_EQ(held->values[0].data(), viewed);  // the same memory, now the snapshot's own
+  EXPECT_EQ(held->owned.size(), 2u);
+  EXPECT_EQ(next->global_step, 1);
+  EXPECT_EQ(next->values[0], std::vector<float>(6, 0.5f));
+  EXPECT_NE(next->values[0].data(), viewed);
+  held.reset();
+  next.reset();
+
+  auto before = PullNow(ps);
+  const float* where = before->values[0].data();
+  before.reset();
+  ASSERT_TRUE(PushConst(ps, Header(0, 2, 1, 1), 1.0f).ok());  // a = 0
+  auto after = PullNow(ps);
+  EXPECT_EQ(after->global_step, 2);
+  EXPECT_EQ(after->values[0], std::vector<float>(6, 0.0f));
+  EXPECT_EQ(after->values[0].data(), where);
+  EXPECT_TRUE(after->owned.empty());
+}
+
 TEST(ParameterServerTest, StaleAndRetriedPushesAreNotApplied) {
   ParameterServer ps({});
   ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2, /*replicas=*/1)).ok());
@@ -456,7 +487,11 @@ std::vector<std::vector<float>> PullValues(ParameterServer& ps, int64_t min_step
   p.set_min_step(min_step);
   auto snap = ps.Pull(p, absl::Now() + absl::Seconds(5));
   EXPECT_TRUE(snap.ok()) << snap.status();
-  return snap.ok() ? (*snap)->values : std::vector<std::vector<float>>{};
+  std::vector<std::vector<float>> out;
+  if (snap.ok()) {
+    for (const auto& v : (*snap)->values) out.emplace_back(v.begin(), v.end());
+  }
+  return out;
 }
 
 TEST(CheckpointTest, SaveThenRestoreContinuesBitIdentically) {
@@ -635,7 +670,7 @@ TEST(MovingAverageServerTest, SyncAveragesTheWorkersPushesThenAppliesTheRule) {
   // The trained variable beside it gets SGD with weight decay: 1 - 0.5 * 2.1.
   for (float v : snap->values[0]) ExpectSgd(v, 1.0, 2.0, "a, step 1");
   // Step 1, equal examples: the plain mean (1 + 3) / 2 = 2 and (-1 + -5) / 2 = -3.
-  const std::vector<float> before = snap->values[1];
+  const std::vector<float> before(snap->values[1].begin(), snap->values[1].end());
   ASSERT_TRUE(PushMoving(ps, Header(1, 2, 1, 2), 0.0f, {1.0f, -1.0f}).ok());
   ASSERT_EQ(PushMoving(ps, Header(0, 2, 1, 2), 0.0f, {3.0f, -5.0f})->global_step(), 2);
   snap = PullNow(ps, 2);

@@ -91,47 +91,58 @@ grpc::Status ParameterServiceImpl::RegisterVariables(
   return grpc::Status::OK;
 }
 
+PushStreamDecoder::PushStreamDecoder(ParameterServer& ps) : ps_(ps) {
+  handler_.on_bytes = [this](int field, std::string encoded) -> absl::Status {
+    if (field != kPushHeaderField) return absl::OkStatus();
+    if (session_ != nullptr) return absl::InvalidArgumentError("push: a second header");
+    v1::PushHeader header;
+    if (!header.ParseFromString(encoded)) {
+      return absl::InvalidArgumentError("push: the header does not parse");
+    }
+    job_id_ = header.job_id();
+    TOWERPS_ASSIGN_OR_RETURN(session_, ps_.BeginPush(header));
+    return absl::OkStatus();
+  };
+  handler_.on_slice = [this](uint32_t var, uint64_t offset,
+                             uint64_t n) -> absl::StatusOr<char*> {
+    if (session_ == nullptr) {
+      return absl::InvalidArgumentError("push: the first message must carry the header");
+    }
+    bytes_ += static_cast<int64_t>(n);
+    return session_->Reserve(var, offset, n);
+  };
+}
+
+absl::Status PushStreamDecoder::Add(const grpc::ByteBuffer& message) {
+  TOWERPS_RETURN_IF_ERROR(common::ReadTensorMessage(message, kPushSlicesField, handler_));
+  if (session_ == nullptr) {
+    return absl::InvalidArgumentError("push: the first message must carry the header");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::PushResponse> PushStreamDecoder::Finish() {
+  if (session_ == nullptr) return absl::InvalidArgumentError("push: empty stream");
+  return ps_.FinishPush(std::move(session_));
+}
+
 grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse* response) {
   grpc::ByteBuffer buffer;
   if (!stream->Read(&buffer)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: empty stream");
   }
   const absl::Time start = absl::Now();
-  std::string job_id;
-  std::unique_ptr<PushSession> session;
-  int64_t bytes = 0;
-  common::TensorWireHandler handler;
-  handler.on_bytes = [&](int field, std::string encoded) -> absl::Status {
-    if (field != kPushHeaderField) return absl::OkStatus();
-    if (session != nullptr) return absl::InvalidArgumentError("push: a second header");
-    v1::PushHeader header;
-    if (!header.ParseFromString(encoded)) {
-      return absl::InvalidArgumentError("push: the header does not parse");
-    }
-    job_id = header.job_id();
-    TOWERPS_ASSIGN_OR_RETURN(session, ps_.BeginPush(header));
-    return absl::OkStatus();
-  };
-  handler.on_slice = [&](uint32_t var, uint64_t offset, uint64_t n) -> absl::StatusOr<char*> {
-    if (session == nullptr) {
-      return absl::InvalidArgumentError("push: the first message must carry the header");
-    }
-    bytes += static_cast<int64_t>(n);
-    return session->Reserve(var, offset, n);
-  };
+  PushStreamDecoder decoder(ps_);
   do {
-    absl::Status s = common::ReadTensorMessage(buffer, kPushSlicesField, handler);
+    absl::Status s = decoder.Add(buffer);
     if (!s.ok()) return ToGrpcStatus(s);
-    if (session == nullptr) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "push: the first message must carry the header");
-    }
   } while (stream->Read(&buffer));
-  auto r = ps_.FinishPush(std::move(session));
+  auto r = decoder.Finish();
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *r;
+  const std::string& job_id = decoder.job_id();
   if (metrics_ != nullptr) {
-    metrics_->AddPushBytes(job_id, bytes);
+    metrics_->AddPushBytes(job_id, decoder.bytes());
     metrics_->SetGlobalStep(job_id, r->global_step());
     metrics_->CountPush(job_id, r->outcome() == v1::PushResponse::STALE       ? "stale"
                                 : r->outcome() == v1::PushResponse::DUPLICATE ? "duplicate"

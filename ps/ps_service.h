@@ -12,8 +12,11 @@
 #define TOWERPS_PS_PS_SERVICE_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "absl/time/time.h"
+#include "common/tensor_wire.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
 #include "proto/ps.grpc.pb.h"
@@ -21,6 +24,29 @@
 #include "ps/ps_metrics.h"
 
 namespace towerps::ps {
+
+// One Push stream's messages, decoded straight into a PushSession: the first
+// carries the header (BeginPush), every TensorSlice's payload is copied from
+// the message into the session's staging buffer. Used by the service; public
+// for the fuzzer.
+class PushStreamDecoder {
+ public:
+  explicit PushStreamDecoder(ParameterServer& ps);  // Not owned.
+  // Decodes one message. InvalidArgument / NotFound (from BeginPush, AddSlice's
+  // checks) name what was wrong; the push is then abandoned, nothing applied.
+  absl::Status Add(const grpc::ByteBuffer& message);
+  // FinishPush of the whole stream. InvalidArgument if no message came.
+  absl::StatusOr<v1::PushResponse> Finish();
+  const std::string& job_id() const { return job_id_; }
+  int64_t bytes() const { return bytes_; }  // Payload decoded.
+
+ private:
+  ParameterServer& ps_;
+  common::TensorWireHandler handler_;
+  std::unique_ptr<PushSession> session_;
+  std::string job_id_;
+  int64_t bytes_ = 0;
+};
 
 class ParameterServiceImpl final : public v1::ParameterService::Service {
  public:

@@ -3,10 +3,12 @@
 // Input: records of [op byte][length, 2 bytes little-endian][payload], the
 // payload a serialized request picked by op % 7:
 //   0 RegisterRequest  (ParameterServiceImpl::RegisterVariables)
-//   1 PushRequest      (header and slices of one push stream, as the
-//                       service's Push drives BeginPush/AddSlice/FinishPush)
+//   1 PushRequest      (the raw bytes, as one message of a push stream, cut
+//                       into 7-byte gRPC slices, fed to the service's
+//                       PushStreamDecoder: BeginPush/Reserve/FinishPush)
 //   2 PullRequest      (ParameterServer::Pull with no wait, then the service's
-//                       chunking into PullResponse slices)
+//                       TensorWireWriter chunking, read back by the client's
+//                       ReadTensorMessage)
 //   3 HeartbeatRequest 4 StatusRequest 5 DeleteJobRequest
 //   6 SaveRequest      (SaveCheckpoint)
 // A payload that does not parse is skipped. Every directory a request names
@@ -22,7 +24,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/slice_writer.h"
+#include "common/tensor_wire.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ps.pb.h"
@@ -48,14 +50,13 @@ void CheckError(const absl::Status& s, const char* what) {
 // Both the request's directories forced under the temp directory.
 std::string CheckpointDir() { return towerps::fuzz::FuzzTempDir() + "/ps/ckpt-0000000001"; }
 
-void DoPush(ParameterServer& ps, const v1::PushRequest& msg) {
-  auto session = ps.BeginPush(msg.header());
-  if (!session.ok()) return CheckError(session.status(), "BeginPush");
-  for (const auto& slice : msg.slices()) {
-    const absl::Status s = (*session)->AddSlice(slice);
-    if (!s.ok()) return CheckError(s, "AddSlice");
-  }
-  auto r = ps.FinishPush(std::move(*session));
+void DoPush(ParameterServer& ps, const uint8_t* data, size_t size) {
+  std::vector<grpc::Slice> slices;
+  for (size_t i = 0; i < size; i += 7) slices.emplace_back(data + i, std::min<size_t>(7, size - i));
+  towerps::ps::PushStreamDecoder decoder(ps);
+  const absl::Status s = decoder.Add(grpc::ByteBuffer(slices.data(), slices.size()));
+  if (!s.ok()) return CheckError(s, "PushStreamDecoder::Add");
+  auto r = decoder.Finish();
   CheckError(r.status(), "FinishPush");
 }
 
@@ -73,24 +74,29 @@ void DoPull(ParameterServer& ps, const v1::PullRequest& request) {
                           int64_t{32} << 20) /
       4 * 4;
   std::vector<std::vector<float>> seen(w.values.size());
-  v1::PullResponse msg;
-  towerps::common::SliceWriter<v1::PullResponse> out(&msg, chunk, [&](const v1::PullResponse& m) {
-    for (const auto& s : m.slices()) {
-      FUZZ_CHECK(s.var_index() < seen.size(), "slice of variable %u", s.var_index());
-      auto& v = seen[s.var_index()];
-      FUZZ_CHECK(s.offset() == v.size() && s.data().size() % 4 == 0, "slice out of order");
-      const size_t n = s.data().size() / 4;
-      v.resize(v.size() + n);
-      std::memcpy(v.data() + s.offset(), s.data().data(), s.data().size());
-    }
+  for (size_t v = 0; v < w.values.size(); ++v) seen[v].assign(w.values[v].size(), -1.0f);
+  std::vector<int64_t> covered(w.values.size(), 0);
+  towerps::common::TensorWireHandler h;
+  h.on_slice = [&](uint32_t var, uint64_t offset, uint64_t n) -> absl::StatusOr<char*> {
+    FUZZ_CHECK(var < seen.size(), "slice of variable %u", var);
+    FUZZ_CHECK(static_cast<int64_t>(offset) == covered[var] && n % 4 == 0 &&
+                   offset + n / 4 <= seen[var].size(),
+               "slice out of order");
+    covered[var] += static_cast<int64_t>(n / 4);
+    return reinterpret_cast<char*>(seen[var].data() + offset);
+  };
+  towerps::common::TensorWireWriter out(2, chunk, [&](const grpc::ByteBuffer& m) {
+    const absl::Status s = towerps::common::ReadTensorMessage(m, 2, h);
+    FUZZ_CHECK(s.ok(), "pull message does not read back: %s", s.ToString().c_str());
     return true;
   });
   for (size_t v = 0; v < w.values.size(); ++v) {
-    out.Add(static_cast<uint32_t>(v), w.values[v].data(), static_cast<int64_t>(w.values[v].size()));
+    out.Add(static_cast<uint32_t>(v), w.values[v].data(), static_cast<int64_t>(w.values[v].size()),
+            0, *snap);
   }
   FUZZ_CHECK(out.Finish(/*even_if_empty=*/w.values.empty()), "pull chunks not written");
   for (size_t v = 0; v < w.values.size(); ++v) {
-    FUZZ_CHECK(seen[v].size() == w.values[v].size() &&
+    FUZZ_CHECK(covered[v] == static_cast<int64_t>(w.values[v].size()) &&
                    (seen[v].empty() ||
                     std::memcmp(seen[v].data(), w.values[v].data(), seen[v].size() * 4) == 0),
                "pulled variable %zu differs from the snapshot", v);
@@ -132,8 +138,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 1: {
-        v1::PushRequest r;
-        if (Parse(payload, len, &r)) DoPush(ps, r);
+        DoPush(ps, payload, len);
         return;
       }
       case 2: {
