@@ -301,9 +301,9 @@ v1::TrainingConfig Normalized(v1::TrainingConfig c) {
 
 // Finite check at BLAS speed: the sum of |x| is NaN or Inf iff some element is
 // (or the values are absurdly large, which we reject too).
-bool AllFinite(const std::vector<float>& x) {
-  if (x.empty()) return true;
-  return std::isfinite(cblas_sasum(static_cast<int>(x.size()), x.data(), 1));
+bool AllFinite(const float* x, int64_t n) {
+  if (n <= 0) return true;
+  return std::isfinite(cblas_sasum(static_cast<int>(n), x, 1));
 }
 
 int64_t ElementsOf(const v1::VariableDef& def) {
@@ -378,6 +378,21 @@ absl::Status PushSession::AddSlice(const v1::TensorSlice& slice) {
   TOWERPS_ASSIGN_OR_RETURN(char* dst,
                            Reserve(slice.var_index(), slice.offset(), slice.data().size()));
   std::memcpy(dst, slice.data().data(), slice.data().size());
+  return absl::OkStatus();
+}
+
+absl::Status PushSession::CheckFinite() {
+  for (size_t v = 0; v < covered_.size(); ++v) {
+    if (!AllFinite(grads_[v].data() + checked_[v], covered_[v] - checked_[v])) {
+      // A MOVING_AVERAGE variable's push is a batch statistic: a NaN would
+      // stay in the average forever, so it is refused like a gradient.
+      const bool statistic = job_->update_kinds[v] == v1::VariableDef::MOVING_AVERAGE;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push: ", statistic ? "batch statistic" : "gradient", " of variable ", v,
+          " from worker ", header_.worker_task(), " contains NaN or Inf; nothing applied"));
+    }
+    checked_[v] = covered_[v];
+  }
   return absl::OkStatus();
 }
 
@@ -688,6 +703,7 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
     for (int64_t n : job->sizes) s->grads_.emplace_back(n);
   }
   s->covered_.assign(job->sizes.size(), 0);
+  s->checked_.assign(job->sizes.size(), 0);
   return s;
 }
 
@@ -701,15 +717,8 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
           "push: incomplete: variable ", v, " got ", s->covered_[v], " of ",
           job.sizes[v], " elements; nothing applied"));
     }
-    if (!AllFinite(s->grads_[v])) {
-      // A MOVING_AVERAGE variable's push is a batch statistic: a NaN would
-      // stay in the average forever, so it is refused like a gradient.
-      const bool statistic = job.update_kinds[v] == v1::VariableDef::MOVING_AVERAGE;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push: ", statistic ? "batch statistic" : "gradient", " of variable ", v,
-          " from worker ", h.worker_task(), " contains NaN or Inf; nothing applied"));
-    }
   }
+  TOWERPS_RETURN_IF_ERROR(s->CheckFinite());
   v1::PushResponse response;
   absl::MutexLock lock(&job.mu);
   if (job.deleted) {

@@ -130,6 +130,10 @@ class PushSession {
   // element `offset`, whose payload the caller then copies to the returned
   // address (room for `bytes`) before the next call.
   absl::StatusOr<char*> Reserve(uint32_t var, uint64_t offset, uint64_t bytes);
+  // Checks the elements received since the last check for NaN and Inf (while
+  // they are still in cache); FinishPush checks the rest. InvalidArgument
+  // naming the variable and worker.
+  absl::Status CheckFinite();
 
  private:
   friend class ParameterServer;
@@ -138,6 +142,7 @@ class PushSession {
   v1::PushHeader header_;
   std::vector<std::vector<float>> grads_;
   std::vector<int64_t> covered_;
+  std::vector<int64_t> checked_;  // elements CheckFinite has passed, by variable
 };
 
 class ParameterServer {

@@ -118,7 +118,7 @@ absl::Status PushStreamDecoder::Add(const grpc::ByteBuffer& message) {
   if (session_ == nullptr) {
     return absl::InvalidArgumentError("push: the first message must carry the header");
   }
-  return absl::OkStatus();
+  return session_->CheckFinite();
 }
 
 absl::StatusOr<v1::PushResponse> PushStreamDecoder::Finish() {
