@@ -7,6 +7,8 @@
 
 #include "common/rpc.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/support/sync_stream.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "proto/ps.grpc.pb.h"
@@ -24,7 +26,8 @@ class PsServiceTest : public ::testing::Test {
     auto s = common::StartServer("127.0.0.1:0", {service_.get()}, &port);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = std::move(*s);
-    stub_ = v1::ParameterService::NewStub(common::NewChannel("127.0.0.1:" + std::to_string(port)));
+    channel_ = common::NewChannel("127.0.0.1:" + std::to_string(port));
+    stub_ = v1::ParameterService::NewStub(channel_);
     v1::RegisterRequest r;
     r.set_job_id("j");
     r.mutable_config()->set_mode(v1::ASYNC);
@@ -87,6 +90,7 @@ class PsServiceTest : public ::testing::Test {
   ParameterServer ps_{{}};
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ParameterService::Stub> stub_;
 };
 
@@ -120,6 +124,27 @@ TEST_F(PsServiceTest, MalformedStreamsAreRejectedAndChangeNothing) {
     auto w = stub_->Push(&ctx, &resp);
     w->WritesDone();
     EXPECT_EQ(w->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  // A NaN in the payload (caught as its message arrives) and bytes that are
+  // not a PushRequest at all.
+  s = Push(1, std::numeric_limits<float>::quiet_NaN(), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("NaN or Inf"), std::string::npos) << s.error_message();
+  {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> w(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            channel_.get(),
+            grpc::internal::RpcMethod(v1::ps_wire::PushMethod(),
+                                      grpc::internal::RpcMethod::CLIENT_STREAMING),
+            &ctx, &resp));
+    grpc::Slice junk(std::string("\x0a\xff\xff\xff\xff\x0f", 6));  // a header of 4 GiB
+    w->Write(grpc::ByteBuffer(&junk, 1));
+    w->WritesDone();
+    s = w->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("malformed tensor message"), std::string::npos)
+        << s.error_message();
   }
   // The server is still up and the weights are untouched.
   int messages = 0;
