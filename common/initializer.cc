@@ -15,6 +15,7 @@ void InitializeValues(const v1::Initializer& init, absl::Span<float> out) {
       // distribution, whose output differs between standard libraries), so
       // every machine initializes identically.
       std::mt19937_64 gen(init.seed());
+      if (init.offset() > 0) gen.discard(static_cast<uint64_t>(init.offset()));
       for (float& v : out) {
         const float u = static_cast<float>(gen() >> 40) * (1.0f / 16777216.0f);
         v = (2.0f * u - 1.0f) * limit;

@@ -10,7 +10,9 @@
 namespace towerps::common {
 
 // GLOROT_UNIFORM draws U(-l, l), l = sqrt(6 / (fan_in + fan_out)), from a
-// generator seeded with `init.seed()`; ZEROS and CONSTANT fill.
+// generator seeded with `init.seed()` (after `init.offset()` draws, so that a
+// part of a variable gets the values the whole has there); ZEROS and
+// CONSTANT fill.
 void InitializeValues(const v1::Initializer& init, absl::Span<float> out);
 
 }  // namespace towerps::common

@@ -34,6 +34,28 @@ TEST(InitializerTest, GlorotIsBoundedDeterministicAndSpread) {
   EXPECT_NE(a, b);
 }
 
+// A variable split into parts (PARTITIONED placement) is initialized part by
+// part on different servers: the parts must give exactly the whole's values.
+TEST(InitializerTest, PartsWithOffsetsConcatenateToTheWhole) {
+  v1::Initializer init;
+  init.set_type(v1::Initializer::GLOROT_UNIFORM);
+  init.set_seed(11);
+  init.set_fan_in(300);
+  init.set_fan_out(20);
+  std::vector<float> whole(6000);
+  InitializeValues(init, absl::MakeSpan(whole));
+  std::vector<float> joined;
+  for (int64_t start : {0, 1, 2500, 4099}) {
+    const int64_t end = start == 0 ? 1 : start == 1 ? 2500 : start == 2500 ? 4099 : 6000;
+    v1::Initializer part = init;
+    part.set_offset(start);
+    std::vector<float> v(end - start);
+    InitializeValues(part, absl::MakeSpan(v));
+    joined.insert(joined.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(joined, whole);
+}
+
 TEST(InitializerTest, ZerosAndConstant) {
   std::vector<float> v(5, 3.0f);
   InitializeValues(v1::Initializer(), absl::MakeSpan(v));

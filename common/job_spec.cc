@@ -335,7 +335,7 @@ v1::JobSpec JobWithDefaults(const v1::JobSpec& in) {
   if (j.global_batch_size() == 0) j.set_global_batch_size(256);
   if (j.epochs() == 0) j.set_epochs(1);
   if (j.towers() == 0) j.set_towers(1);
-  if (j.placement() == v1::PLACEMENT_UNSPECIFIED) j.set_placement(v1::GREEDY_BYTES);
+  if (j.placement() == v1::PLACEMENT_UNSPECIFIED) j.set_placement(v1::PARTITIONED);
   v1::ModelSpec* m = j.mutable_model();
   if (m->loss() == v1::LOSS_UNSPECIFIED) m->set_loss(v1::SOFTMAX_CROSS_ENTROPY);
   if (m->init_seed() == 0) m->set_init_seed(1);

@@ -64,7 +64,7 @@ ABSL_FLAG(int64_t, max_test_examples, 0, "Override: use only the first N test ex
 ABSL_FLAG(int, max_steps, 0, "Override: stop after N global steps.");
 ABSL_FLAG(int, replicas_to_aggregate, -1, "Override (sync): gradients per step.");
 ABSL_FLAG(int, max_staleness, -1, "Override (async): staleness bound.");
-ABSL_FLAG(std::string, placement, "", "Override: round_robin or greedy_bytes.");
+ABSL_FLAG(std::string, placement, "", "Override: round_robin, greedy_bytes or partitioned.");
 ABSL_FLAG(std::string, job_id, "", "Override: job id.");
 ABSL_FLAG(std::string, data_dir, "", "Override: Fashion-MNIST directory.");
 ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
@@ -151,7 +151,11 @@ absl::Status ApplyOverrides(JobSpec* job) {
   const std::string placement = absl::GetFlag(FLAGS_placement);
   if (placement == "round_robin") job->set_placement(towerps::v1::ROUND_ROBIN);
   else if (placement == "greedy_bytes") job->set_placement(towerps::v1::GREEDY_BYTES);
-  else if (!placement.empty()) return absl::InvalidArgumentError("--placement must be round_robin or greedy_bytes");
+  else if (placement == "partitioned") job->set_placement(towerps::v1::PARTITIONED);
+  else if (!placement.empty()) {
+    return absl::InvalidArgumentError("--placement must be round_robin, greedy_bytes or partitioned, got \"" +
+                                      placement + "\"");
+  }
   if (absl::GetFlag(FLAGS_epochs) != 0) job->set_epochs(absl::GetFlag(FLAGS_epochs));
   if (absl::GetFlag(FLAGS_batch_size) != 0) job->set_global_batch_size(absl::GetFlag(FLAGS_batch_size));
   if (absl::GetFlag(FLAGS_learning_rate) != 0) {

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "common/storage/checkpoint.h"
 #include "worker/train/job_runner.h"
+#include "worker/train/placement.h"
 
 namespace towerps::worker {
 
@@ -32,19 +33,50 @@ absl::Status ExportJob(const v1::JobRecord& record, int64_t chunk_bytes,
     for (auto& v : shard.vars) by_name[v.def.name()] = std::move(v);
   }
   TOWERPS_ASSIGN_OR_RETURN(std::vector<v1::VariableDef> defs, JobVariables(record.spec()));
+  // The servers held the job's plan: a split variable is reassembled from
+  // its parts.
+  TOWERPS_ASSIGN_OR_RETURN(Placement plan,
+                           PlanPlacement(defs, latest->num_ps, record.spec().placement()));
   const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes / 4);
-  for (const auto& def : defs) {
-    auto it = by_name.find(def.name());
-    if (it == by_name.end()) {
+  for (size_t i = 0; i < defs.size(); ++i) {
+    const v1::VariableDef& def = defs[i];
+    std::vector<float> joined;
+    const std::vector<float>* found = nullptr;
+    // Whole under its own name (every plan but a split; also checkpoints of
+    // jobs placed before PARTITIONED was the default).
+    auto whole = by_name.find(def.name());
+    if (whole != by_name.end() &&
+        static_cast<int64_t>(whole->second.value.size()) * 4 == VariableBytes(def)) {
+      found = &whole->second.value;
+    }
+    for (const VariablePart& part : plan.parts) {
+      if (found != nullptr && joined.empty()) break;
+      if (part.var != static_cast<int>(i)) continue;
+      const std::string name = PartDef(def, part).name();
+      auto it = by_name.find(name);
+      if (it == by_name.end() ||
+          static_cast<int64_t>(it->second.value.size()) != part.count) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", latest->dir_name,
+                                                " has no variable \"", name, "\"",
+                                                it == by_name.end() ? "" : " of its size"));
+      }
+      if (part.num_parts == 1) {
+        found = &it->second.value;
+      } else {
+        joined.insert(joined.end(), it->second.value.begin(), it->second.value.end());
+        found = &joined;
+      }
+    }
+    if (found == nullptr) {
       return absl::DataLossError(
           absl::StrCat("checkpoint ", latest->dir_name, " has no variable \"", def.name(), "\""));
     }
-    const std::vector<float>& values = it->second.value;
+    const std::vector<float>& values = *found;
     int64_t offset = 0;
     do {
       const int64_t n = std::min<int64_t>(per_chunk, values.size() - offset);
       v1::ExportChunk chunk;
-      if (offset == 0) *chunk.mutable_def() = it->second.def;
+      if (offset == 0) *chunk.mutable_def() = def;
       chunk.set_offset(offset);
       chunk.set_global_step(latest->step);
       chunk.set_data(reinterpret_cast<const char*>(values.data() + offset), n * 4);

@@ -58,7 +58,7 @@ class GrpcParameterClient : public ParameterClient {
           PushMethod(), grpc::internal::RpcMethod::CLIENT_STREAMING, channels_.back()));
       pull_methods_.push_back(std::make_unique<grpc::internal::RpcMethod>(
           PullMethod(), grpc::internal::RpcMethod::SERVER_STREAMING, channels_.back()));
-      on_server_.push_back(placement_.VariablesOn(s));
+      on_server_.push_back(placement_.PartsOn(s));
     }
     health_.resize(n);
   }
@@ -81,7 +81,7 @@ class GrpcParameterClient : public ParameterClient {
       req.set_restore_from(options_.restore_from);
       req.set_num_ps(n);
       req.set_worker_task(options_.worker_task);
-      for (int v : on_server_[s]) *req.add_variables() = vars_[v];
+      for (const auto& def : placement_.DefsOn(vars_, s)) *req.add_variables() = def;
       v1::RegisterResponse resp;
       // Wait for the server to come up (workers may start first). Each
       // round is a wait_for_ready call (a call in flight is what drives the
@@ -246,8 +246,8 @@ class GrpcParameterClient : public ParameterClient {
     std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
         grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
             channels_[s].get(), *pull_methods_[s], &ctx, req));
-    const std::vector<int>& vars = on_server_[s];
-    std::vector<int64_t> covered(vars.size(), 0);
+    const std::vector<VariablePart>& parts = on_server_[s];
+    std::vector<int64_t> covered(parts.size(), 0);
     common::TensorWireHandler handler;
     bool first = true;
     handler.on_varint = [&](int field, uint64_t value) {
@@ -255,18 +255,20 @@ class GrpcParameterClient : public ParameterClient {
       return absl::OkStatus();
     };
     handler.on_slice = [&](uint32_t var, uint64_t offset, uint64_t bytes) -> absl::StatusOr<char*> {
-      if (var >= vars.size()) {
+      if (var >= parts.size()) {
         return absl::DataLossError(absl::StrCat("pull: bad var_index ", var));
       }
-      common::Tensor* t = weights[vars[var]];
+      const VariablePart& part = parts[var];
+      common::Tensor* t = weights[part.var];
       const uint64_t count = bytes / 4;
-      if (bytes % 4 != 0 || offset > static_cast<uint64_t>(t->num_elements()) ||
-          count > static_cast<uint64_t>(t->num_elements()) - offset) {
-        return absl::DataLossError(absl::StrCat("pull: slice of ", vars_[vars[var]].name(),
+      if (bytes % 4 != 0 || part.offset + part.count > t->num_elements() ||
+          offset > static_cast<uint64_t>(part.count) ||
+          count > static_cast<uint64_t>(part.count) - offset) {
+        return absl::DataLossError(absl::StrCat("pull: slice of ", vars_[part.var].name(),
                                                 " does not fit ", t->ShapeString()));
       }
       covered[var] += static_cast<int64_t>(count);
-      return reinterpret_cast<char*>(t->data() + offset);
+      return reinterpret_cast<char*>(t->data() + part.offset + offset);
     };
     grpc::ByteBuffer msg;
     absl::Status bad;
@@ -280,9 +282,9 @@ class GrpcParameterClient : public ParameterClient {
     absl::Status st = FromGrpcStatus(reader->Finish(), Call("Pull", s));
     if (!st.ok()) return st;
     if (!bad.ok()) return bad;
-    for (size_t k = 0; k < vars.size(); ++k) {
-      if (covered[k] != weights[vars[k]]->num_elements()) {
-        return absl::DataLossError(absl::StrCat("pull: variable ", vars_[vars[k]].name(),
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (covered[k] != parts[k].count) {
+        return absl::DataLossError(absl::StrCat("pull: variable ", vars_[parts[k].var].name(),
                                                 " came back incomplete"));
       }
     }
@@ -313,10 +315,10 @@ class GrpcParameterClient : public ParameterClient {
     common::TensorWireWriter out(
         kPushSlicesField, options_.chunk_bytes,
         [&writer](const grpc::ByteBuffer& m) { return writer->Write(m); });
-    const std::vector<int>& vars = on_server_[s];
-    for (size_t k = 0; ok && k < vars.size(); ++k) {
-      const common::Tensor& g = *grads[vars[k]];
-      ok = out.Add(static_cast<uint32_t>(k), g.data(), g.num_elements());
+    const std::vector<VariablePart>& parts = on_server_[s];
+    for (size_t k = 0; ok && k < parts.size(); ++k) {
+      const common::Tensor& g = *grads[parts[k].var];
+      ok = out.Add(static_cast<uint32_t>(k), g.data() + parts[k].offset, parts[k].count);
     }
     if (ok) out.Finish();
     writer->WritesDone();
@@ -442,7 +444,7 @@ class GrpcParameterClient : public ParameterClient {
   const common::RetryPolicy retry_ = common::RetryPolicy::Transport();
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::ParameterService::Stub>> stubs_;
-  std::vector<std::vector<int>> on_server_;  // variable indices per server
+  std::vector<std::vector<VariablePart>> on_server_;  // parts per server, by var_index
 
   // Push and Pull on byte buffers (common/tensor_wire.h), per channel.
   std::vector<std::unique_ptr<grpc::internal::RpcMethod>> push_methods_, pull_methods_;
