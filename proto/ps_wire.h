@@ -19,7 +19,7 @@ inline constexpr int kPushMethodIndex = 1, kPullMethodIndex = 2;
 // PushRequest.header, PushRequest.slices.
 inline constexpr int kPushHeaderField = 1, kPushSlicesField = 2;
 // PullResponse.global_step, PullResponse.slices.
-inline constexpr int kPullStepField = 1, kPullSlicesField = 2;
+inline constexpr int kPullStepField = 1, kPullSlicesField = 2, kPullWaitedField = 3;
 
 // "/towerps.v1.ParameterService/Push"; alive for the process.
 inline const char* PushMethod() {

@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/paths.h"
+#include "common/process_memory.h"
 #include "common/rpc.h"
 #include "common/rpc_security_flags.h"
 #include "common/shutdown_signal.h"
@@ -151,6 +152,8 @@ int main(int argc, char** argv) {
              << " bytes for all jobs, at most " << absl::GetFlag(FLAGS_max_job_bytes)
              << " per job";
   TLOG(INFO) << "ps " << spec->task_index << ": " << (*security)->Describe();
+  TLOG(INFO) << "ps " << spec->task_index << ": resident memory with no job "
+             << towerps::common::ResidentBytes() << " bytes";
   const int sig = (*stop)->Wait();  // later signals are ignored
   const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_s));
   TLOG(INFO) << "ps " << spec->task_index << ": signal " << sig << ", shutting down (drain "
@@ -161,6 +164,7 @@ int main(int argc, char** argv) {
   // server's Shutdown waits for every handler, whatever its deadline.
   ps.StopWaiting();
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  TLOG(INFO) << "ps " << spec->task_index << ": stopped";
+  TLOG(INFO) << "ps " << spec->task_index << ": stopped; peak resident memory (VmHWM) "
+             << towerps::common::PeakResidentBytes() << " bytes";
   return 0;
 }

@@ -526,9 +526,15 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
                         job->global_step));
   }
   if (inserted) {
+    int64_t slots = 0;
+    {
+      absl::MutexLock job_lock(&job->mu);
+      slots = job->slot_bytes();
+    }
     TLOG(INFO) << "ps " << options_.task_index << ": job \"" << request.job_id()
                << "\" registered: " << request.variables_size() << " variables, "
-               << job->bytes() << " bytes, " << v1::Mode_Name(config.mode())
+               << job->bytes() << " bytes, optimizer slots " << slots << " bytes, "
+               << v1::Mode_Name(config.mode())
                << ", workers=" << config.num_workers()
                << ", replicas_to_aggregate=" << job->replicas << ", optimizer "
                << config.optimizer().ShortDebugString();

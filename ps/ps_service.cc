@@ -155,6 +155,7 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
 grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
                                           const v1::PullRequest& request, TensorStream* stream) {
   const absl::Time deadline = absl::FromChrono(context->deadline());
+  const absl::Time asked = absl::Now();
   auto snap = ps_.Pull(request, deadline);
   if (!snap.ok()) return ToGrpcStatus(snap.status());
   const absl::Time start = absl::Now();  // after the wait: service time only
@@ -167,6 +168,8 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
                                [stream](const grpc::ByteBuffer& m) { return stream->Write(m); });
   std::string step;
   common::AppendVarintField(kPullStepField, static_cast<uint64_t>(w.global_step), &step);
+  common::AppendVarintField(v1::ps_wire::kPullWaitedField,
+                            static_cast<uint64_t>(absl::ToInt64Microseconds(start - asked)), &step);
   out.set_prefix(std::move(step));
   const std::shared_ptr<const void> keep_alive = *snap;
   for (size_t v = 0; v < w.values.size(); ++v) {

@@ -212,6 +212,8 @@ TEST(PsWireTest, MethodIndicesAndNamesMatchTheProto) {
             v1::ps_wire::kPushSlicesField);
   EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("global_step")->number(),
             v1::ps_wire::kPullStepField);
+  EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("waited_us")->number(),
+            v1::ps_wire::kPullWaitedField);
   EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("slices")->number(),
             v1::ps_wire::kPullSlicesField);
 }

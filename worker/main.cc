@@ -24,6 +24,7 @@
 #include "common/cancellation.h"
 #include "common/cluster_flags.h"
 #include "common/job_spec.h"
+#include "common/process_memory.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/paths.h"
@@ -284,7 +285,8 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   if (jobs_collector != nullptr) metrics_server->Remove(jobs_collector);  // before the manager goes
   manager.reset();
-  TLOG(INFO) << spec.TaskName() << ": stopped";
+  TLOG(INFO) << spec.TaskName() << ": stopped; peak resident memory (VmHWM) "
+             << towerps::common::PeakResidentBytes() << " bytes";
   return 0;
 }
 

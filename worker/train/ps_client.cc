@@ -143,13 +143,17 @@ class GrpcParameterClient : public ParameterClient {
     }
     const int n = static_cast<int>(stubs_.size());
     std::vector<int64_t> steps(n, 0);
+    std::vector<absl::Duration> waited(n, absl::ZeroDuration());
     TOWERPS_RETURN_IF_ERROR(LostServer());
     const common::RetryPolicy policy = retry_.WithDeadline(options_.wait_timeout);
     TOWERPS_RETURN_IF_ERROR(ForEachServer([&](int s) -> absl::Status {
       common::Backoff backoff(policy, options_.cancel);
       absl::Time next_log = absl::Now() + LogInterval();
       while (true) {
-        absl::Status st = PullOnce(s, min_step, iteration, weights, &steps[s]);
+        const absl::Time attempt = absl::Now();
+        absl::Status st = PullOnce(s, min_step, iteration, weights, &steps[s], &waited[s]);
+        // A server-side wait that ran out counts whole.
+        if (absl::IsDeadlineExceeded(st)) waited[s] += absl::Now() - attempt;
         // DEADLINE_EXCEEDED here is the server's step wait (max_wait_ms): it answered.
         if (st.ok() || absl::IsDeadlineExceeded(st)) NoteReachable(s);
         if (st.ok()) return st;
@@ -167,8 +171,11 @@ class GrpcParameterClient : public ParameterClient {
         }
       }
     }));
+    last_pull_wait_ = *std::max_element(waited.begin(), waited.end());
     return *std::min_element(steps.begin(), steps.end());
   }
+
+  absl::Duration last_pull_wait() const override { return last_pull_wait_; }
 
   absl::StatusOr<PushResult> Push(int64_t step, int64_t num_examples,
                                   const std::vector<const common::Tensor*>& grads) override {
@@ -225,8 +232,10 @@ class GrpcParameterClient : public ParameterClient {
   const Placement& placement() const override { return placement_; }
 
  private:
+  // Adds the server's reported wait to `*waited`.
   absl::Status PullOnce(int s, int64_t min_step, int64_t iteration,
-                        const std::vector<common::Tensor*>& weights, int64_t* step) {
+                        const std::vector<common::Tensor*>& weights, int64_t* step,
+                        absl::Duration* waited) {
     v1::PullRequest req;
     req.set_job_id(options_.job_id);
     req.set_min_step(min_step);
@@ -250,8 +259,12 @@ class GrpcParameterClient : public ParameterClient {
     std::vector<int64_t> covered(parts.size(), 0);
     common::TensorWireHandler handler;
     bool first = true;
+    absl::Duration server_wait;
     handler.on_varint = [&](int field, uint64_t value) {
       if (field == kPullStepField && first) *step = static_cast<int64_t>(value);
+      if (field == v1::ps_wire::kPullWaitedField && first) {
+        server_wait = absl::Microseconds(static_cast<int64_t>(value));
+      }
       return absl::OkStatus();
     };
     handler.on_slice = [&](uint32_t var, uint64_t offset, uint64_t bytes) -> absl::StatusOr<char*> {
@@ -282,6 +295,7 @@ class GrpcParameterClient : public ParameterClient {
     absl::Status st = FromGrpcStatus(reader->Finish(), Call("Pull", s));
     if (!st.ok()) return st;
     if (!bad.ok()) return bad;
+    *waited += server_wait;
     for (size_t k = 0; k < parts.size(); ++k) {
       if (covered[k] != parts[k].count) {
         return absl::DataLossError(absl::StrCat("pull: variable ", vars_[parts[k].var].name(),
@@ -451,6 +465,7 @@ class GrpcParameterClient : public ParameterClient {
 
   // Used by the one thread that calls Pull/Push (thread-compatible).
   uint64_t sequence_ = 0;
+  absl::Duration last_pull_wait_;
 
   struct Health {
     bool registered = false;   // The job is registered there.

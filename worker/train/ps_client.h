@@ -94,6 +94,10 @@ class ParameterClient {
       int64_t step, int64_t num_examples,
       const std::vector<const common::Tensor*>& grads) = 0;
 
+  // Of the last successful Pull: the longest any server made it wait for its
+  // step (the sync barrier, the staleness bound), retries included.
+  virtual absl::Duration last_pull_wait() const { return absl::ZeroDuration(); }
+
   virtual v1::StatusResponse Status(int ps_task) = 0;
   virtual const Placement& placement() const = 0;
 };

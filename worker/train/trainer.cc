@@ -4,6 +4,7 @@
 #include <limits>
 #include <numeric>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -94,6 +95,16 @@ absl::Status Trainer::EvalAndReport(int64_t epoch, int64_t step, TrainResult* re
   return absl::OkStatus();
 }
 
+std::string StepBreakdown::Describe() const {
+  const double n = std::max<int64_t>(1, steps);
+  auto ms = [n](double s) { return 1e3 * s / n; };
+  return absl::StrFormat(
+      "%d steps, per step %.2f ms: compute %.2f (%.0f%%), pull %.2f (wait %.2f), push %.2f, "
+      "other %.2f",
+      steps, ms(loop_s), ms(compute_s), loop_s > 0 ? 100 * compute_s / loop_s : 0.0, ms(pull_s),
+      ms(pull_wait_s), ms(push_s), ms(other_s));
+}
+
 absl::StatusOr<TrainResult> Trainer::Run() {
   const v1::JobSpec& job = options_.job;
   const int W = options_.num_workers;
@@ -138,10 +149,15 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   const int64_t first_it =
       sync || !options_.restoring ? 0 : std::min(total, start_step / W);
 
+  StepBreakdown& bd = result.breakdown;
+  const absl::Time loop_start = absl::Now();
   for (int64_t it = first_it; it < iterations; ++it) {
     TOWERPS_RETURN_IF_ERROR(CheckCancelled());
+    const absl::Time pull_start = absl::Now();
     TOWERPS_ASSIGN_OR_RETURN(
         int64_t pulled, client_.Pull(sync ? step : 0, it, weights));
+    bd.pull_s += absl::ToDoubleSeconds(absl::Now() - pull_start);
+    bd.pull_wait_s += absl::ToDoubleSeconds(client_.last_pull_wait());
     if (options_.last_step != nullptr) options_.last_step->store(pulled);
     if (sync && pulled >= total) {
       step = pulled;
@@ -163,8 +179,13 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       perm_epoch = epoch;
     }
     GatherBatch(train_, WorkerSlice(perm, G, b, W, w), &batch);
+    const absl::Time compute_start = absl::Now();
     TOWERPS_ASSIGN_OR_RETURN(LossResult r, towers_.ComputeGradients(batch));
+    const absl::Time push_start = absl::Now();
     TOWERPS_ASSIGN_OR_RETURN(PushResult pr, client_.Push(pulled, batch.size(), grads));
+    bd.compute_s += absl::ToDoubleSeconds(push_start - compute_start);
+    bd.push_s += absl::ToDoubleSeconds(absl::Now() - push_start);
+    ++bd.steps;
     ++result.iterations;
     if (options_.iterations != nullptr) options_.iterations->store(result.iterations);
     if (options_.on_iteration) options_.on_iteration(batch.size());
@@ -206,6 +227,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       window_start = absl::Now();
     }
   }
+  bd.loop_s = absl::ToDoubleSeconds(absl::Now() - loop_start);
+  bd.other_s = std::max(0.0, bd.loop_s - bd.pull_s - bd.compute_s - bd.push_s);
+  Progress(absl::StrCat("worker ", w, ": ", bd.Describe()));
   if (!sync) {
     // Final weights: once every worker's pushes are in (the chief waits).
     if (options_.is_chief) {

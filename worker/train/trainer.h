@@ -58,6 +58,22 @@ struct TrainerOptions {
   std::function<void(int64_t examples)> on_iteration;
 };
 
+// Where a worker's training loop spent its time, summed over its iterations
+// (absl::Now() around each phase: a few clock reads per step).
+struct StepBreakdown {
+  int64_t steps = 0;       // Iterations (gradients pushed).
+  double loop_s = 0;       // The whole loop; the phases below add up to it.
+  double pull_s = 0;       // Pull, its waits included.
+  double pull_wait_s = 0;  // Of pull_s: servers holding the pull for its step
+                           // (the sync barrier) or the staleness bound.
+  double compute_s = 0;    // Forward, loss, backward, the towers' reduction.
+  double push_s = 0;
+  double other_s = 0;      // The rest: batches, checkpoints, evaluation, progress.
+  // "470 steps, per step 6.81 ms: compute 3.05 (45%), pull 2.11 (wait 0.40),
+  // push 1.20, other 0.45".
+  std::string Describe() const;
+};
+
 struct TrainResult {
   double test_accuracy = 0;  // NaN for regression models.
   double test_loss = 0;
@@ -66,6 +82,7 @@ struct TrainResult {
   int64_t stale_pushes = 0;
   double wall_s = 0;
   bool evaluated = false;    // Chief only.
+  StepBreakdown breakdown;
 };
 
 // Mean loss and accuracy of `model` (current weights) over `data`.

@@ -168,6 +168,20 @@ TEST(TrainerTest, RunsEpochsTimesStepsPerEpochWithSaneMetricsAndFallingLoss) {
     }
   }
   EXPECT_EQ(result->test_loss, w.epochs.back().test_loss());
+
+  // The step breakdown: every phase was timed, the parts add up to the loop
+  // (other is the remainder, never negative), and the loop ran inside Run.
+  const StepBreakdown& bd = result->breakdown;
+  EXPECT_EQ(bd.steps, total);
+  EXPECT_GT(bd.compute_s, 0);
+  EXPECT_GT(bd.pull_s, 0);
+  EXPECT_GT(bd.push_s, 0);
+  EXPECT_GE(bd.other_s, 0);
+  EXPECT_LE(bd.pull_wait_s, bd.pull_s);
+  EXPECT_LE(bd.pull_s + bd.compute_s + bd.push_s, bd.loop_s);
+  EXPECT_LE(bd.loop_s, result->wall_s);
+  EXPECT_NE(bd.Describe().find(absl::StrCat(total, " steps, per step")), std::string::npos)
+      << bd.Describe();
 }
 
 TEST(TrainerTest, LearnsASliceOfFashionMnist) {

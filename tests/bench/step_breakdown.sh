@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# step_breakdown: where a training step's time and a server's memory go, on a
+# real local cluster (deploy/local_cluster.sh: ps and worker processes on
+# loopback, a job submitted with towerctl), for each model and shape.
+#
+#   tests/bench/step_breakdown.sh [--models=mlp,dense_stack] [--ps=2]
+#       [--shapes=1:sync,2:sync,1:async,2:async] [--epochs=1] [--max_steps=0]
+#       [--out=DIR]
+#
+# Per run it prints one row from the logs the processes write:
+#   - each worker's step breakdown (worker/train/trainer: compute = forward,
+#     loss, backward and the towers' reduction; pull, and of it the time the
+#     servers held the pull for its step, i.e. the sync barrier or the
+#     staleness bound; push; other = batches, checkpoints, evaluation);
+#   - step/compute: a step's time over its compute alone (1.0 = communication
+#     fully hidden or free); compute/step is the same as examples/s of the
+#     whole step over examples/s of the worker's compute alone;
+#   - each ps's peak resident memory (VmHWM, logged at exit) against the
+#     bytes of values and optimizer slots it held (logged at register), raw
+#     and net of the memory the same ps had with no job (gRPC, libraries).
+# Not a test: nothing is asserted; numbers are reported. The binaries are
+# built with -c opt unless TOWERPS_BIN_DIR names them.
+set -euo pipefail
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+
+MODELS=mlp,dense_stack
+SHAPES=1:sync,2:sync,1:async,2:async
+NUM_PS=2
+EPOCHS=1
+MAX_STEPS=0
+OUT=""
+for arg in "$@"; do
+  case "$arg" in
+    --models=*) MODELS="${arg#*=}" ;;
+    --shapes=*) SHAPES="${arg#*=}" ;;
+    --ps=*) NUM_PS="${arg#*=}" ;;
+    --epochs=*) EPOCHS="${arg#*=}" ;;
+    --max_steps=*) MAX_STEPS="${arg#*=}" ;;
+    --out=*) OUT="${arg#*=}" ;;
+    -h|--help) usage 0 ;;
+    *) echo "step_breakdown: unknown argument \"$arg\"" >&2; usage ;;
+  esac
+done
+cd "$(dirname "$0")/../.."
+if [ -z "${TOWERPS_BIN_DIR:-}" ]; then
+  bazel build -c opt //ps:ps //worker:worker //client:towerctl >/dev/null 2>&1 \
+    || { echo "step_breakdown: build failed" >&2; exit 1; }
+  export TOWERPS_BIN_DIR="$PWD/bazel-bin"
+fi
+OUT="${OUT:-$(mktemp -d /tmp/step_breakdown.XXXXXX)}"
+mkdir -p "$OUT"
+
+rows="$OUT/rows.tsv"
+: >"$rows"
+IFS=, read -r -a models <<<"$MODELS"
+IFS=, read -r -a shapes <<<"$SHAPES"
+for model in "${models[@]}"; do
+  for shape in "${shapes[@]}"; do
+    workers="${shape%%:*}"
+    mode="${shape#*:}"
+    run="$OUT/$model-$workers-$mode"
+    rm -rf "$run"
+    mkdir -p "$run"
+    job_flags=(--epochs="$EPOCHS")
+    [ "$MAX_STEPS" -gt 0 ] && job_flags+=(--max_steps="$MAX_STEPS")
+    if ! TOWERPS_LOG_DIR="$run" timeout 900 deploy/local_cluster.sh --ps="$NUM_PS" \
+        --workers="$workers" --mode="$mode" --model="$model" -- "${job_flags[@]}" \
+        >"$run/launcher.log" 2>&1; then
+      echo "step_breakdown: $model $workers workers $mode failed; see $run/launcher.log" >&2
+      tail -n 5 "$run/launcher.log" >&2
+      exit 1
+    fi
+    printf '%s\t%s\t%s\t%s\n' "$model" "$workers" "$mode" "$run" >>"$rows"
+  done
+done
+
+python3 - "$rows" <<'PY'
+import glob, os, re, sys
+
+def read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+STEP = re.compile(r"worker (\d+): (\d+) steps, per step ([\d.]+) ms: compute ([\d.]+) \(\d+%\), "
+                  r"pull ([\d.]+) \(wait ([\d.]+)\), push ([\d.]+), other ([\d.]+)")
+print("%-11s %2s %-5s %6s %7s %7s %13s %6s %6s %6s %6s %7s %6s | %8s %8s %5s %5s | %8s" % (
+    "model", "W", "mode", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
+    "step/c", "c/step", "wall_s", "acc", "ps MB", "held MB", "x", "x net", "worker MB"))
+for line in open(sys.argv[1]):
+    model, workers, mode, run = line.rstrip("\n").split("\t")
+    final = re.search(r"final: test_accuracy=(\S+) test_loss=\S+ steps=\d+ wall_s=([\d.]+)",
+                      read(os.path.join(run, "launcher.log")))
+    acc, wall = (final.group(1), float(final.group(2))) if final else ("?", float("nan"))
+    bds, worker_peak = [], []
+    for log in sorted(glob.glob(os.path.join(run, "worker*.log"))):
+        text = read(log)
+        m = STEP.findall(text)
+        if m:
+            bds.append([float(x) for x in m[-1][1:]])
+        p = re.findall(r"peak resident memory \(VmHWM\) (\d+) bytes", text)
+        if p:
+            worker_peak.append(int(p[-1]))
+    ps_rows = []
+    for log in sorted(glob.glob(os.path.join(run, "ps*.log"))):
+        text = read(log)
+        held = re.findall(r"registered: \d+ variables, (\d+) bytes, optimizer slots (\d+) bytes",
+                          text)
+        peak = re.findall(r"peak resident memory \(VmHWM\) (\d+) bytes", text)
+        idle = re.findall(r"resident memory with no job (\d+) bytes", text)
+        if held and peak and idle:
+            ps_rows.append((int(peak[-1]), int(held[-1][0]) + int(held[-1][1]), int(idle[-1])))
+    if not bds:
+        print("%-11s %2s %-5s  (no breakdown line in the worker logs: %s)" % (model, workers, mode, run))
+        continue
+    # The slowest worker's figures (in sync they wait for each other).
+    steps, step_ms, comp, pull, wait, push, other = max(bds, key=lambda b: b[1])
+    worst = max(ps_rows, key=lambda r: r[0] / max(1, r[1])) if ps_rows else (0, 1, 0)
+    print("%-11s %2s %-5s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %7.1f %6s | %8.1f %8.1f %5.1f %5.1f | %8.1f" % (
+        model, workers, mode, steps, step_ms, comp, pull, wait, push, other,
+        step_ms / comp if comp else float("nan"), comp / step_ms if step_ms else float("nan"),
+        wall, acc, worst[0] / 1e6, worst[1] / 1e6, worst[0] / max(1, worst[1]),
+        (worst[0] - worst[2]) / max(1, worst[1]), max(worker_peak or [0]) / 1e6))
+print()
+print("ms/step, compute, pull (wait), push, other: per step, of the slowest worker. step/c: step time")
+print("over compute alone; c/step: examples/s of the whole step over the worker's compute alone.")
+print("ps MB: peak resident (VmHWM) of the ps with the highest ratio; held MB: its values + slots;")
+print("x = ps MB / held MB; x net = (ps MB - that ps's resident MB with no job) / held MB.")
+PY
+echo "step_breakdown: logs in $OUT"
