@@ -42,10 +42,10 @@ ABSL_FLAG(std::string, apply_log, "",
           "shard written and deletion to this file (for tests of the cluster's history "
           "after faults; see ps/apply_log.h). Default empty: off.");
 // Issue 15 (limits): what jobs may hold on this server, counted in full
-// (values, gradient accumulators, pull snapshot, optimizer slots, one push
+// (values, pull snapshot, optimizer slots, one push
 // buffer per worker; see ParameterServerOptions).
 ABSL_FLAG(int64_t, memory_budget_bytes, 0,
-          "Most bytes all jobs together may hold on this server (values, accumulators, "
+          "Most bytes all jobs together may hold on this server (values, "
           "optimizer slots, pull snapshot, push buffers); a register beyond it is refused with "
           "RESOURCE_EXHAUSTED. Default 0: half of the physical memory.");
 ABSL_FLAG(int64_t, max_job_bytes, int64_t{8} << 30,

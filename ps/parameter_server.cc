@@ -67,13 +67,12 @@ class Job {
   std::vector<Variable> vars ABSL_GUARDED_BY(mu);
   int64_t global_step ABSL_GUARDED_BY(mu) = 0;
   std::vector<WorkerRecord> workers ABSL_GUARDED_BY(mu);
-  // SYNC: the open step's gradients by worker (weight = examples), summed
-  // into `acc` in worker order once the step is complete. Summing as pushes
-  // arrive would make the result depend on their order (saxpy's FMA rounds
-  // fma(w1, g1, w0 g0) and fma(w0, g0, w1 g1) differently): the same job
-  // must give the same weights.
+  // SYNC: the open step's gradients by worker (weight = examples), summed in
+  // worker order, into the first worker's buffer, once the step is complete
+  // (no accumulator of its own). Summing as pushes arrive would make the
+  // result depend on their order (saxpy's FMA rounds fma(w1, g1, w0 g0) and
+  // fma(w0, g0, w1 g1) differently): the same job must give the same weights.
   std::map<int, std::pair<float, std::vector<std::vector<float>>>> staged ABSL_GUARDED_BY(mu);
-  std::vector<std::vector<float>> acc ABSL_GUARDED_BY(mu);
   int64_t acc_examples ABSL_GUARDED_BY(mu) = 0;
   std::set<int> pushed ABSL_GUARDED_BY(mu);
   absl::Time step_opened ABSL_GUARDED_BY(mu) = absl::Now();
@@ -333,8 +332,8 @@ std::string FootprintDetail(const v1::RegisterRequest& r, const v1::TrainingConf
   const int64_t floats = FloatsPerElement(v, config);
   return absl::StrCat(detail, "; variable \"", v.name(), "\" of shape [",
                       absl::StrJoin(v.shape(), ", "), "] alone needs ", largest_bytes, " (",
-                      floats, " floats per element: value, gradient accumulator, pull snapshot, ",
-                      floats - 3 - config.num_workers(), " optimizer slots, ",
+                      floats, " floats per element: value, pull snapshot, ",
+                      floats - 2 - config.num_workers(), " optimizer slots, ",
                       config.num_workers(), " push buffers)");
 }
 
@@ -354,7 +353,7 @@ int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& c
         slots = 0;
     }
   }
-  return 3 + slots + std::max(0, config.num_workers());
+  return 2 + slots + std::max(0, config.num_workers());
 }
 
 int64_t RegisterFootprintBytes(const v1::RegisterRequest& request,
@@ -562,7 +561,6 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::CreateJob(
     TOWERPS_ASSIGN_OR_RETURN(v.optimizer, NewVariableUpdater(def, config.optimizer(), n));
     job->sizes.push_back(n);
     job->update_kinds.push_back(def.update());
-    job->acc.emplace_back(n, 0.0f);
     job->vars.push_back(std::move(v));
   }
   job->workers.resize(config.num_workers());
@@ -783,22 +781,33 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
     }
     response.set_outcome(v1::PushResponse::APPLIED);
     if (static_cast<int>(job.pushed.size()) >= job.replicas) {
+      // sum = w0 g0 (sscal rounds w0 * g0 once, as saxpy onto zeros
+      // would), then + w1 g1, + w2 g2, ... in worker order.
+      std::vector<std::vector<float>> sum;
       for (auto& [worker, staged] : job.staged) {  // ascending worker order
-        for (size_t v = 0; v < job.acc.size(); ++v) {
+        if (sum.empty()) {
+          sum = std::move(staged.second);
+          for (size_t v = 0; v < sum.size(); ++v) {
+            cblas_sscal(static_cast<int>(job.sizes[v]), staged.first, sum[v].data(), 1);
+          }
+          continue;
+        }
+        for (size_t v = 0; v < sum.size(); ++v) {
           cblas_saxpy(static_cast<int>(job.sizes[v]), staged.first, staged.second[v].data(), 1,
-                      job.acc[v].data(), 1);
+                      sum[v].data(), 1);
         }
         job.free_buffers.push_back(std::move(staged.second));
       }
       job.staged.clear();
-      if (job.acc_examples > 0) {
+      if (job.acc_examples > 0 && !sum.empty()) {
         const float inv = 1.0f / static_cast<float>(job.acc_examples);
-        for (size_t v = 0; v < job.acc.size(); ++v) {
-          cblas_sscal(static_cast<int>(job.sizes[v]), inv, job.acc[v].data(), 1);
+        for (size_t v = 0; v < sum.size(); ++v) {
+          cblas_sscal(static_cast<int>(job.sizes[v]), inv, sum[v].data(), 1);
         }
-        job.ApplyLocked(job.acc);
-        for (auto& a : job.acc) std::fill(a.begin(), a.end(), 0.0f);
+        job.ApplyLocked(sum);
+        job.free_buffers.push_back(std::move(sum));
       } else {
+        if (!sum.empty()) job.free_buffers.push_back(std::move(sum));
         job.AdvanceLocked();
       }
       job.acc_examples = 0;
@@ -1036,7 +1045,6 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     job->DetachSnapshotLocked();  // pulls still streaming keep their values
     job->vars.clear();
     job->vars.shrink_to_fit();
-    job->acc.clear();
     job->staged.clear();
     job->free_buffers.clear();
     job->snapshot.reset();

@@ -105,12 +105,12 @@ class Job;
 }
 
 // Floats a job holds on a server per element of variable `def`, given the
-// job's normalized `config`: the value, the gradient accumulator, the pull
-// snapshot (a copy of the values, made only while a pull holds them as they
-// change), the optimizer's slots (ADAM 2, MOMENTUM 1,
-// SGD none; a MOVING_AVERAGE variable none) and one push staging buffer per
-// worker (SYNC stages each worker's gradient until its step is complete;
-// ASYNC has at most one push per worker in flight).
+// job's normalized `config`: the value, the pull snapshot (a copy of the
+// values, made only while a pull holds them as they change), the optimizer's
+// slots (ADAM 2, MOMENTUM 1, SGD none; a MOVING_AVERAGE variable none) and
+// one push staging buffer per worker (SYNC stages each worker's gradient
+// until its step is complete and sums them into the first one; ASYNC has at
+// most one push per worker in flight).
 int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& config);
 
 // Bytes the job of `request` will hold on this server (FloatsPerElement times

@@ -878,49 +878,50 @@ namespace towerps::ps {
 namespace {
 
 // Issue 15 (limits): everything a job holds is counted, per element of each
-// variable: value + accumulator + pull snapshot + optimizer slots + one push
-// buffer per worker. TwoVarJob has 6 + 2 elements and 2 workers.
+// variable: value + pull snapshot + optimizer slots + one push buffer per
+// worker (issue 16: no accumulator; SYNC sums into the first worker's
+// buffer). TwoVarJob has 6 + 2 elements and 2 workers.
 TEST(ParameterServerBudgetTest, FootprintCountsValuesAccumulatorsSlotsAndBuffers) {
   auto r = TwoVarJob(v1::SYNC, 2);
   auto footprint = [](v1::RegisterRequest req, v1::OptimizerSpec::Type type) {
     req.mutable_config()->mutable_optimizer()->set_type(type);
     return RegisterFootprintBytes(req, req.config());
   };
-  EXPECT_EQ(footprint(r, v1::OptimizerSpec::SGD), 8 * (3 + 0 + 2) * 4);       // 160
-  EXPECT_EQ(footprint(r, v1::OptimizerSpec::MOMENTUM), 8 * (3 + 1 + 2) * 4);  // 192
-  EXPECT_EQ(footprint(r, v1::OptimizerSpec::ADAM), 8 * (3 + 2 + 2) * 4);      // 224
+  EXPECT_EQ(footprint(r, v1::OptimizerSpec::SGD), 8 * (2 + 0 + 2) * 4);       // 128
+  EXPECT_EQ(footprint(r, v1::OptimizerSpec::MOMENTUM), 8 * (2 + 1 + 2) * 4);  // 160
+  EXPECT_EQ(footprint(r, v1::OptimizerSpec::ADAM), 8 * (2 + 2 + 2) * 4);      // 192
   // A moving statistic has no slots.
   r.mutable_variables(1)->set_update(v1::VariableDef::MOVING_AVERAGE);
-  EXPECT_EQ(footprint(r, v1::OptimizerSpec::ADAM), 6 * 7 * 4 + 2 * 5 * 4);  // 208
+  EXPECT_EQ(footprint(r, v1::OptimizerSpec::ADAM), 6 * 6 * 4 + 2 * 4 * 4);  // 176
 }
 
 TEST(ParameterServerBudgetTest, BudgetIsSummedOverJobsAndReturnedOnDelete) {
-  ParameterServer ps({.task_index = 0, .memory_budget_bytes = 400});
+  ParameterServer ps({.task_index = 0, .memory_budget_bytes = 300});
   auto job = [](const std::string& id) {
-    auto r = TwoVarJob(v1::SYNC, 2);  // 160 bytes with SGD
+    auto r = TwoVarJob(v1::SYNC, 2);  // 128 bytes with SGD
     r.set_job_id(id);
     return r;
   };
   ASSERT_TRUE(ps.Register(job("j1")).ok());
   ASSERT_TRUE(ps.Register(job("j2")).ok());
-  EXPECT_EQ(ps.reserved_bytes(), 320);
+  EXPECT_EQ(ps.reserved_bytes(), 256);
   // The same job again is no new memory.
   ASSERT_TRUE(ps.Register(job("j1")).ok());
-  EXPECT_EQ(ps.reserved_bytes(), 320);
+  EXPECT_EQ(ps.reserved_bytes(), 256);
   const absl::Status refused = ps.Register(job("j3")).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
-  for (const char* part : {"job \"j3\" needs 160 bytes", "variable \"a\"", "120 (5 floats",
-                           "320 bytes are already held by 2 jobs", "budget is 400 bytes",
+  for (const char* part : {"job \"j3\" needs 128 bytes", "variable \"a\"", "96 (4 floats",
+                           "256 bytes are already held by 2 jobs", "budget is 300 bytes",
                            "--memory_budget_bytes"}) {
     EXPECT_NE(refused.message().find(part), std::string::npos) << part << " in " << refused;
   }
-  EXPECT_EQ(ps.reserved_bytes(), 320);
+  EXPECT_EQ(ps.reserved_bytes(), 256);
   v1::DeleteJobRequest del;
   del.set_job_id("j1");
   ASSERT_TRUE(ps.DeleteJob(del).existed());
-  EXPECT_EQ(ps.reserved_bytes(), 160);
+  EXPECT_EQ(ps.reserved_bytes(), 128);
   ASSERT_TRUE(ps.Register(job("j3")).ok());
-  EXPECT_EQ(ps.reserved_bytes(), 320);
+  EXPECT_EQ(ps.reserved_bytes(), 256);
 }
 
 // The attack of issue 15: one 7.4 GiB variable with Adam, under the old 8 GiB
@@ -937,7 +938,7 @@ TEST(ParameterServerBudgetTest, HugeAdamVariableIsRefusedByMaxJobBytes) {
   const absl::Status st = ps.Register(r).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
   for (const std::string& part :
-       {std::string("variable \"huge\""), absl::StrCat("alone needs ", elements * 6 * 4),
+       {std::string("variable \"huge\""), absl::StrCat("alone needs ", elements * 5 * 4),
         std::string("2 optimizer slots"), std::string("--max_job_bytes"),
         absl::StrCat(int64_t{8} << 30)}) {
     EXPECT_NE(st.message().find(part), std::string::npos) << part << " in " << st;

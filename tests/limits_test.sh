@@ -157,24 +157,24 @@ else
     for w in "$@"; do grep -qF -- "$w" <<<"$out" || ok=0; done
     [ "$ok" = 1 ] && pass "$name: $(cut -c1-260 <<<"$out")" || fail "$name: $out"
   }
-  # 7.4 GiB of values: 1986422374 floats; with Adam and one worker, 6 floats each.
+  # 7.4 GiB of values: 1986422374 floats; with Adam and one worker, 5 floats each.
   out=$(register bomb ADAM 1986422374)
   expect "a 7.4 GiB variable with Adam" "$out" RESOURCE_EXHAUSTED 'variable "huge"' \
-    "alone needs $((1986422374 * 6 * 4))" "2 optimizer slots" "--max_job_bytes" "$((8 << 30))"
+    "alone needs $((1986422374 * 5 * 4))" "2 optimizer slots" "--max_job_bytes" "$((8 << 30))"
   out=$(register overflow SGD 2147483648 8589934591)
   expect "shape [2^31, 2^33-1] overflowing int64" "$out" RESOURCE_EXHAUSTED \
     'variable "huge" of shape [2147483648, 8589934591]' "int64"
-  # 8388608 floats x (value, accumulator, snapshot, one push buffer) = 128 MiB:
-  # one fits the 200 MiB budget, two do not.
-  out=$(register first SGD 8388608)
-  expect "a 128 MiB job fits the budget" "$out" OK
-  out=$(register second SGD 8388608)
-  expect "a second 128 MiB job passes the budget summed over jobs" "$out" RESOURCE_EXHAUSTED \
-    'job "second" needs 134217728 bytes' "134217728 bytes are already held by 1 jobs" \
+  # 10485760 floats x (value, snapshot, one push buffer) = 120 MiB: one fits
+  # the 200 MiB budget, two do not.
+  out=$(register first SGD 10485760)
+  expect "a 120 MiB job fits the budget" "$out" OK
+  out=$(register second SGD 10485760)
+  expect "a second 120 MiB job passes the budget summed over jobs" "$out" RESOURCE_EXHAUSTED \
+    'job "second" needs 125829120 bytes' "125829120 bytes are already held by 1 jobs" \
     "budget is $BUDGET bytes (--memory_budget_bytes)"
   out=$(printf 'job_id: "first"\n' | rpc DeleteJob DeleteJobRequest 2>&1)
   expect "DeleteJob first" "$out" OK
-  out=$(register second SGD 8388608)
+  out=$(register second SGD 10485760)
   expect "after DeleteJob the second job fits" "$out" OK
   out=$(printf 'job_id: "second"\n' | rpc DeleteJob DeleteJobRequest 2>&1)
   expect "DeleteJob second" "$out" OK
