@@ -151,9 +151,10 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address,
       address, security->ChannelCredentials(), args, security->ClientInterceptors());
 }
 
-void TuneAllocatorForLargeMessages() {
+void TuneAllocatorForLargeMessages(int max_arenas) {
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  if (max_arenas > 0) mallopt(M_ARENA_MAX, max_arenas);
 }
 
 std::string AnyAddressWithPortOf(const std::string& address) {

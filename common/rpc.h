@@ -74,8 +74,13 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address,
 // Large tensors are sent every step. glibc returns big blocks to the kernel on
 // free and faults fresh pages in on the next malloc (seen as ~17% of a
 // server's time); raising the mmap and trim thresholds keeps them in the heap
-// for reuse. Call once at the top of main().
-void TuneAllocatorForLargeMessages();
+// for reuse. With `max_arenas` > 0, glibc keeps at most that many heaps:
+// gRPC's threads then share them instead of each growing (and, with the
+// thresholds raised, keeping) a heap of its own; a parameter server peaked at
+// 7.6x the bytes it held with the default and 5.6x with one (issue 16,
+// tests/bench/step_breakdown.sh, dense stack, 1 worker). Call once at the top
+// of main(), before any thread starts.
+void TuneAllocatorForLargeMessages(int max_arenas = 0);
 
 // "0.0.0.0:<port>" for a "host:port" (or "[v6]:port") address.
 std::string AnyAddressWithPortOf(const std::string& address);
