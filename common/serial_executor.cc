@@ -1,0 +1,40 @@
+#include "common/serial_executor.h"
+
+#include <utility>
+
+namespace towerps::common {
+
+SerialExecutor::SerialExecutor() : thread_([this] { Loop(); }) {}
+
+SerialExecutor::~SerialExecutor() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void SerialExecutor::Schedule(std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(fn));
+}
+
+void SerialExecutor::Loop() {
+  while (true) {
+    std::function<void()> fn;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](SerialExecutor* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return self->stopping_ || !self->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping, and nothing left
+      fn = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    fn();
+  }
+}
+
+}  // namespace towerps::common
