@@ -370,6 +370,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
   // device too small for its weights fails here).
   for (size_t i = 0; i < model->layers_.size(); ++i) {
     Layer& layer = *model->layers_[i];
+    model->layer_vars_.push_back(static_cast<int>(model->host_weights_.size()));
     const std::vector<std::vector<int64_t>> shapes = layer.param_shapes();
     const std::vector<DeviceTensor*> params = layer.params();
     const std::vector<DeviceTensor*> grads = layer.grads();
@@ -388,6 +389,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
       }
     }
   }
+  model->layer_vars_.push_back(static_cast<int>(model->host_weights_.size()));
   for (size_t v = 0; v < model->host_weights_.size(); ++v) {
     DeviceTensor* w = model->device_weights_[v];
     if (w->backend()->host_memory()) {
@@ -591,10 +593,42 @@ absl::StatusOr<const DeviceTensor*> Model::Input(const Batch& batch, Flow& flow,
   return &in;
 }
 
-absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow,
+absl::Status Model::LayerWeightsNeeded(size_t i) {
+  const int first = layer_vars_[i], end = layer_vars_[i + 1];
+  if (first == end) return absl::OkStatus();
+  if (events_->weights_needed) {
+    TOWERPS_RETURN_IF_ERROR(events_->weights_needed(first, end - first));
+  }
+  // Host-memory layers read weights() in place (their views were set before
+  // the step); a GPU layer uploads its own now.
+  for (int v = first; v < end; ++v) {
+    DeviceTensor* w = device_weights_[v];
+    if (w->backend()->host_memory()) continue;
+    TOWERPS_RETURN_IF_ERROR(OwnWeight(v));
+    w->backend()->CopyFromHost(host_weights_[v].data(), host_weights_[v].num_elements(),
+                               w->data());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::LayerGradientsReady(size_t i) {
+  const int first = layer_vars_[i], end = layer_vars_[i + 1];
+  if (first == end) return absl::OkStatus();
+  for (int v = first; v < end; ++v) {
+    DeviceTensor* g = device_grads_[v];
+    if (g->backend()->host_memory()) continue;
+    TOWERPS_RETURN_IF_ERROR(
+        g->backend()->CopyToHost(g->data(), g->num_elements(), host_grads_[v].data()));
+  }
+  if (!events_->gradients_ready) return absl::OkStatus();
+  return events_->gradients_ready(first, end - first);
+}
+
+absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow, int k,
                                  int64_t grad_count) {
   const Stage& stage = stages_[s];
   for (size_t i = stage.first; i < stage.end; ++i) {
+    if (events_ != nullptr && k == 0) TOWERPS_RETURN_IF_ERROR(LayerWeightsNeeded(i));
     TOWERPS_ASSIGN_OR_RETURN(const DeviceTensor* x, Input(batch, flow, i));
     flow.x[i] = x;
     TOWERPS_RETURN_IF_ERROR(layers_[i]->Forward(*x, &flow.out[i]));
@@ -638,8 +672,12 @@ absl::Status Model::StageForward(const Batch& batch, size_t s, Flow& flow,
   return absl::OkStatus();
 }
 
-absl::Status Model::StageBackward(const Batch& batch, size_t s, Flow& flow,
-                                  bool accumulate) {
+absl::Status Model::StageBackward(const Batch& batch, size_t s, Flow& flow, int k,
+                                  int m) {
+  // Micro-batches after the first add to the gradients; the last one
+  // finishes them.
+  const bool accumulate = k > 0;
+  const bool last = events_ != nullptr && k == m - 1;
   const Stage& stage = stages_[s];
   // The gradient of this stage's output, if it came from another device.
   const size_t top = stage.end - 1;
@@ -655,11 +693,13 @@ absl::Status Model::StageBackward(const Batch& batch, size_t s, Flow& flow,
     if (i > 0) dx = SameSpace(i - 1, i) ? &flow.dout[i - 1] : &flow.din[i];
     TOWERPS_RETURN_IF_ERROR(
         layers_[i]->Backward(*x, flow.out[i], flow.dout[i], dx, accumulate));
+    if (last) TOWERPS_RETURN_IF_ERROR(LayerGradientsReady(i));
   }
   return layers_[stage.first]->backend().Synchronize();
 }
 
-absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train) {
+absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train,
+                                      const StepEvents* events) {
   if (batch.features.rank() != 2 || batch.features.dim(1) != input_dim_) {
     return absl::InvalidArgumentError(
         absl::StrCat("model '", name_, "': features have shape ",
@@ -683,13 +723,15 @@ absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train) {
   // which thread); the stages' steps are ours.
   PipelineScheduler pipeline(static_cast<int>(stages_.size()), m);
   const PipelineScheduler::Step forward = [&](int s, int k) {
-    return StageForward(batch, s, flows_[k], grad_count);
+    return StageForward(batch, s, flows_[k], k, grad_count);
   };
   const PipelineScheduler::Step backward = [&](int s, int k) {
-    // Micro-batches after the first add to the gradients.
-    return StageBackward(batch, s, flows_[k], /*accumulate=*/k > 0);
+    return StageBackward(batch, s, flows_[k], k, m);
   };
-  TOWERPS_RETURN_IF_ERROR(pipeline.Run(forward, train ? backward : nullptr));
+  events_ = events;
+  const absl::Status run = pipeline.Run(forward, train ? backward : nullptr);
+  events_ = nullptr;
+  TOWERPS_RETURN_IF_ERROR(run);
   LossResult total;
   for (int k = 0; k < m; ++k) {
     total.loss_sum += flows_[k].loss.loss_sum;
@@ -712,6 +754,27 @@ absl::StatusOr<LossResult> Model::ComputeGradients(const Batch& batch) {
   TOWERPS_ASSIGN_OR_RETURN(LossResult r, ComputeDeviceGradients(batch));
   TOWERPS_RETURN_IF_ERROR(DownloadGradients());
   return r;
+}
+
+absl::StatusOr<LossResult> Model::ComputeGradients(const Batch& batch,
+                                                   const StepEvents& events) {
+  const int all = static_cast<int>(host_weights_.size());
+  if (batch.size() == 0) {
+    if (events.weights_needed) TOWERPS_RETURN_IF_ERROR(events.weights_needed(0, all));
+    TOWERPS_ASSIGN_OR_RETURN(LossResult r, ComputeDeviceGradients(batch));
+    TOWERPS_RETURN_IF_ERROR(DownloadGradients());
+    if (events.gradients_ready) TOWERPS_RETURN_IF_ERROR(events.gradients_ready(0, all));
+    return r;
+  }
+  // Host-memory layers read weights() in place: point them there now (no
+  // values are read until each layer's wait).
+  for (int v = 0; v < all; ++v) {
+    DeviceTensor* w = device_weights_[v];
+    if (w->backend()->host_memory() && w->data() != host_weights_[v].data()) {
+      w->ViewHost(host_weights_[v].shape(), host_weights_[v].data());
+    }
+  }
+  return Run(batch, /*train=*/true, &events);
 }
 
 absl::StatusOr<LossResult> Model::Evaluate(const Batch& batch) {

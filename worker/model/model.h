@@ -137,6 +137,29 @@ class Model {
   // unspecified.
   absl::StatusOr<LossResult> ComputeGradients(const Batch& batch);
 
+  // What a training step tells its caller as it goes, so that the caller
+  // can move weights and gradients while the step computes (worker/train
+  // pushes each layer's gradients as soon as backward produces them, and
+  // each layer waits only for its own weights). Either may be null.
+  struct StepEvents {
+    // Before anything reads weights()[first, first + count): blocks until
+    // they hold the step's values. An error stops the step and is returned.
+    std::function<absl::Status(int first, int count)> weights_needed;
+    // Once gradients()[first, first + count) are final for this step (in
+    // host memory): the step does not write them again. An error stops the
+    // step and is returned.
+    std::function<absl::Status(int first, int count)> gradients_ready;
+  };
+  // ComputeGradients that announces, through `events`, every variable
+  // exactly once to each callback, layer by layer: weights in forward order,
+  // before the layer's first micro-batch; gradients in backward order, after
+  // its last one (a layer on a GPU uploads its weights after the wait and
+  // downloads its gradients before the announcement). An empty batch
+  // announces every variable at once. With several pipeline stages the
+  // callbacks run on the stages' threads, at the same time: they must be
+  // thread-safe. On error, announcements may stop part way.
+  absl::StatusOr<LossResult> ComputeGradients(const Batch& batch, const StepEvents& events);
+
   // The steps ComputeGradients is made of, for towers that reduce their
   // gradients on the devices before one download:
   //  - LoadWeights: the next step uses the values of `host` (VariableDefs()
@@ -237,11 +260,17 @@ class Model {
   // touch only their stage's layers and the flow's buffers of those layers).
   // Runs stage `s` forward on `flow` (and the loss, with its gradient when
   // `grad_count` > 0, if `s` is the last stage).
-  absl::Status StageForward(const Batch& batch, size_t s, Flow& flow,
+  // `k` is the micro-batch; the events (when set) fire on the first
+  // micro-batch's forward and the last one's backward.
+  absl::Status StageForward(const Batch& batch, size_t s, Flow& flow, int k,
                             int64_t grad_count);
-  absl::Status StageBackward(const Batch& batch, size_t s, Flow& flow,
-                             bool accumulate);
-  absl::StatusOr<LossResult> Run(const Batch& batch, bool train);
+  absl::Status StageBackward(const Batch& batch, size_t s, Flow& flow, int k,
+                             int m);
+  absl::StatusOr<LossResult> Run(const Batch& batch, bool train,
+                                 const StepEvents* events = nullptr);
+  // Layer i's variables: [layer_vars_[i], layer_vars_[i + 1]).
+  absl::Status LayerWeightsNeeded(size_t i);
+  absl::Status LayerGradientsReady(size_t i);
   bool SameSpace(size_t a, size_t b) const;
   // Makes weight v its own again (a view of host_weights_[v] on host memory,
   // an owned device buffer elsewhere), so it can be written.
@@ -271,8 +300,13 @@ class Model {
   std::vector<DeviceTensor*> device_weights_;
   std::vector<DeviceTensor*> device_grads_;
 
+  // Where each layer's variables start (VariableDefs order), plus the end.
+  std::vector<int> layer_vars_;
+
   // Per-step scratch, reused: one Flow per micro-batch.
   std::vector<Flow> flows_;
+  // The events of the step under way (ComputeGradients with events).
+  const StepEvents* events_ = nullptr;  // Not owned.
 };
 
 // The Glorot seed of variable `index`: SplitMix64's finalizer applied to

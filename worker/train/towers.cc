@@ -224,6 +224,16 @@ absl::StatusOr<std::unique_ptr<Towers>> Towers::Create(
   return t;
 }
 
+absl::StatusOr<LossResult> Towers::ComputeGradients(const Batch& batch,
+                                                    const Model::StepEvents& events) {
+  if (num_towers() == 1) return models_[0]->ComputeGradients(batch, events);
+  const int all = static_cast<int>(models_[0]->weights().size());
+  if (events.weights_needed) TOWERPS_RETURN_IF_ERROR(events.weights_needed(0, all));
+  TOWERPS_ASSIGN_OR_RETURN(LossResult r, ComputeGradients(batch));
+  if (events.gradients_ready) TOWERPS_RETURN_IF_ERROR(events.gradients_ready(0, all));
+  return r;
+}
+
 absl::StatusOr<LossResult> Towers::ComputeGradients(const Batch& batch) {
   const int n = num_towers();
   if (n == 1) return models_[0]->ComputeGradients(batch);

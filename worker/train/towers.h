@@ -91,6 +91,12 @@ class Towers {
   // devices and downloads the result into gradients(). Returns the summed
   // loss and correct counts over the whole batch.
   absl::StatusOr<LossResult> ComputeGradients(const Batch& batch);
+  // As above, announcing weights and gradients through `events` (see
+  // Model::StepEvents): one tower announces layer by layer as it computes;
+  // several towers wait for every weight before they start (tower 0's are
+  // shared with the others) and announce every gradient once reduced.
+  absl::StatusOr<LossResult> ComputeGradients(const Batch& batch,
+                                              const Model::StepEvents& events);
 
  private:
   Towers() = default;
