@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/paths.h"
+#include "common/process_cpu.h"
 #include "common/process_memory.h"
 #include "common/rpc.h"
 #include "common/rpc_security_flags.h"
@@ -167,6 +168,8 @@ int main(int argc, char** argv) {
   ps.StopWaiting();
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   TLOG(INFO) << "ps " << spec->task_index << ": stopped; peak resident memory (VmHWM) "
-             << towerps::common::PeakResidentBytes() << " bytes";
+             << towerps::common::PeakResidentBytes() << " bytes; cpu time user "
+             << towerps::common::ProcessCpuTime().user_s << " s, system "
+             << towerps::common::ProcessCpuTime().system_s << " s";
   return 0;
 }

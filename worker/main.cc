@@ -24,6 +24,7 @@
 #include "common/cancellation.h"
 #include "common/cluster_flags.h"
 #include "common/job_spec.h"
+#include "common/process_cpu.h"
 #include "common/process_memory.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -286,7 +287,9 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
   if (jobs_collector != nullptr) metrics_server->Remove(jobs_collector);  // before the manager goes
   manager.reset();
   TLOG(INFO) << spec.TaskName() << ": stopped; peak resident memory (VmHWM) "
-             << towerps::common::PeakResidentBytes() << " bytes";
+             << towerps::common::PeakResidentBytes() << " bytes; cpu time user "
+             << towerps::common::ProcessCpuTime().user_s << " s, system "
+             << towerps::common::ProcessCpuTime().system_s << " s";
   return 0;
 }
 

@@ -2,8 +2,12 @@
 // job's variables on their ps tasks (by the placement plan), pushes gradients
 // and pulls weights, fanning out to every ps in parallel.
 //
-// Thread-compatible: one training loop drives one client. Buffers passed to
-// Pull/Push are used only during the call.
+// Thread-compatible: one training loop drives one client, with at most one
+// pull and one push under way at a time (they may overlap each other and the
+// loop's compute: StartPull/StartPush return streams that the servers'
+// answers fill and drain in the background). Buffers passed to Pull/Push are
+// used only during the call; those given to a stream, until it finished or
+// is destroyed.
 //
 // Liveness: from Register on, a background thread heartbeats every server
 // that holds the job (every peer_timeout / 6), so that the servers know this
@@ -68,6 +72,53 @@ struct PushResult {
   int64_t global_step = 0;  // smallest step reported by the servers
 };
 
+// One pull under way (ParameterClient::StartPull): the servers' values
+// arrive into the caller's weight buffers in the background, each server's
+// in variable order, and the caller waits for each variable only when it
+// needs it. Errors are those of ParameterClient::Pull.
+//
+// Thread-safe: Wait may be called from several threads at once. Destroying
+// the stream before Finish returned cancels the calls still under way and
+// waits for them to stop (the buffers' contents are then unspecified).
+class PullStream {
+ public:
+  virtual ~PullStream() = default;
+  // Blocks until every server has begun to answer; returns the smallest
+  // global step they report (what Pull returns).
+  virtual absl::StatusOr<int64_t> Step() = 0;
+  // Blocks until weights [first, first + count) hold their pulled values;
+  // they are not written again by this stream. An error of any server fails
+  // it unless those variables were complete already.
+  virtual absl::Status Wait(int first, int count) = 0;
+  // Blocks until every variable arrived; returns the step (as Step()).
+  virtual absl::StatusOr<int64_t> Finish() = 0;
+  // After Finish: the longest any server held the pull for its step (the
+  // sync barrier, the staleness bound), retries included.
+  virtual absl::Duration server_wait() const = 0;
+};
+
+// One push under way (ParameterClient::StartPush): gradients go out as the
+// caller announces them final, while it computes the rest. A server's call
+// opens with the first of its variables and is retried whole (same sequence
+// number, so it is applied at most once) on transport failures. Errors are
+// those of ParameterClient::Push.
+//
+// Thread-safe: Send may be called from several threads at once. Destroying
+// the stream before Finish returned cancels the calls under way (no server
+// applies a push it did not receive whole) and waits for them to stop.
+class PushStream {
+ public:
+  virtual ~PushStream() = default;
+  // Gradients [first, first + count) are final: sent to their servers as
+  // soon as the transport can. They must stay unchanged until Finish
+  // returned or the stream is destroyed. A variable announced twice is sent
+  // once.
+  virtual void Send(int first, int count) = 0;
+  // Blocks until every server answered. FailedPrecondition naming a
+  // variable that was never sent (the push is abandoned then).
+  virtual absl::StatusOr<PushResult> Finish() = 0;
+};
+
 class ParameterClient {
  public:
   virtual ~ParameterClient() = default;
@@ -84,22 +135,32 @@ class ParameterClient {
   // DeadlineExceeded after wait_timeout, naming the servers and workers awaited;
   // Aborted when a server gives up on a lost worker; Unavailable / NotFound
   // for a lost or restarted server (see Liveness above).
-  virtual absl::StatusOr<int64_t> Pull(int64_t min_step, int64_t iteration,
-                                       const std::vector<common::Tensor*>& weights) = 0;
+  absl::StatusOr<int64_t> Pull(int64_t min_step, int64_t iteration,
+                               const std::vector<common::Tensor*>& weights);
+  // Pull, returning at once: the values arrive while the caller goes on.
+  // InvalidArgument for buffers that do not match the variables.
+  virtual absl::StatusOr<std::unique_ptr<PullStream>> StartPull(
+      int64_t min_step, int64_t iteration, const std::vector<common::Tensor*>& weights) = 0;
 
   // Pushes one mean gradient per variable (VariableDef order) computed on
   // weights of `step` from `num_examples` examples. Retries transport
   // failures with the same sequence number, so it is applied at most once.
-  virtual absl::StatusOr<PushResult> Push(
-      int64_t step, int64_t num_examples,
-      const std::vector<const common::Tensor*>& grads) = 0;
+  absl::StatusOr<PushResult> Push(int64_t step, int64_t num_examples,
+                                  const std::vector<const common::Tensor*>& grads);
+  // Push, with the gradients announced one by one (PushStream::Send) as the
+  // caller finishes them. InvalidArgument for buffers that do not match.
+  virtual absl::StatusOr<std::unique_ptr<PushStream>> StartPush(
+      int64_t step, int64_t num_examples, const std::vector<const common::Tensor*>& grads) = 0;
 
   // Of the last successful Pull: the longest any server made it wait for its
   // step (the sync barrier, the staleness bound), retries included.
-  virtual absl::Duration last_pull_wait() const { return absl::ZeroDuration(); }
+  absl::Duration last_pull_wait() const { return last_pull_wait_; }
 
   virtual v1::StatusResponse Status(int ps_task) = 0;
   virtual const Placement& placement() const = 0;
+
+ private:
+  absl::Duration last_pull_wait_;
 };
 
 // Plans placement of `vars` over the servers and connects (lazily) to them.

@@ -1,6 +1,8 @@
 #include "worker/train/trainer.h"
 
+#include <atomic>
 #include <cmath>
+#include <memory>
 #include <limits>
 #include <numeric>
 
@@ -10,6 +12,7 @@
 #include "common/logging.h"
 #include "common/lr_schedule.h"
 #include "common/optimizer_spec.h"
+#include "common/process_cpu.h"
 #include "common/status.h"
 
 namespace towerps::worker {
@@ -100,9 +103,9 @@ std::string StepBreakdown::Describe() const {
   auto ms = [n](double s) { return 1e3 * s / n; };
   return absl::StrFormat(
       "%d steps, per step %.2f ms: compute %.2f (%.0f%%), pull %.2f (wait %.2f), push %.2f, "
-      "other %.2f",
+      "other %.2f; process cpu %.2f cores",
       steps, ms(loop_s), ms(compute_s), loop_s > 0 ? 100 * compute_s / loop_s : 0.0, ms(pull_s),
-      ms(pull_wait_s), ms(push_s), ms(other_s));
+      ms(pull_wait_s), ms(push_s), ms(other_s), loop_s > 0 ? cpu_s / loop_s : 0.0);
 }
 
 absl::StatusOr<TrainResult> Trainer::Run() {
@@ -150,16 +153,28 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       sync || !options_.restoring ? 0 : std::min(total, start_step / W);
 
   StepBreakdown& bd = result.breakdown;
+  auto seconds_since = [](absl::Time t) { return absl::ToDoubleSeconds(absl::Now() - t); };
   const absl::Time loop_start = absl::Now();
+  const double cpu_start = common::ProcessCpuTime().total_s();
+  // Communication overlaps compute: a step's pull is under way before the
+  // step starts (in SYNC from the end of the previous step's compute, while
+  // its push finishes: the servers answer once that step is complete); the
+  // step waits for each layer's weights only when forward reaches the layer,
+  // and pushes each layer's gradients as soon as backward produced them.
+  std::unique_ptr<PullStream> pull;
+  if (first_it < iterations) {
+    TOWERPS_ASSIGN_OR_RETURN(pull, client_.StartPull(sync ? step : 0, first_it, weights));
+  }
   for (int64_t it = first_it; it < iterations; ++it) {
     TOWERPS_RETURN_IF_ERROR(CheckCancelled());
-    const absl::Time pull_start = absl::Now();
-    TOWERPS_ASSIGN_OR_RETURN(
-        int64_t pulled, client_.Pull(sync ? step : 0, it, weights));
-    bd.pull_s += absl::ToDoubleSeconds(absl::Now() - pull_start);
-    bd.pull_wait_s += absl::ToDoubleSeconds(client_.last_pull_wait());
+    absl::Time pull_start = absl::Now();
+    TOWERPS_ASSIGN_OR_RETURN(int64_t pulled, pull->Step());
+    bd.pull_s += seconds_since(pull_start);
     if (options_.last_step != nullptr) options_.last_step->store(pulled);
     if (sync && pulled >= total) {
+      pull_start = absl::Now();
+      TOWERPS_RETURN_IF_ERROR(pull->Finish().status());  // the final weights, whole
+      bd.pull_s += seconds_since(pull_start);
       step = pulled;
       break;
     }
@@ -170,6 +185,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     const int64_t position = sync ? pulled : it;
     const int64_t epoch = position / spe, b = position % spe;
     if (options_.is_chief && b == 0 && epoch > last_eval_epoch && !job.skip_eval()) {
+      pull_start = absl::Now();
+      TOWERPS_RETURN_IF_ERROR(pull->Finish().status());  // evaluation reads every weight
+      bd.pull_s += seconds_since(pull_start);
       TOWERPS_RETURN_IF_ERROR(EvalAndReport(epoch, pulled, &result));
       last_eval_epoch = epoch;
     }
@@ -179,12 +197,45 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       perm_epoch = epoch;
     }
     GatherBatch(train_, WorkerSlice(perm, G, b, W, w), &batch);
+    TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<PushStream> push,
+                             client_.StartPush(pulled, batch.size(), grads));
+    // Time blocked on weights inside the compute: pull time, not compute
+    // (pipeline stages may wait at the same time; their sum is counted).
+    std::atomic<int64_t> weights_wait_ns{0};
+    Model::StepEvents events;
+    events.weights_needed = [&](int first, int count) {
+      const absl::Time t = absl::Now();
+      const absl::Status st = pull->Wait(first, count);
+      weights_wait_ns += absl::ToInt64Nanoseconds(absl::Now() - t);
+      return st;
+    };
+    events.gradients_ready = [&](int first, int count) {
+      push->Send(first, count);
+      return absl::OkStatus();
+    };
     const absl::Time compute_start = absl::Now();
-    TOWERPS_ASSIGN_OR_RETURN(LossResult r, towers_.ComputeGradients(batch));
+    TOWERPS_ASSIGN_OR_RETURN(LossResult r, towers_.ComputeGradients(batch, events));
+    const double weights_wait_s = weights_wait_ns.load() * 1e-9;
+    bd.compute_s += seconds_since(compute_start) - weights_wait_s;
+    bd.pull_s += weights_wait_s;
+    pull_start = absl::Now();
+    TOWERPS_RETURN_IF_ERROR(pull->Finish().status());  // its errors, if any
+    bd.pull_s += seconds_since(pull_start);
+    bd.pull_wait_s += absl::ToDoubleSeconds(pull->server_wait());
+    pull.reset();
+    // SYNC: the next step's pull goes out now; the servers hold it until
+    // this step is complete. ASYNC: after the push, whose gradient the next
+    // weights then include (as without overlap).
+    if (sync) {
+      TOWERPS_ASSIGN_OR_RETURN(pull, client_.StartPull(pulled + 1, it + 1, weights));
+    }
     const absl::Time push_start = absl::Now();
-    TOWERPS_ASSIGN_OR_RETURN(PushResult pr, client_.Push(pulled, batch.size(), grads));
-    bd.compute_s += absl::ToDoubleSeconds(push_start - compute_start);
-    bd.push_s += absl::ToDoubleSeconds(absl::Now() - push_start);
+    TOWERPS_ASSIGN_OR_RETURN(PushResult pr, push->Finish());
+    bd.push_s += seconds_since(push_start);
+    push.reset();
+    if (!sync && it + 1 < iterations) {
+      TOWERPS_ASSIGN_OR_RETURN(pull, client_.StartPull(0, it + 1, weights));
+    }
     ++bd.steps;
     ++result.iterations;
     if (options_.iterations != nullptr) options_.iterations->store(result.iterations);
@@ -228,6 +279,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     }
   }
   bd.loop_s = absl::ToDoubleSeconds(absl::Now() - loop_start);
+  bd.cpu_s = common::ProcessCpuTime().total_s() - cpu_start;
   bd.other_s = std::max(0.0, bd.loop_s - bd.pull_s - bd.compute_s - bd.push_s);
   Progress(absl::StrCat("worker ", w, ": ", bd.Describe()));
   if (!sync) {

@@ -59,18 +59,24 @@ struct TrainerOptions {
 };
 
 // Where a worker's training loop spent its time, summed over its iterations
-// (absl::Now() around each phase: a few clock reads per step).
+// (absl::Now() around each phase: a few clock reads per step). Pulls and
+// pushes overlap the compute (Trainer::Run); what they cost a step is the
+// time the loop was blocked on them, which is what pull_s and push_s count.
 struct StepBreakdown {
   int64_t steps = 0;       // Iterations (gradients pushed).
   double loop_s = 0;       // The whole loop; the phases below add up to it.
-  double pull_s = 0;       // Pull, its waits included.
-  double pull_wait_s = 0;  // Of pull_s: servers holding the pull for its step
-                           // (the sync barrier) or the staleness bound.
-  double compute_s = 0;    // Forward, loss, backward, the towers' reduction.
-  double push_s = 0;
+  double pull_s = 0;       // Blocked on the pull: for its step, and for each
+                           // layer's weights when the compute reached it.
+  double pull_wait_s = 0;  // Servers holding the pull for its step (the sync
+                           // barrier) or the staleness bound, hidden or not.
+  double compute_s = 0;    // Forward, loss, backward, the towers' reduction
+                           // (waits for weights excluded).
+  double push_s = 0;       // Blocked on the push after the compute.
   double other_s = 0;      // The rest: batches, checkpoints, evaluation, progress.
+  double cpu_s = 0;        // CPU time of the whole worker process during the
+                           // loop (compute and communication threads).
   // "470 steps, per step 6.81 ms: compute 3.05 (45%), pull 2.11 (wait 0.40),
-  // push 1.20, other 0.45".
+  // push 1.20, other 0.45; process cpu 1.52 cores".
   std::string Describe() const;
 };
 

@@ -1,0 +1,143 @@
+#include "worker/train/ps_peers.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/rpc.h"
+#include "common/status.h"
+#include "grpcpp/client_context.h"
+#include "proto/ps_wire.h"
+
+namespace towerps::worker::internal {
+
+PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> vars,
+                 Placement placement)
+    : options_(std::move(options)), vars_(std::move(vars)), placement_(std::move(placement)) {
+  const int n = static_cast<int>(options_.ps_addresses.size());
+  for (int s = 0; s < n; ++s) {
+    auto server = std::make_unique<Server>();
+    server->channel = common::NewChannel(options_.ps_addresses[s], options_.security.get());
+    server->stub = v1::ParameterService::NewStub(server->channel);
+    server->push = std::make_unique<grpc::internal::RpcMethod>(
+        v1::ps_wire::PushMethod(), grpc::internal::RpcMethod::CLIENT_STREAMING, server->channel);
+    server->pull = std::make_unique<grpc::internal::RpcMethod>(
+        v1::ps_wire::PullMethod(), grpc::internal::RpcMethod::SERVER_STREAMING, server->channel);
+    server->parts = placement_.PartsOn(s);
+    servers_.push_back(std::move(server));
+  }
+  health_.resize(n);
+}
+
+PsPeers::~PsPeers() {
+  stop_.Notify();
+  if (heartbeats_.joinable()) heartbeats_.join();
+}
+
+std::string PsPeers::ServerName(int s) const {
+  return absl::StrCat("ps ", s, " at ", options_.ps_addresses[s]);
+}
+
+std::string PsPeers::Call(const char* method, int s) const {
+  return absl::StrCat(method, " on ", ServerName(s));
+}
+
+absl::Duration PsPeers::LogInterval() const {
+  return std::clamp(options_.peer_timeout / 2, absl::Seconds(1), absl::Seconds(5));
+}
+
+void PsPeers::NoteReachable(int s) {
+  absl::MutexLock lock(&mu_);
+  health_[s].unreachable_since = absl::InfiniteFuture();
+}
+
+void PsPeers::NoteUnreachable(int s, const absl::Status& st) {
+  absl::MutexLock lock(&mu_);
+  Health& h = health_[s];
+  if (h.unreachable_since == absl::InfiniteFuture()) h.unreachable_since = absl::Now();
+  h.last_error = std::string(st.message());
+}
+
+void PsPeers::NoteRegistered(int s, int64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  health_[s].registered = true;
+  health_[s].incarnation = incarnation;
+  health_[s].unreachable_since = absl::InfiniteFuture();
+}
+
+void PsPeers::NoteGone(int s, const absl::Status& st) {
+  absl::MutexLock lock(&mu_);
+  Health& h = health_[s];
+  if (h.registered && h.gone.empty()) h.gone = std::string(st.message());
+}
+
+absl::Status PsPeers::LostServer() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (int s = 0; s < static_cast<int>(health_.size()); ++s) {
+    const Health& h = health_[s];
+    if (!h.gone.empty()) {
+      return absl::NotFoundError(absl::StrCat(ServerName(s),
+                                              " restarted and no longer holds job \"",
+                                              options_.job_id, "\" (", h.gone, ")"));
+    }
+    if (now - h.unreachable_since > options_.peer_timeout) {
+      return absl::UnavailableError(absl::StrFormat(
+          "%s unreachable for %.1f s (peer_timeout_s=%g); last error: %s", ServerName(s),
+          absl::ToDoubleSeconds(now - h.unreachable_since),
+          absl::ToDoubleSeconds(options_.peer_timeout), h.last_error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsPeers::Combine(const std::vector<absl::Status>& results) {
+  TOWERPS_RETURN_IF_ERROR(LostServer());
+  for (int s = 0; s < static_cast<int>(results.size()); ++s) {
+    if (!results[s].ok()) return common::Annotate(results[s], ServerName(s));
+  }
+  return absl::OkStatus();
+}
+
+void PsPeers::StartHeartbeats() {
+  if (!heartbeats_.joinable()) heartbeats_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+void PsPeers::HeartbeatLoop() {
+  const absl::Duration interval =
+      std::clamp(options_.peer_timeout / 6, absl::Milliseconds(50), absl::Seconds(10));
+  const absl::Duration timeout =
+      std::clamp(options_.peer_timeout / 3, absl::Milliseconds(200), absl::Seconds(10));
+  v1::HeartbeatRequest req;
+  req.set_job_id(options_.job_id);
+  req.set_worker_task(options_.worker_task);
+  while (!stop_.WaitForNotificationWithTimeout(interval)) {
+    for (int s = 0; s < size() && !stop_.HasBeenNotified(); ++s) {
+      int64_t incarnation = 0;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!health_[s].registered) continue;
+        incarnation = health_[s].incarnation;
+      }
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+      v1::HeartbeatResponse resp;
+      const absl::Status st =
+          common::FromGrpcStatus(stub(s).Heartbeat(&ctx, req, &resp), Call("Heartbeat", s));
+      if (st.ok() && resp.incarnation() != incarnation) {
+        NoteGone(s, absl::NotFoundError(absl::StrCat("its incarnation changed from ",
+                                                     incarnation, " to ", resp.incarnation())));
+      } else if (st.ok() || absl::IsUnimplemented(st)) {  // (a server without heartbeats)
+        NoteReachable(s);
+      } else if (absl::IsNotFound(st)) {
+        NoteGone(s, st);
+      } else if (retry_.IsRetryable(st)) {
+        NoteUnreachable(s, st);
+      }
+    }
+  }
+}
+
+}  // namespace towerps::worker::internal

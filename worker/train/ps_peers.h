@@ -1,0 +1,124 @@
+// The parameter servers of one job as this worker sees them: a channel, the
+// byte-buffer Push and Pull methods (common/tensor_wire.h) and two
+// SerialExecutors (one for pushes, one for pulls) per server, the parts of
+// the placement each server holds, and their liveness (ps_client.h,
+// "Liveness"): who answered, who is unreachable since when, who restarted,
+// kept up by a heartbeat thread. The ParameterClient and its streams share
+// one; it outlives them.
+//
+// Internal to worker/train (ps_client and its streams). Thread-safe.
+#ifndef TOWERPS_WORKER_TRAIN_PS_PEERS_H_
+#define TOWERPS_WORKER_TRAIN_PS_PEERS_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/retry.h"
+#include "common/serial_executor.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/impl/rpc_method.h"
+#include "proto/ps.grpc.pb.h"
+#include "proto/tensor.pb.h"
+#include "worker/train/placement.h"
+#include "worker/train/ps_client.h"
+
+namespace towerps::worker::internal {
+
+class PsPeers {
+ public:
+  // `options.incarnation` must be set (non-zero).
+  PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> vars,
+          Placement placement);
+  // Stops the heartbeats, then runs what the executors still hold.
+  ~PsPeers();
+  PsPeers(const PsPeers&) = delete;
+  PsPeers& operator=(const PsPeers&) = delete;
+
+  int size() const { return static_cast<int>(servers_.size()); }
+  const ParameterClientOptions& options() const { return options_; }
+  const std::vector<v1::VariableDef>& vars() const { return vars_; }
+  const Placement& placement() const { return placement_; }
+  // The parts ps task `s` holds, by its var_index.
+  const std::vector<VariablePart>& parts_on(int s) const { return servers_[s]->parts; }
+  // Every loop asks again on the transport's codes: UNAVAILABLE and
+  // DEADLINE_EXCEEDED (a server-side wait that ran out, or a slow server).
+  // ABORTED is a server's verdict (e.g. a lost worker): not retried here; the
+  // chief's job manager restarts the attempt. The domain limits (a lost
+  // server, max_push_attempts, wait_timeout) come on top.
+  const common::RetryPolicy& retry() const { return retry_; }
+
+  grpc::Channel& channel(int s) { return *servers_[s]->channel; }
+  v1::ParameterService::Stub& stub(int s) { return *servers_[s]->stub; }
+  const grpc::internal::RpcMethod& push_method(int s) const { return *servers_[s]->push; }
+  const grpc::internal::RpcMethod& pull_method(int s) const { return *servers_[s]->pull; }
+  // Where the streams to ps task `s` run: one push and one pull at a time
+  // each, in the order they were started.
+  common::SerialExecutor& push_executor(int s) { return servers_[s]->push_executor; }
+  common::SerialExecutor& pull_executor(int s) { return servers_[s]->pull_executor; }
+
+  // "ps 1 at host:port".
+  std::string ServerName(int s) const;
+  // "Pull on ps 1 at host:port".
+  std::string Call(const char* method, int s) const;
+  // How often a waiting loop logs: peer_timeout / 2 within [1 s, 5 s].
+  absl::Duration LogInterval() const;
+
+  // --- Liveness (ps_client.h). ---
+  void NoteReachable(int s) ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteUnreachable(int s, const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
+  // Registered the job with the server's incarnation; starts the heartbeats
+  // to it.
+  void NoteRegistered(int s, int64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+  // NOT_FOUND (or a new incarnation) from a server that held the job.
+  void NoteGone(int s, const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
+  // UNAVAILABLE / NOT_FOUND naming the first server lost, else OK.
+  absl::Status LostServer() ABSL_LOCKS_EXCLUDED(mu_);
+  // What a fan-out over every server returns: a lost server is the cause
+  // whatever the calls returned (a wait elsewhere ends because of it);
+  // otherwise the first error by server, naming it; else OK.
+  absl::Status Combine(const std::vector<absl::Status>& results);
+  // Starts the heartbeat thread (idempotent; not thread-safe against itself).
+  void StartHeartbeats();
+
+ private:
+  struct Server {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::ParameterService::Stub> stub;
+    std::unique_ptr<grpc::internal::RpcMethod> push, pull;
+    std::vector<VariablePart> parts;
+    common::SerialExecutor push_executor, pull_executor;
+  };
+  struct Health {
+    bool registered = false;   // The job is registered there.
+    int64_t incarnation = 0;   // The server's, when it registered the job.
+    absl::Time unreachable_since = absl::InfiniteFuture();  // Future: reachable.
+    std::string last_error;    // The last transport error.
+    std::string gone;          // Set: it restarted and lost the job (why).
+  };
+
+  // Every peer_timeout / 6: one Heartbeat to each server that holds the job.
+  void HeartbeatLoop();
+
+  // Constant after construction.
+  const ParameterClientOptions options_;
+  const std::vector<v1::VariableDef> vars_;
+  const Placement placement_;
+  const common::RetryPolicy retry_ = common::RetryPolicy::Transport();
+  std::vector<std::unique_ptr<Server>> servers_;
+
+  absl::Mutex mu_;
+  std::vector<Health> health_ ABSL_GUARDED_BY(mu_);
+  absl::Notification stop_;
+  std::thread heartbeats_;
+};
+
+}  // namespace towerps::worker::internal
+
+#endif  // TOWERPS_WORKER_TRAIN_PS_PEERS_H_

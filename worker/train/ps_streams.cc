@@ -1,0 +1,492 @@
+#include "worker/train/ps_streams.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/cancellation.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/retry.h"
+#include "common/status.h"
+#include "common/tensor_wire.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/sync_stream.h"
+#include "proto/ps.pb.h"
+#include "proto/ps_wire.h"
+
+namespace towerps::worker::internal {
+namespace {
+
+using common::FromGrpcStatus;
+using v1::ps_wire::kPullSlicesField;
+using v1::ps_wire::kPullStepField;
+using v1::ps_wire::kPullWaitedField;
+using v1::ps_wire::kPushSlicesField;
+
+// What both streams share: one call per server on the server's executor,
+// a token that abandons them all (the destructor, or the job's cancellation
+// through options.cancel), and the servers' outcomes.
+class StreamBase {
+ public:
+  explicit StreamBase(PsPeers& peers)
+      : peers_(peers),
+        results_(peers.size()),
+        running_(peers.size()),
+        chain_(peers.options().cancel, [this] {
+          Abandon(peers_.options().cancel->Check().message());
+        }) {}
+
+ protected:
+  // Cancels every call under way and wakes every wait; idempotent.
+  void Abandon(absl::string_view reason) ABSL_LOCKS_EXCLUDED(mu_) {
+    abandon_.Cancel(reason);
+    absl::MutexLock lock(&mu_);
+    cv_.SignalAll();
+  }
+  // For the destructors: abandons what is left and waits for every call to
+  // return (they touch this object).
+  void AbandonAndJoin() ABSL_LOCKS_EXCLUDED(mu_) {
+    Abandon("the stream was abandoned");
+    absl::MutexLock lock(&mu_);
+    while (running_ > 0) cv_.Wait(&mu_);
+  }
+  void Done(int s, absl::Status st) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    results_[s] = std::move(st);
+    if (!results_[s].ok()) failed_ = true;
+    --running_;
+    cv_.SignalAll();
+  }
+  absl::Status WaitAll() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    while (running_ > 0) cv_.Wait(&mu_);
+    return peers_.Combine(results_);
+  }
+
+  PsPeers& peers_;
+  // Cancelled to abandon the calls: what their retries wait on, and what
+  // cancels each call's context.
+  common::CancellationToken abandon_;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // Signalled whenever anything below changes.
+  std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
+  int running_ ABSL_GUARDED_BY(mu_);
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+
+ private:
+  // The job's cancellation abandons the stream. Last: removed first.
+  common::ScopedCancellationCallback chain_;
+};
+
+// --- Pull ---------------------------------------------------------------------
+
+class GrpcPullStream final : public PullStream, private StreamBase {
+ public:
+  GrpcPullStream(PsPeers& peers, int64_t min_step, int64_t iteration,
+                 std::vector<common::Tensor*> weights)
+      : StreamBase(peers),
+        min_step_(min_step),
+        iteration_(iteration),
+        weights_(std::move(weights)),
+        servers_(peers.size()) {
+    absl::MutexLock lock(&mu_);
+    missing_.resize(weights_.size());
+    for (size_t v = 0; v < weights_.size(); ++v) missing_[v] = weights_[v]->num_elements();
+    step_.assign(peers.size(), -1);
+    waited_.assign(peers.size(), absl::ZeroDuration());
+    for (int s = 0; s < peers.size(); ++s) {
+      servers_[s].part_done.assign(peers.parts_on(s).size(), false);
+    }
+  }
+
+  ~GrpcPullStream() override { AbandonAndJoin(); }
+
+  void Start() {
+    for (int s = 0; s < peers_.size(); ++s) {
+      peers_.pull_executor(s).Schedule([this, s] { Done(s, PullWithRetries(s)); });
+    }
+  }
+
+  absl::StatusOr<int64_t> Step() override {
+    absl::MutexLock lock(&mu_);
+    while (!failed_ && running_ > 0 && !AllStepsKnown()) cv_.Wait(&mu_);
+    if (AllStepsKnown()) return *std::min_element(step_.begin(), step_.end());
+    while (running_ > 0 && !failed_) cv_.Wait(&mu_);
+    TOWERPS_RETURN_IF_ERROR(peers_.Combine(results_));
+    return absl::InternalError("pull: a server finished without its step");
+  }
+
+  absl::Status Wait(int first, int count) override {
+    absl::MutexLock lock(&mu_);
+    auto complete = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (int v = first; v < first + count; ++v) {
+        if (missing_[v] > 0) return false;
+      }
+      return true;
+    };
+    while (!complete() && !failed_ && running_ > 0) cv_.Wait(&mu_);
+    if (complete()) return absl::OkStatus();
+    TOWERPS_RETURN_IF_ERROR(peers_.Combine(results_));
+    return absl::InternalError("pull: the servers finished without every variable");
+  }
+
+  absl::StatusOr<int64_t> Finish() override {
+    TOWERPS_RETURN_IF_ERROR(WaitAll());
+    absl::MutexLock lock(&mu_);
+    return *std::min_element(step_.begin(), step_.end());
+  }
+
+  absl::Duration server_wait() const override {
+    absl::MutexLock lock(&mu_);
+    return *std::max_element(waited_.begin(), waited_.end());
+  }
+
+ private:
+  // Touched only by server s's call (on its executor).
+  struct PerServer {
+    std::vector<bool> part_done;  // Complete in the buffers: never written again.
+    std::vector<char> discard;    // Where a retry's copy of a done part goes.
+  };
+
+  bool AllStepsKnown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::all_of(step_.begin(), step_.end(), [](int64_t s) { return s >= 0; });
+  }
+
+  absl::Status PullWithRetries(int s) {
+    const ParameterClientOptions& o = peers_.options();
+    TOWERPS_RETURN_IF_ERROR(peers_.LostServer());
+    common::Backoff backoff(peers_.retry().WithDeadline(o.wait_timeout), &abandon_);
+    absl::Time next_log = absl::Now() + peers_.LogInterval();
+    while (true) {
+      const absl::Time attempt = absl::Now();
+      absl::Duration server_wait;
+      absl::Status st = PullOnce(s, &server_wait);
+      {
+        absl::MutexLock lock(&mu_);
+        waited_[s] += server_wait;
+        // A server-side wait that ran out counts whole.
+        if (absl::IsDeadlineExceeded(st)) waited_[s] += absl::Now() - attempt;
+      }
+      // DEADLINE_EXCEEDED here is the server's step wait (max_wait_ms): it answered.
+      if (st.ok() || absl::IsDeadlineExceeded(st)) peers_.NoteReachable(s);
+      if (st.ok()) return st;
+      if (absl::IsNotFound(st)) peers_.NoteGone(s, st);
+      if (absl::IsUnavailable(st)) peers_.NoteUnreachable(s, st);
+      TOWERPS_RETURN_IF_ERROR(peers_.LostServer());
+      // The server waited already: ask again at once.
+      TOWERPS_RETURN_IF_ERROR(absl::IsDeadlineExceeded(st) ? backoff.AgainAtOnce(st)
+                                                           : backoff.Wait(st));
+      const absl::Time now = absl::Now();
+      if (now >= next_log) {
+        TLOG(WARNING) << "worker " << o.worker_task << ": still waiting on "
+                      << peers_.ServerName(s) << " for step " << min_step_ << ": "
+                      << st.message();
+        next_log = now + peers_.LogInterval();
+      }
+    }
+  }
+
+  // One call. Parts complete from an earlier call are not written again
+  // (someone may be reading them): a retry's copy of them is discarded.
+  absl::Status PullOnce(int s, absl::Duration* server_wait) {
+    const ParameterClientOptions& o = peers_.options();
+    v1::PullRequest req;
+    req.set_job_id(o.job_id);
+    req.set_min_step(min_step_);
+    req.set_worker_task(o.worker_task);
+    req.set_worker_iteration(iteration_);
+    req.set_chunk_bytes(o.chunk_bytes);
+    // Short server-side waits, so that a lost peer elsewhere is noticed
+    // between them.
+    req.set_max_wait_ms(absl::ToInt64Milliseconds(
+        std::clamp(o.peer_timeout / 4, absl::Milliseconds(250), absl::Seconds(5))));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
+    const common::ScopedCancellationCallback cancel_call(&abandon_, [&ctx] { ctx.TryCancel(); });
+    // Payload goes from gRPC's receive buffers straight into the tensors.
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+            &peers_.channel(s), peers_.pull_method(s), &ctx, req));
+    const std::vector<VariablePart>& parts = peers_.parts_on(s);
+    PerServer& me = servers_[s];
+    std::vector<int64_t> got(parts.size(), 0);  // elements this call delivered, by part
+    std::vector<uint32_t> touched;              // parts the current message reached
+    common::TensorWireHandler handler;
+    bool first = true;
+    int64_t step = -1;
+    absl::Duration wait;
+    handler.on_varint = [&](int field, uint64_t value) {
+      if (field == kPullStepField && first) step = static_cast<int64_t>(value);
+      if (field == kPullWaitedField && first) {
+        wait = absl::Microseconds(static_cast<int64_t>(value));
+      }
+      return absl::OkStatus();
+    };
+    handler.on_slice = [&](uint32_t k, uint64_t offset, uint64_t bytes) -> absl::StatusOr<char*> {
+      if (k >= parts.size()) return absl::DataLossError(absl::StrCat("pull: bad var_index ", k));
+      const VariablePart& part = parts[k];
+      const uint64_t count = bytes / 4;
+      if (bytes % 4 != 0 || offset != static_cast<uint64_t>(got[k]) ||
+          count > static_cast<uint64_t>(part.count - got[k])) {
+        return absl::DataLossError(absl::StrCat(
+            "pull: slice of ", peers_.vars()[part.var].name(), " at element ", offset,
+            " does not fit ", weights_[part.var]->ShapeString(), " in order"));
+      }
+      got[k] += static_cast<int64_t>(count);
+      touched.push_back(k);
+      if (me.part_done[k]) {
+        me.discard.resize(std::max<size_t>(me.discard.size(), bytes));
+        return me.discard.data();
+      }
+      return reinterpret_cast<char*>(weights_[part.var]->data() + part.offset + offset);
+    };
+    grpc::ByteBuffer msg;
+    absl::Status bad;
+    std::vector<std::pair<int, int64_t>> finished;  // (variable, elements) completed now
+    while (reader->Read(&msg)) {
+      if (!bad.ok()) continue;  // drain the stream, then report
+      touched.clear();
+      bad = common::ReadTensorMessage(msg, kPullSlicesField, handler);
+      if (absl::IsInvalidArgument(bad)) bad = absl::DataLossError(bad.message());
+      if (!bad.ok()) continue;
+      finished.clear();
+      for (uint32_t k : touched) {
+        if (!me.part_done[k] && got[k] == parts[k].count) {
+          me.part_done[k] = true;
+          finished.emplace_back(parts[k].var, parts[k].count);
+        }
+      }
+      if (first || !finished.empty()) {
+        absl::MutexLock lock(&mu_);
+        if (first && step_[s] < 0) step_[s] = step;
+        for (const auto& [v, n] : finished) missing_[v] -= n;
+        cv_.SignalAll();
+      }
+      first = false;
+    }
+    TOWERPS_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish(), peers_.Call("Pull", s)));
+    TOWERPS_RETURN_IF_ERROR(bad);
+    *server_wait = wait;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (got[k] != parts[k].count) {
+        return absl::DataLossError(absl::StrCat(
+            "pull: variable ", peers_.vars()[parts[k].var].name(), " came back incomplete"));
+      }
+    }
+    if (first) {  // No message at all, yet OK: the server broke the protocol.
+      return absl::DataLossError("pull: the server answered without its step");
+    }
+    return absl::OkStatus();
+  }
+
+  // Constant after construction.
+  const int64_t min_step_;
+  const int64_t iteration_;
+  const std::vector<common::Tensor*> weights_;
+  std::vector<PerServer> servers_;  // [s]: touched only by server s's call
+
+  std::vector<int64_t> missing_ ABSL_GUARDED_BY(mu_);  // elements not yet in place, by variable
+  std::vector<int64_t> step_ ABSL_GUARDED_BY(mu_);     // by server; -1: not answered yet
+  std::vector<absl::Duration> waited_ ABSL_GUARDED_BY(mu_);
+};
+
+// --- Push ---------------------------------------------------------------------
+
+class GrpcPushStream final : public PushStream, private StreamBase {
+ public:
+  GrpcPushStream(PsPeers& peers, uint64_t sequence, int64_t step, int64_t num_examples,
+                 std::vector<const common::Tensor*> grads)
+      : StreamBase(peers),
+        sequence_(sequence),
+        step_(step),
+        num_examples_(num_examples),
+        grads_(std::move(grads)),
+        parts_of_(peers.size()),
+        responses_(peers.size()) {
+    for (int s = 0; s < peers.size(); ++s) {
+      parts_of_[s].resize(grads_.size());
+      const std::vector<VariablePart>& parts = peers.parts_on(s);
+      for (size_t k = 0; k < parts.size(); ++k) parts_of_[s][parts[k].var].push_back(k);
+    }
+    absl::MutexLock lock(&mu_);
+    sent_.assign(grads_.size(), false);
+  }
+
+  ~GrpcPushStream() override { AbandonAndJoin(); }
+
+  void Start() {
+    for (int s = 0; s < peers_.size(); ++s) {
+      peers_.push_executor(s).Schedule([this, s] { Done(s, PushWithRetries(s)); });
+    }
+  }
+
+  void Send(int first, int count) override {
+    absl::MutexLock lock(&mu_);
+    for (int v = first; v < first + count; ++v) {
+      if (sent_[v]) continue;
+      sent_[v] = true;
+      order_.push_back(v);
+    }
+    cv_.SignalAll();
+  }
+
+  absl::StatusOr<PushResult> Finish() override {
+    int unsent = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t v = 0; v < sent_.size() && unsent < 0; ++v) {
+        if (!sent_[v]) unsent = static_cast<int>(v);
+      }
+    }
+    if (unsent >= 0) {
+      Abandon("push finished before every gradient was sent");
+      WaitAll().IgnoreError();
+      return absl::FailedPreconditionError(
+          absl::StrCat("push: the gradient of ", peers_.vars()[unsent].name(),
+                       " was never sent; the push was abandoned"));
+    }
+    TOWERPS_RETURN_IF_ERROR(WaitAll());
+    PushResult r;
+    r.global_step = INT64_MAX;
+    for (const v1::PushResponse& resp : responses_) {
+      switch (resp.outcome()) {
+        case v1::PushResponse::STALE: ++r.stale; break;
+        case v1::PushResponse::DUPLICATE: ++r.duplicate; break;
+        default: ++r.applied;
+      }
+      r.global_step = std::min(r.global_step, resp.global_step());
+    }
+    return r;
+  }
+
+ private:
+  absl::Status PushWithRetries(int s) {
+    const ParameterClientOptions& o = peers_.options();
+    TOWERPS_RETURN_IF_ERROR(peers_.LostServer());
+    common::Backoff backoff(peers_.retry(), &abandon_);
+    int timeouts = 0;
+    while (true) {
+      absl::Status st = PushOnce(s, &responses_[s]);
+      if (st.ok()) peers_.NoteReachable(s);
+      if (st.ok()) return st;
+      if (abandon_.cancelled()) return abandon_.Check("push");
+      if (absl::IsNotFound(st)) peers_.NoteGone(s, st);
+      if (absl::IsUnavailable(st)) peers_.NoteUnreachable(s, st);
+      TOWERPS_RETURN_IF_ERROR(peers_.LostServer());
+      // Unreachable: retried until the server is lost (peer_timeout);
+      // timed out while connected: max_push_attempts times.
+      if (absl::IsDeadlineExceeded(st) && ++timeouts >= o.max_push_attempts) return st;
+      TOWERPS_RETURN_IF_ERROR(backoff.Wait(st));
+      TLOG(WARNING) << "worker " << o.worker_task << ": push to " << peers_.ServerName(s)
+                    << " failed (attempt " << backoff.attempts() << "), retrying: "
+                    << st.message();
+    }
+  }
+
+  // Waits until sent_ holds variables past order_[*next] (or the stream is
+  // abandoned: false); returns them and moves *next past them.
+  bool NextSent(size_t* next, std::vector<int>* vars) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    while (order_.size() <= *next && !abandon_.cancelled()) cv_.Wait(&mu_);
+    if (abandon_.cancelled()) return false;
+    vars->assign(order_.begin() + *next, order_.end());
+    *next = order_.size();
+    return true;
+  }
+
+  // One call, opened when the first gradient this server holds a part of is
+  // sent (a server that holds none: when every gradient is), so that the
+  // call does not wait out the forward pass; each batch of sent gradients
+  // goes out at once in messages pointing into the gradients (no copy).
+  absl::Status PushOnce(int s, v1::PushResponse* response) {
+    const ParameterClientOptions& o = peers_.options();
+    const std::vector<VariablePart>& parts = peers_.parts_on(s);
+    const std::vector<std::vector<int>>& parts_of = parts_of_[s];
+    size_t next = 0;
+    std::vector<int> vars;
+    auto holds_any = [&] {
+      for (int v : vars) {
+        if (!parts_of[v].empty()) return true;
+      }
+      return false;
+    };
+    do {
+      if (!NextSent(&next, &vars)) return abandon_.Check("push");
+    } while (parts.empty() ? next < grads_.size() : !holds_any());
+
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
+    const common::ScopedCancellationCallback cancel_call(&abandon_, [&ctx] { ctx.TryCancel(); });
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            &peers_.channel(s), peers_.push_method(s), &ctx, response));
+    v1::PushRequest msg;
+    v1::PushHeader* h = msg.mutable_header();
+    h->set_job_id(o.job_id);
+    h->set_worker_task(o.worker_task);
+    h->set_incarnation(o.incarnation);
+    h->set_sequence(sequence_);
+    h->set_step(step_);
+    h->set_num_examples(num_examples_);
+    bool ok = writer->Write(common::ToByteBuffer(msg));
+    // The messages point into the gradients, which stay unchanged until the
+    // stream finished: gRPC is done with them when Finish returns.
+    common::TensorWireWriter out(
+        kPushSlicesField, o.chunk_bytes,
+        [&writer](const grpc::ByteBuffer& m) { return writer->Write(m); });
+    size_t left = parts.size();
+    while (ok) {
+      for (int v : vars) {
+        for (int k : parts_of[v]) {
+          if (!ok) break;
+          ok = out.Add(static_cast<uint32_t>(k), grads_[v]->data() + parts[k].offset,
+                       parts[k].count);
+          --left;
+        }
+      }
+      if (ok) ok = out.Finish();  // what was added goes now, not when a chunk fills
+      if (left == 0 || !ok) break;
+      if (!NextSent(&next, &vars)) break;  // abandoned: the call is cancelled
+    }
+    writer->WritesDone();
+    return FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
+  }
+
+  // Constant after construction.
+  const uint64_t sequence_;
+  const int64_t step_;
+  const int64_t num_examples_;
+  const std::vector<const common::Tensor*> grads_;
+  // parts_of_[s][v]: the indices (on server s) of variable v's parts there.
+  std::vector<std::vector<std::vector<int>>> parts_of_;
+  std::vector<v1::PushResponse> responses_;  // [s]: written by server s's call
+
+  std::vector<bool> sent_ ABSL_GUARDED_BY(mu_);  // by variable
+  std::vector<int> order_ ABSL_GUARDED_BY(mu_);  // variables in the order they were sent
+};
+
+}  // namespace
+
+std::unique_ptr<PullStream> StartGrpcPull(PsPeers& peers, int64_t min_step, int64_t iteration,
+                                          std::vector<common::Tensor*> weights) {
+  auto stream = std::make_unique<GrpcPullStream>(peers, min_step, iteration, std::move(weights));
+  stream->Start();
+  return stream;
+}
+
+std::unique_ptr<PushStream> StartGrpcPush(PsPeers& peers, uint64_t sequence, int64_t step,
+                                          int64_t num_examples,
+                                          std::vector<const common::Tensor*> grads) {
+  auto stream = std::make_unique<GrpcPushStream>(peers, sequence, step, num_examples,
+                                                 std::move(grads));
+  stream->Start();
+  return stream;
+}
+
+}  // namespace towerps::worker::internal

@@ -1,0 +1,33 @@
+// The gRPC streams behind ParameterClient::StartPull and StartPush
+// (ps_client.h): each server's call runs on that server's SerialExecutor in
+// PsPeers, with the retry and liveness rules of ps_client.h.
+//
+// Internal to worker/train.
+#ifndef TOWERPS_WORKER_TRAIN_PS_STREAMS_H_
+#define TOWERPS_WORKER_TRAIN_PS_STREAMS_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/tensor.h"
+#include "worker/train/ps_client.h"
+#include "worker/train/ps_peers.h"
+
+namespace towerps::worker::internal {
+
+// REQUIRES: weights match peers.vars() in number and element counts.
+// `peers` and the buffers must outlive the stream.
+std::unique_ptr<PullStream> StartGrpcPull(PsPeers& peers, int64_t min_step, int64_t iteration,
+                                          std::vector<common::Tensor*> weights);
+
+// REQUIRES: grads match peers.vars(). `sequence` is the push's (new for each
+// push, repeated by its retries). `peers` and the buffers must outlive the
+// stream.
+std::unique_ptr<PushStream> StartGrpcPush(PsPeers& peers, uint64_t sequence, int64_t step,
+                                          int64_t num_examples,
+                                          std::vector<const common::Tensor*> grads);
+
+}  // namespace towerps::worker::internal
+
+#endif  // TOWERPS_WORKER_TRAIN_PS_STREAMS_H_

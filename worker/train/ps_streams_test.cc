@@ -1,0 +1,204 @@
+// ParameterClient's streams (StartPull / StartPush) against real parameter
+// servers on loopback: values arrive variable by variable while the caller
+// goes on; a SYNC pull sent before the step's push is answered once the push
+// completes it; gradients announced one by one (from several threads) are
+// applied once; a push finished early or abandoned part way changes nothing
+// on the servers; an abandoned waiting pull returns; a server's error reaches
+// the waits.
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/ps.pb.h"
+#include "worker/train/local_ps_cluster.h"
+#include "worker/train/ps_client.h"
+#include "worker/train/ps_client_testing.h"
+
+namespace towerps::worker {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_ps::Buffers;
+using testing_ps::Config;
+using testing_ps::Grad;
+using testing_ps::Grads;
+using testing_ps::kLr;
+using testing_ps::kStateDeadline;
+using testing_ps::NewClient;
+using testing_ps::Options;
+using testing_ps::Vars;
+using testing_ps::WaitFor;
+
+v1::JobStatus JobOn(LocalPsCluster& cluster, int s) {
+  v1::StatusRequest req;
+  req.set_job_id("j");
+  const v1::StatusResponse resp = cluster.server(s).Status(req);
+  return resp.jobs_size() == 1 ? resp.jobs(0) : v1::JobStatus();
+}
+
+// Every element of every variable is `1 - kLr * Grad` (one update) or 1
+// (none).
+void ExpectUpdated(const Buffers& w, bool updated) {
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
+      ASSERT_EQ(w.tensors[v][i], updated ? 1.0f - kLr * Grad(v, i) : 1.0f)
+          << "variable " << v << " element " << i;
+    }
+  }
+}
+
+TEST(PsStreamsTest, PullStreamFillsEachVariableAndReportsTheStep) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers w(Vars());
+  auto pull = client->StartPull(0, 0, w.ptrs);
+  ASSERT_TRUE(pull.ok()) << pull.status();
+  auto step = (*pull)->Step();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 0);
+  // Each variable is whole once its wait returns, in whatever order asked.
+  for (int v = 2; v >= 0; --v) {
+    ASSERT_TRUE((*pull)->Wait(v, 1).ok());
+    for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) ASSERT_EQ(w.tensors[v][i], 1.0f);
+  }
+  auto finished = (*pull)->Finish();
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  EXPECT_EQ(*finished, 0);
+}
+
+TEST(PsStreamsTest, SyncPullSentBeforeThePushIsAnsweredWithTheNextStep) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+  Buffers w(Vars());
+  // Step 1 does not exist yet: both servers hold the pull.
+  auto pull = client->StartPull(1, 1, w.ptrs);
+  ASSERT_TRUE(pull.ok()) << pull.status();
+  ASSERT_TRUE(WaitFor([&] {
+    return JobOn(cluster, 0).pulls_waiting() > 0 && JobOn(cluster, 1).pulls_waiting() > 0;
+  }));
+  Buffers g = Grads();
+  auto push = client->StartPush(0, 4, g.const_ptrs);
+  ASSERT_TRUE(push.ok()) << push.status();
+  // Announced as backward produces them: the last variable first.
+  for (int v = 2; v >= 0; --v) (*push)->Send(v, 1);
+  auto r = (*push)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->applied, 2);
+  EXPECT_EQ(r->global_step, 1);
+  auto step = (*pull)->Finish();
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 1);
+  ExpectUpdated(w, true);
+}
+
+TEST(PsStreamsTest, GradientsSentFromSeveralThreadsAreAppliedOnce) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers g = Grads();
+  auto push = client->StartPush(0, 1, g.const_ptrs);
+  ASSERT_TRUE(push.ok()) << push.status();
+  std::vector<std::thread> threads;
+  for (int v = 0; v < 3; ++v) {
+    threads.emplace_back([&, v] {
+      (*push)->Send(v, 1);
+      (*push)->Send(0, 3);  // a variable announced twice is sent once
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto r = (*push)->Finish();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->applied, 2);
+  EXPECT_EQ(JobOn(cluster, 0).pushes_applied(), 1);
+  EXPECT_EQ(JobOn(cluster, 1).pushes_applied(), 1);
+  Buffers w(Vars());
+  ASSERT_TRUE(client->Pull(1, 1, w.ptrs).ok());
+  ExpectUpdated(w, true);
+}
+
+TEST(PsStreamsTest, PushFinishedBeforeEveryGradientWasSentChangesNothing) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+  Buffers g = Grads();
+  {
+    auto push = client->StartPush(0, 4, g.const_ptrs);
+    ASSERT_TRUE(push.ok()) << push.status();
+    (*push)->Send(0, 1);  // "big" only: ps 0's call opens and sends it
+    auto r = (*push)->Finish();
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("gradient of mid was never sent"));
+  }
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(JobOn(cluster, s).global_step(), 0) << "ps " << s;
+    EXPECT_EQ(JobOn(cluster, s).pushes_applied(), 0) << "ps " << s;
+  }
+  // The step is still open: a whole push completes it, once.
+  auto r = client->Push(0, 4, g.const_ptrs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->global_step, 1);
+  Buffers w(Vars());
+  ASSERT_TRUE(client->Pull(1, 1, w.ptrs).ok());
+  ExpectUpdated(w, true);
+}
+
+TEST(PsStreamsTest, AbandonedPushChangesNothing) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers g = Grads();
+  {
+    auto push = client->StartPush(0, 1, g.const_ptrs);
+    ASSERT_TRUE(push.ok()) << push.status();
+    (*push)->Send(0, 2);  // "big" (ps 0, whole) and "mid" (ps 1; "small" is missing)
+    // Destroyed here, unfinished: its calls are cancelled.
+  }
+  Buffers w(Vars());
+  auto step = client->Pull(0, 0, w.ptrs);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 0);
+  ExpectUpdated(w, false);
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(JobOn(cluster, s).pushes_applied(), 0) << "ps " << s;
+}
+
+TEST(PsStreamsTest, AbandonedWaitingPullReturns) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  // SYNC with 2 workers: step 1 never comes.
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 2)).ok());
+  Buffers w(Vars());
+  auto pull = client->StartPull(1, 1, w.ptrs);
+  ASSERT_TRUE(pull.ok()) << pull.status();
+  ASSERT_TRUE(WaitFor([&] {
+    return JobOn(cluster, 0).pulls_waiting() > 0 && JobOn(cluster, 1).pulls_waiting() > 0;
+  }));
+  auto destroyed = std::async(std::launch::async, [&] { pull->reset(); });
+  ASSERT_EQ(destroyed.wait_for(absl::ToChronoSeconds(kStateDeadline)),
+            std::future_status::ready);
+  // The servers let go of it.
+  EXPECT_TRUE(WaitFor([&] {
+    return JobOn(cluster, 0).pulls_waiting() == 0 && JobOn(cluster, 1).pulls_waiting() == 0;
+  }));
+}
+
+TEST(PsStreamsTest, AServersErrorReachesTheWaits) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));  // never registered: NOT_FOUND
+  Buffers w(Vars());
+  auto pull = client->StartPull(0, 0, w.ptrs);
+  ASSERT_TRUE(pull.ok()) << pull.status();
+  const absl::Status st = (*pull)->Wait(0, 3);
+  ASSERT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("not registered"));
+  EXPECT_EQ((*pull)->Step().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ((*pull)->Finish().status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace towerps::worker
