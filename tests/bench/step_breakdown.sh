@@ -12,9 +12,15 @@
 #     loss, backward and the towers' reduction; pull, and of it the time the
 #     servers held the pull for its step, i.e. the sync barrier or the
 #     staleness bound; push; other = batches, checkpoints, evaluation);
-#   - step/compute: a step's time over its compute alone (1.0 = communication
-#     fully hidden or free); compute/step is the same as examples/s of the
-#     whole step over examples/s of the worker's compute alone;
+#   - step/c: a step's time over the compute measured inside it (1.0 =
+#     communication fully hidden or free); c/step is the same as examples/s
+#     of the whole step over examples/s of that compute;
+#   - alone: the same worker's compute with no cluster around it
+#     (tests/bench/worker_throughput at the worker's batch and CPU math
+#     threads, run right after the cluster, in the same window), and
+#     step/alone = ms/step over it: what overlapping communication with
+#     compute is measured against (inside a step, the compute shares the
+#     cores with the communication, so it is slower than alone);
 #   - each ps's peak resident memory (VmHWM, logged at exit) against the
 #     bytes of values and optimizer slots it held (logged at register), raw
 #     and net of the memory the same ps had with no job (gRPC, libraries).
@@ -43,7 +49,8 @@ for arg in "$@"; do
 done
 cd "$(dirname "$0")/../.."
 if [ -z "${TOWERPS_BIN_DIR:-}" ]; then
-  bazel build -c opt //ps:ps //worker:worker //client:towerctl >/dev/null 2>&1 \
+  bazel build -c opt //ps:ps //worker:worker //client:towerctl //tests/bench:worker_throughput \
+    >/dev/null 2>&1 \
     || { echo "step_breakdown: build failed" >&2; exit 1; }
   export TOWERPS_BIN_DIR="$PWD/bazel-bin"
 fi
@@ -70,6 +77,16 @@ for model in "${models[@]}"; do
       tail -n 5 "$run/launcher.log" >&2
       exit 1
     fi
+    # The compute alone, at what each worker of the run computed: its batch
+    # and its CPU math threads (from the chief's log line).
+    wt="$TOWERPS_BIN_DIR/tests/bench/worker_throughput"
+    threads=$(grep -m1 -oE '[0-9]+ CPU math thread' "$run/worker0.log" | cut -d' ' -f1 || true)
+    global_batch=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("global_batch_size", 256))' \
+      "$run/job.json" 2>/dev/null || echo 0)
+    if [ -x "$wt" ] && [ -n "$threads" ] && [ "$global_batch" -gt 0 ]; then
+      "$wt" --models="$model" --towers=1 --devices=cpu --threads="$threads" \
+        --batch=$((global_batch / workers)) --seconds=2 >"$run/alone.txt" 2>&1 || true
+    fi
     printf '%s\t%s\t%s\t%s\n' "$model" "$workers" "$mode" "$run" >>"$rows"
   done
 done
@@ -82,10 +99,15 @@ def read(path):
         return f.read()
 
 STEP = re.compile(r"worker (\d+): (\d+) steps, per step ([\d.]+) ms: compute ([\d.]+) \(\d+%\), "
-                  r"pull ([\d.]+) \(wait ([\d.]+)\), push ([\d.]+), other ([\d.]+)")
-print("%-11s %2s %-5s %6s %7s %7s %13s %6s %6s %6s %6s %7s %6s | %8s %8s %5s %5s | %8s" % (
+                  r"pull ([\d.]+) \(wait ([\d.]+)\), push ([\d.]+), other ([\d.]+)"
+                  r"(?:; process cpu ([\d.]+) cores)?")
+LOOP = re.compile(r"worker \d+: (\d+) steps, per step ([\d.]+) ms")
+CPU = re.compile(r"cpu time user ([\d.e+-]+) s, system ([\d.e+-]+) s")
+ALONE = re.compile(r"^cpu\s+(\S+)\s+1\s+\d+\s+(\d+)\s+([\d.]+)", re.M)
+print("%-11s %2s %-5s %6s %7s %7s %13s %6s %6s %6s %6s %6s %7s %5s %7s %6s | %8s %8s %5s %5s | %8s" % (
     "model", "W", "mode", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
-    "step/c", "c/step", "wall_s", "acc", "ps MB", "held MB", "x", "x net", "worker MB"))
+    "step/c", "c/step", "alone", "st/alone", "cores", "wall_s", "acc", "ps MB", "held MB", "x",
+    "x net", "worker MB"))
 for line in open(sys.argv[1]):
     model, workers, mode, run = line.rstrip("\n").split("\t")
     final = re.search(r"final: test_accuracy=(\S+) test_loss=\S+ steps=\d+ wall_s=([\d.]+)",
@@ -96,11 +118,11 @@ for line in open(sys.argv[1]):
         text = read(log)
         m = STEP.findall(text)
         if m:
-            bds.append([float(x) for x in m[-1][1:]])
+            bds.append([float(x) if x else float("nan") for x in m[-1][1:]])
         p = re.findall(r"peak resident memory \(VmHWM\) (\d+) bytes", text)
         if p:
             worker_peak.append(int(p[-1]))
-    ps_rows = []
+    ps_rows, ps_cpu = [], []
     for log in sorted(glob.glob(os.path.join(run, "ps*.log"))):
         text = read(log)
         held = re.findall(r"registered: \d+ variables, (\d+) bytes, optimizer slots (\d+) bytes",
@@ -109,20 +131,40 @@ for line in open(sys.argv[1]):
         idle = re.findall(r"resident memory with no job (\d+) bytes", text)
         if held and peak and idle:
             ps_rows.append((int(peak[-1]), int(held[-1][0]) + int(held[-1][1]), int(idle[-1])))
+        cpu = CPU.findall(text)
+        if cpu:
+            ps_cpu.append(float(cpu[-1][0]) + float(cpu[-1][1]))
     if not bds:
         print("%-11s %2s %-5s  (no breakdown line in the worker logs: %s)" % (model, workers, mode, run))
         continue
     # The slowest worker's figures (in sync they wait for each other).
-    steps, step_ms, comp, pull, wait, push, other = max(bds, key=lambda b: b[1])
+    steps, step_ms, comp, pull, wait, push, other, _ = max(bds, key=lambda b: b[1])
+    # Cores kept busy during the training loop: every worker's process
+    # (measured over its loop) plus every ps's whole CPU time over the loop's
+    # length (a ps is idle before and after the job).
+    loop_s = steps * step_ms / 1e3
+    cores = sum(b[7] for b in bds) + (sum(ps_cpu) / loop_s if loop_s > 0 else 0)
     worst = max(ps_rows, key=lambda r: r[0] / max(1, r[1])) if ps_rows else (0, 1, 0)
-    print("%-11s %2s %-5s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %7.1f %6s | %8.1f %8.1f %5.1f %5.1f | %8.1f" % (
+    alone = float("nan")
+    alone_path = os.path.join(run, "alone.txt")
+    if os.path.exists(alone_path):
+        m = ALONE.search(read(alone_path))
+        if m and float(m.group(3)) > 0:
+            alone = 1e3 * int(m.group(2)) / float(m.group(3))
+    print("%-11s %2s %-5s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %5.2f %7.1f %6s | %8.1f %8.1f %5.1f %5.1f | %8.1f" % (
         model, workers, mode, steps, step_ms, comp, pull, wait, push, other,
         step_ms / comp if comp else float("nan"), comp / step_ms if step_ms else float("nan"),
+        alone, step_ms / alone, cores,
         wall, acc, worst[0] / 1e6, worst[1] / 1e6, worst[0] / max(1, worst[1]),
         (worst[0] - worst[2]) / max(1, worst[1]), max(worker_peak or [0]) / 1e6))
 print()
-print("ms/step, compute, pull (wait), push, other: per step, of the slowest worker. step/c: step time")
-print("over compute alone; c/step: examples/s of the whole step over the worker's compute alone.")
+print("ms/step, compute, pull (wait), push, other: per step, of the slowest worker; pull and push")
+print("count only the time the step was blocked on them (they overlap the compute); wait: the")
+print("servers' hold for the step, hidden or not. step/c: step time over the compute inside it;")
+print("c/step: its inverse. alone: ms per step of the same worker's compute with no cluster")
+print("(worker_throughput, same batch and threads, same window); st/alone: ms/step over alone.")
+print("cores: CPU seconds of every worker and ps process over the loop's seconds (of %d cores)."
+      % os.cpu_count())
 print("ps MB: peak resident (VmHWM) of the ps with the highest ratio; held MB: its values + slots;")
 print("x = ps MB / held MB; x net = (ps MB - that ps's resident MB with no job) / held MB.")
 PY

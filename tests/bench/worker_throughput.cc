@@ -7,11 +7,11 @@
 // devices of GPU 0 (the classic layout).
 //
 //   bazel run -c opt //tests/bench:worker_throughput [-- --seconds=2 --towers=1,2 --devices=cpu,gpu
-//       --models=mlp,dense_stack,cnn_small,resnet18 --threads=0]
+//       --models=mlp,dense_stack,cnn_small,resnet18 --threads=0 --batch=0]
 //
 // Image models run at the batch the issue that added them measures at:
 // cnn_small 64, resnet18 32 on CPU and 256 on GPU (their own job's batch
-// otherwise). Their GEMM columns are "-": most of their work is convolution,
+// otherwise; --batch sets one for every row). Their GEMM columns are "-": most of their work is convolution,
 // which the backend runs through oneDNN (CPU) or cuDNN (GPU), named in the
 // device column.
 //
@@ -49,6 +49,9 @@ ABSL_FLAG(double, seconds, 2.0, "Timed seconds per row (after warm-up).");
 ABSL_FLAG(std::string, towers, "1,2", "Tower counts to sweep.");
 ABSL_FLAG(std::string, devices, "cpu,gpu", "Backends to measure (gpu is skipped, saying why, without one).");
 ABSL_FLAG(std::string, models, "mlp,dense_stack,cnn_small,resnet18", "Builtin models to measure.");
+ABSL_FLAG(int64_t, batch, 0,
+          "Examples per step for every row; 0: each model's own (see above). "
+          "tests/bench/step_breakdown.sh sets a cluster worker's batch, to compare with its steps.");
 ABSL_FLAG(std::string, threads, "0",
           "CPU math threads per tower (BLAS and oneDNN) to sweep; 0: cores / towers.");
 
@@ -93,6 +96,7 @@ bool TowerInvariant(const v1::ModelSpec& spec) {
 
 // The batch a row runs at (see the file comment).
 int64_t BenchBatch(const std::string& name, const std::string& device, const v1::JobSpec& job) {
+  if (absl::GetFlag(FLAGS_batch) > 0) return absl::GetFlag(FLAGS_batch);
   if (name == "cnn_small") return 64;
   if (name == "resnet18") return device == "cpu" ? 32 : 256;
   return job.global_batch_size();
