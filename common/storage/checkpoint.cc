@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -58,20 +59,32 @@ absl::StatusOr<int64_t> NumElements(const v1::VariableDef& def) {
   return n;
 }
 
-// Appends `values` as raw little-endian float32 records of at most
+// Where an encoder's bytes go, in order.
+using ByteSink = std::function<absl::Status(absl::string_view)>;
+
+// Writes one record of `data` to `sink`, the data from where it lies.
+absl::Status WriteRecord(absl::string_view data, const ByteSink& sink) {
+  std::string head, tail;
+  RecordFraming(data, &head, &tail);
+  TOWERPS_RETURN_IF_ERROR(sink(head));
+  TOWERPS_RETURN_IF_ERROR(sink(data));
+  return sink(tail);
+}
+
+// Writes `values` as raw little-endian float32 records of at most
 // `max_record_bytes` (a multiple of 4) each; none for an empty tensor.
-int64_t AppendFloatRecords(absl::Span<const float> values, int64_t max_record_bytes,
-                           std::string* out) {
+// Adds the number of records to `*records`.
+absl::Status WriteFloatRecords(absl::Span<const float> values, int64_t max_record_bytes,
+                               const ByteSink& sink, int64_t* records) {
   const size_t per_record = static_cast<size_t>(max_record_bytes / 4);
-  int64_t records = 0;
 #if !defined(ABSL_IS_LITTLE_ENDIAN)
   std::string le;
 #endif
   for (size_t begin = 0; begin < values.size(); begin += per_record) {
     const size_t n = std::min(per_record, values.size() - begin);
 #if defined(ABSL_IS_LITTLE_ENDIAN)
-    AppendRecord(absl::string_view(reinterpret_cast<const char*>(values.data() + begin), 4 * n),
-                 out);
+    TOWERPS_RETURN_IF_ERROR(WriteRecord(
+        absl::string_view(reinterpret_cast<const char*>(values.data() + begin), 4 * n), sink));
 #else
     le.resize(4 * n);
     for (size_t i = 0; i < n; ++i) {
@@ -79,11 +92,11 @@ int64_t AppendFloatRecords(absl::Span<const float> values, int64_t max_record_by
       std::memcpy(&bits, &values[begin + i], 4);
       absl::little_endian::Store32(&le[4 * i], bits);
     }
-    AppendRecord(le, out);
+    TOWERPS_RETURN_IF_ERROR(WriteRecord(le, sink));
 #endif
-    ++records;
+    ++*records;
   }
-  return records;
+  return absl::OkStatus();
 }
 
 void CopyFloats(absl::string_view le, float* dst) {
@@ -97,7 +110,7 @@ void CopyFloats(absl::string_view le, float* dst) {
 #endif
 }
 
-absl::Status ValidateShardState(const ShardState& state, const ShardWriteOptions& options) {
+absl::Status ValidateShard(const ShardView& state, const ShardWriteOptions& options) {
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("write shard of job \"", state.job_id,
                                                    "\" task ", state.ps_task, ": ", what));
@@ -108,7 +121,7 @@ absl::Status ValidateShardState(const ShardState& state, const ShardWriteOptions
   if (state.num_ps < 1 || state.ps_task < 0 || state.ps_task >= state.num_ps) {
     return bad(absl::StrCat("ps_task ", state.ps_task, " not in [0, num_ps ", state.num_ps, ")"));
   }
-  for (const VariableState& v : state.vars) {
+  for (const ShardView::Variable& v : state.vars) {
     if (v.def.dtype() != v1::DT_FLOAT32) {
       return bad(absl::StrCat("variable \"", v.def.name(), "\" has dtype ", v.def.dtype(),
                               ", only DT_FLOAT32 is supported"));
@@ -121,33 +134,27 @@ absl::Status ValidateShardState(const ShardState& state, const ShardWriteOptions
                               " has ", *n, " elements"));
     }
     std::set<absl::string_view> names;
-    for (const SlotValues& slot : v.slots) {
+    for (const ShardView::Slot& slot : v.slots) {
       if (slot.name.empty() || !names.insert(slot.name).second) {
         return bad(absl::StrCat("variable \"", v.def.name(), "\" has an empty or duplicate slot "
                                 "name \"", slot.name, "\""));
+      }
+      if (slot.values.size() != v.value.size()) {
+        return bad(absl::StrCat("variable \"", v.def.name(), "\" slot \"", slot.name, "\" has ",
+                                slot.values.size(), " values for ", v.value.size(), " elements"));
       }
     }
   }
   return absl::OkStatus();
 }
 
-std::string EncodeShard(const ShardState& state, const ShardWriteOptions& options) {
+absl::Status EncodeShard(const ShardView& state, const ShardWriteOptions& options,
+                         const ByteSink& sink) {
   size_t payload = 0;
-  size_t tensors = 0;
-  for (const VariableState& v : state.vars) {
+  for (const ShardView::Variable& v : state.vars) {
     payload += 4 * v.value.size();
-    ++tensors;
-    for (const SlotValues& s : v.slots) {
-      payload += 4 * s.values.size();
-      ++tensors;
-    }
+    for (const ShardView::Slot& s : v.slots) payload += 4 * s.values.size();
   }
-  const size_t max_records =
-      payload / static_cast<size_t>(options.max_record_bytes) + tensors + state.vars.size() + 2;
-  std::string out;
-  out.reserve(payload + 16 * max_records + 256 * (state.vars.size() + 2) +
-              8 * state.worker_completed.size());
-
   int64_t records = 0;
   ckpt::ShardHeader header;
   header.set_magic(kShardMagic);
@@ -159,24 +166,25 @@ std::string EncodeShard(const ShardState& state, const ShardWriteOptions& option
   header.set_num_variables(static_cast<int64_t>(state.vars.size()));
   header.mutable_worker_completed()->Add(state.worker_completed.begin(),
                                          state.worker_completed.end());
-  AppendRecord(header.SerializeAsString(), &out);
+  TOWERPS_RETURN_IF_ERROR(WriteRecord(header.SerializeAsString(), sink));
   ++records;
 
-  for (const VariableState& v : state.vars) {
+  for (const ShardView::Variable& v : state.vars) {
     ckpt::VariableHeader vh;
     *vh.mutable_def() = v.def;
     vh.set_updates(v.updates);
     vh.set_num_elements(static_cast<int64_t>(v.value.size()));
-    for (const SlotValues& s : v.slots) {
+    for (const ShardView::Slot& s : v.slots) {
       ckpt::SlotHeader* sh = vh.add_slots();
       sh->set_name(s.name);
       sh->set_num_elements(static_cast<int64_t>(s.values.size()));
     }
-    AppendRecord(vh.SerializeAsString(), &out);
+    TOWERPS_RETURN_IF_ERROR(WriteRecord(vh.SerializeAsString(), sink));
     ++records;
-    records += AppendFloatRecords(v.value, options.max_record_bytes, &out);
-    for (const SlotValues& s : v.slots) {
-      records += AppendFloatRecords(s.values, options.max_record_bytes, &out);
+    TOWERPS_RETURN_IF_ERROR(WriteFloatRecords(v.value, options.max_record_bytes, sink, &records));
+    for (const ShardView::Slot& s : v.slots) {
+      TOWERPS_RETURN_IF_ERROR(
+          WriteFloatRecords(s.values, options.max_record_bytes, sink, &records));
     }
   }
 
@@ -184,8 +192,7 @@ std::string EncodeShard(const ShardState& state, const ShardWriteOptions& option
   footer.set_num_variables(static_cast<int64_t>(state.vars.size()));
   footer.set_num_records(records);
   footer.set_payload_bytes(static_cast<int64_t>(payload));
-  AppendRecord(footer.SerializeAsString(), &out);
-  return out;
+  return WriteRecord(footer.SerializeAsString(), sink);
 }
 
 // Walks a shard file's records in order, checking each against what the
@@ -413,13 +420,39 @@ std::string ShardFileName(int ps_task, int num_ps) {
   return absl::StrCat("shard-", ps_task, "-of-", num_ps);
 }
 
+ShardView ViewOf(const ShardState& state) {
+  ShardView view;
+  view.job_id = state.job_id;
+  view.ps_task = state.ps_task;
+  view.num_ps = state.num_ps;
+  view.global_step = state.global_step;
+  view.worker_completed = state.worker_completed;
+  for (const VariableState& v : state.vars) {
+    ShardView::Variable& out = view.vars.emplace_back();
+    out.def = v.def;
+    out.value = v.value;
+    out.updates = v.updates;
+    for (const SlotValues& s : v.slots) out.slots.push_back({s.name, s.values});
+  }
+  return view;
+}
+
+absl::StatusOr<std::string> WriteShard(const std::string& checkpoint_dir, const ShardView& shard,
+                                       const ShardWriteOptions& options) {
+  TOWERPS_RETURN_IF_ERROR(ValidateShard(shard, options));
+  TOWERPS_RETURN_IF_ERROR(MakeDirs(checkpoint_dir));
+  const std::string path = JoinPath(checkpoint_dir, ShardFileName(shard.ps_task, shard.num_ps));
+  TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> file,
+                           AtomicFileWriter::Create(path));
+  TOWERPS_RETURN_IF_ERROR(EncodeShard(
+      shard, options, [&file](absl::string_view bytes) { return file->Append(bytes); }));
+  TOWERPS_RETURN_IF_ERROR(file->Commit());
+  return path;
+}
+
 absl::StatusOr<std::string> WriteShard(const std::string& checkpoint_dir, const ShardState& state,
                                        const ShardWriteOptions& options) {
-  TOWERPS_RETURN_IF_ERROR(ValidateShardState(state, options));
-  TOWERPS_RETURN_IF_ERROR(MakeDirs(checkpoint_dir));
-  const std::string path = JoinPath(checkpoint_dir, ShardFileName(state.ps_task, state.num_ps));
-  TOWERPS_RETURN_IF_ERROR(WriteFileAtomically(path, EncodeShard(state, options)));
-  return path;
+  return WriteShard(checkpoint_dir, ViewOf(state), options);
 }
 
 absl::StatusOr<ShardState> ReadShard(const std::string& path) {

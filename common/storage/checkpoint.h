@@ -41,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "proto/tensor.pb.h"
 
 namespace towerps::common {
@@ -88,14 +89,42 @@ struct ShardWriteOptions {
   int64_t max_record_bytes = int64_t{64} << 20;
 };
 
-// Writes `state` to `checkpoint_dir`/ShardFileName(state.ps_task,
-// state.num_ps) atomically, creating `checkpoint_dir` (a ckpt-* directory)
-// if missing. Returns the file's path. InvalidArgument if `state` is
+// A shard to write, as views of values held elsewhere (e.g. a parameter
+// server's own variables): WriteShard streams them to the file from where
+// they lie. The viewed memory must stay unchanged until WriteShard returns.
+struct ShardView {
+  struct Slot {
+    std::string name;
+    absl::Span<const float> values;
+  };
+  struct Variable {
+    v1::VariableDef def;
+    absl::Span<const float> value;
+    int64_t updates = 0;
+    std::vector<Slot> slots;
+  };
+  std::string job_id;
+  int ps_task = 0;
+  int num_ps = 1;
+  int64_t global_step = 0;
+  std::vector<Variable> vars;
+  std::vector<int64_t> worker_completed;
+};
+
+// A view of `state` (which must outlive it).
+ShardView ViewOf(const ShardState& state);
+
+// Writes `shard` to `checkpoint_dir`/ShardFileName(shard.ps_task,
+// shard.num_ps) atomically, creating `checkpoint_dir` (a ckpt-* directory)
+// if missing. Returns the file's path. InvalidArgument if `shard` is
 // inconsistent (task out of range, a value's size not matching its def's
-// shape, a dtype other than float32, duplicate or empty slot names, bad
-// options); the file-system's error (naming the path) if writing fails:
-// ResourceExhausted for a full disk, Internal otherwise. Blocks on disk I/O.
-// Holds the encoded file in memory while writing.
+// shape, a slot's size not matching its value's, a dtype other than float32,
+// duplicate or empty slot names, bad options); the file-system's error
+// (naming the path) if writing fails: ResourceExhausted for a full disk,
+// Internal otherwise. Blocks on disk I/O. The values go to the file from the
+// viewed memory: what it holds beyond them is a small write buffer.
+absl::StatusOr<std::string> WriteShard(const std::string& checkpoint_dir, const ShardView& shard,
+                                       const ShardWriteOptions& options = {});
 absl::StatusOr<std::string> WriteShard(const std::string& checkpoint_dir, const ShardState& state,
                                        const ShardWriteOptions& options = {});
 

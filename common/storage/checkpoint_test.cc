@@ -525,10 +525,65 @@ TEST(CheckpointTest, InconsistentStateIsInvalidArgumentAndWritesNothing) {
   s = MakeState();
   s.vars[0].slots[1].name = "";
   expect_invalid(s);
+  s = MakeState();
+  s.vars[0].slots[1].values.pop_back();  // a slot not the value's size
+  expect_invalid(s);
   ShardWriteOptions o;
   o.max_record_bytes = 3;
   expect_invalid(MakeState(), o);
   EXPECT_FALSE(Exists(dir + "/ckpt"));
+}
+
+// A view of memory held elsewhere (a server's variables) writes the same
+// file as the state it views, record by record from that memory.
+TEST(CheckpointTest, ViewOfMemoryHeldElsewhereWritesTheSameFile) {
+  const std::string dir = TestDir();
+  const ShardState state = MakeState();
+  ShardWriteOptions o;
+  o.max_record_bytes = 24;  // values split over several records
+  absl::StatusOr<std::string> a = WriteShard(dir + "/a", state, o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  // The same values in buffers of their own, viewed.
+  std::vector<std::vector<float>> held;
+  for (const VariableState& v : state.vars) {
+    held.push_back(v.value);
+    for (const SlotValues& sl : v.slots) held.push_back(sl.values);
+  }
+  ShardView view;
+  view.job_id = state.job_id;
+  view.ps_task = state.ps_task;
+  view.num_ps = state.num_ps;
+  view.global_step = state.global_step;
+  view.worker_completed = state.worker_completed;
+  size_t k = 0;
+  for (const VariableState& v : state.vars) {
+    ShardView::Variable& out = view.vars.emplace_back();
+    out.def = v.def;
+    out.updates = v.updates;
+    out.value = held[k++];
+    for (const SlotValues& sl : v.slots) out.slots.push_back({sl.name, held[k++]});
+  }
+  absl::StatusOr<std::string> b = WriteShard(dir + "/b", view, o);
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::StatusOr<std::string> bytes_a = ReadFileToString(*a);
+  absl::StatusOr<std::string> bytes_b = ReadFileToString(*b);
+  ASSERT_TRUE(bytes_a.ok() && bytes_b.ok());
+  EXPECT_EQ(*bytes_a, *bytes_b);
+  absl::StatusOr<ShardState> back = ReadShard(*b);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->vars.size(), state.vars.size());
+  // Bit for bit (NaN included).
+  auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), 4 * x.size()) == 0;
+  };
+  for (size_t v = 0; v < state.vars.size(); ++v) {
+    EXPECT_TRUE(same(back->vars[v].value, state.vars[v].value)) << "variable " << v;
+    ASSERT_EQ(back->vars[v].slots.size(), state.vars[v].slots.size());
+    for (size_t j = 0; j < state.vars[v].slots.size(); ++j) {
+      EXPECT_TRUE(same(back->vars[v].slots[j].values, state.vars[v].slots[j].values))
+          << "variable " << v << " slot " << j;
+    }
+  }
 }
 
 TEST(CheckpointTest, ManifestRoundTrips) {

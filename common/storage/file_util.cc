@@ -40,41 +40,85 @@ absl::Status SyncDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+namespace {
+// Appends smaller than this are gathered before they go to the OS.
+constexpr size_t kGatherBytes = 64 << 10;
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(
+    const std::string& path) {
+  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("create", tmp, errno);
-  const char* p = contents.data();
-  size_t left = contents.size();
+  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(path, std::move(tmp), fd));
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) close(fd_);
+  if (!committed_) unlink(tmp_.c_str());
+}
+
+absl::Status AtomicFileWriter::Fail(absl::Status status) {
+  if (status_.ok()) status_ = std::move(status);
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  return status_;
+}
+
+absl::Status AtomicFileWriter::Write(absl::string_view data) {
+  const char* p = data.data();
+  size_t left = data.size();
   while (left > 0) {
-    const ssize_t n = write(fd, p, left);
+    const ssize_t n = write(fd_, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int err = errno;
-      close(fd);
-      unlink(tmp.c_str());
-      return ErrnoError("write", tmp, err);
+      return Fail(ErrnoError("write", tmp_, errno));
     }
     p += n;
     left -= static_cast<size_t>(n);
   }
-  if (fsync(fd) != 0) {
-    const int err = errno;
-    close(fd);
-    unlink(tmp.c_str());
-    return ErrnoError("fsync", tmp, err);
+  return absl::OkStatus();
+}
+
+absl::Status AtomicFileWriter::FlushBuffer() {
+  if (buffer_.empty()) return absl::OkStatus();
+  absl::Status st = Write(buffer_);
+  buffer_.clear();
+  return st;
+}
+
+absl::Status AtomicFileWriter::Append(absl::string_view data) {
+  if (!status_.ok()) return status_;
+  if (committed_ || fd_ < 0) return absl::FailedPreconditionError(tmp_ + ": append after commit");
+  if (buffer_.size() + data.size() <= kGatherBytes) {
+    buffer_.append(data.data(), data.size());
+    return absl::OkStatus();
   }
-  if (close(fd) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    return ErrnoError("close", tmp, err);
+  if (absl::Status st = FlushBuffer(); !st.ok()) return st;
+  return Write(data);
+}
+
+absl::Status AtomicFileWriter::Commit() {
+  if (!status_.ok()) return status_;
+  if (committed_ || fd_ < 0) return absl::FailedPreconditionError(tmp_ + ": committed twice");
+  if (absl::Status st = FlushBuffer(); !st.ok()) return st;
+  if (fsync(fd_) != 0) return Fail(ErrnoError("fsync", tmp_, errno));
+  const int rc = close(fd_);
+  const int err = errno;
+  fd_ = -1;
+  if (rc != 0) return Fail(ErrnoError("close", tmp_, err));
+  if (rename(tmp_.c_str(), path_.c_str()) != 0) {
+    return Fail(ErrnoError("rename to " + path_, tmp_, errno));
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    return ErrnoError("rename to " + path, tmp, err);
-  }
-  return SyncDir(DirName(path));
+  committed_ = true;
+  return SyncDir(DirName(path_));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
+  absl::StatusOr<std::unique_ptr<AtomicFileWriter>> w = AtomicFileWriter::Create(path);
+  if (!w.ok()) return w.status();
+  if (absl::Status st = (*w)->Append(contents); !st.ok()) return st;
+  return (*w)->Commit();
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {

@@ -4,6 +4,7 @@
 #ifndef TOWERPS_COMMON_STORAGE_FILE_UTIL_H_
 #define TOWERPS_COMMON_STORAGE_FILE_UTIL_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -11,9 +12,43 @@
 
 namespace towerps::common {
 
-// Writes `contents` to `path` so that readers see the old file or the whole
-// new one, never a part: write "<path>.tmp.<pid>", fsync it, rename over
-// `path`, fsync the directory. Errors name the path and the failing call.
+// Writes a file so that readers see the old file or the whole new one,
+// never a part, from pieces appended one after another (a large file need
+// not be assembled in memory first): appends go to "<path>.tmp.<pid>";
+// Commit fsyncs it, renames it over `path` and fsyncs the directory.
+// Destroyed without a successful Commit, it removes the temporary file.
+// Errors name the file and the failing call; a full disk is
+// ResourceExhausted. Small appends are gathered into one write; large ones
+// go to the OS directly from the caller's memory.
+//
+// Thread-compatible.
+class AtomicFileWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<AtomicFileWriter>> Create(const std::string& path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  // After an error, every later call returns it again.
+  absl::Status Append(absl::string_view data);
+  absl::Status Commit();
+
+ private:
+  AtomicFileWriter(std::string path, std::string tmp, int fd)
+      : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd) {}
+  absl::Status Write(absl::string_view data);
+  absl::Status FlushBuffer();
+  absl::Status Fail(absl::Status status);
+
+  const std::string path_;
+  const std::string tmp_;
+  int fd_;  // -1 once closed
+  std::string buffer_;
+  absl::Status status_;
+  bool committed_ = false;
+};
+
+// Writes `contents` to `path` atomically (AtomicFileWriter, in one piece).
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 
 // NotFound if missing; other errors name the path.

@@ -25,13 +25,21 @@ constexpr size_t kFlushBytes = 1 << 20;
 
 }  // namespace
 
-void AppendRecord(absl::string_view data, std::string* out) {
+void RecordFraming(absl::string_view data, std::string* head, std::string* tail) {
   char len[8];
   absl::little_endian::Store64(len, data.size());
-  out->append(len, 8);
-  PutU32(MaskCrc(Crc32c(absl::string_view(len, 8))), out);
+  head->assign(len, 8);
+  PutU32(MaskCrc(Crc32c(absl::string_view(len, 8))), head);
+  tail->clear();
+  PutU32(MaskCrc(Crc32c(data)), tail);
+}
+
+void AppendRecord(absl::string_view data, std::string* out) {
+  std::string head, tail;
+  RecordFraming(data, &head, &tail);
+  out->append(head);
   out->append(data.data(), data.size());
-  PutU32(MaskCrc(Crc32c(data)), out);
+  out->append(tail);
 }
 
 RecordReader::RecordReader(absl::string_view buffer, std::string name)

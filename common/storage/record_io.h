@@ -24,6 +24,11 @@ namespace towerps::common {
 // Appends the framed form of `data` to `out`.
 void AppendRecord(absl::string_view data, std::string* out);
 
+// The framing of a record whose data a writer sends from where it lies (no
+// copy into one buffer): `*head` is set to the 12 bytes that go before the
+// data, `*tail` to the 4 after it.
+void RecordFraming(absl::string_view data, std::string* head, std::string* tail);
+
 // Reads records from a buffer (which must outlive the reader).
 class RecordReader {
  public:
