@@ -20,6 +20,13 @@ using common::ValidateOptimizer;
 
 namespace {
 
+// Moves `slot`'s buffer out and leaves a copy of it in its place.
+std::vector<float> Detach(std::vector<float>& slot) {
+  std::vector<float> old = std::move(slot);
+  slot.assign(old.begin(), old.end());
+  return old;
+}
+
 // The learning rate of the update numbered `step` (1-based).
 double StepLearningRate(const v1::OptimizerSpec& spec, int64_t step) {
   return common::LearningRateAt(spec, step - 1);
@@ -103,6 +110,11 @@ class Momentum : public Optimizer {
   std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
     return {{"velocity", absl::MakeSpan(velocity_)}};
   }
+  std::vector<std::vector<float>> DetachSlots() override {
+    std::vector<std::vector<float>> out;
+    out.push_back(Detach(velocity_));
+    return out;
+  }
 
  private:
   const v1::OptimizerSpec spec_;
@@ -149,6 +161,12 @@ class Adam : public Optimizer {
   }
   std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
     return {{"m", absl::MakeSpan(m_)}, {"v", absl::MakeSpan(v_)}};
+  }
+  std::vector<std::vector<float>> DetachSlots() override {
+    std::vector<std::vector<float>> out;
+    out.push_back(Detach(m_));
+    out.push_back(Detach(v_));
+    return out;
   }
 
  private:

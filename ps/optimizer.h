@@ -49,6 +49,13 @@ class Optimizer {
   // slots restored, continuing from the same step, gives bit-identical
   // updates. Not synchronized with Apply(): the caller serializes them.
   virtual std::vector<std::pair<std::string, absl::Span<float>>> Slots() = 0;
+  // For a reader that still views the slots (a checkpoint being written)
+  // when they are about to change: moves the slot buffers out, in Slots()
+  // order, and continues on copies of them, so that later Apply() calls give
+  // the same results; spans from an earlier Slots() then view the returned
+  // buffers. Empty for rules without slots. The caller serializes it with
+  // Apply().
+  virtual std::vector<std::vector<float>> DetachSlots() { return {}; }
 };
 
 // Defaults and validation of an OptimizerSpec live in common/ (the chief

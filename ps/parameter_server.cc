@@ -41,6 +41,13 @@ struct WorkerRecord {
   int64_t completed = 0;  // ASYNC: iterations pushed by this worker.
 };
 
+// What a save writes from: views of a job's values and slots at one step,
+// kept valid (copy on write) until the save lets go of it.
+struct SaveView {
+  common::ShardView shard;  // its spans view the job's buffers, or `owned`
+  std::vector<std::shared_ptr<const std::vector<float>>> owned;
+};
+
 class Job {
  public:
   Job(std::string id, v1::TrainingConfig config)
@@ -77,12 +84,16 @@ class Job {
   std::set<int> pushed ABSL_GUARDED_BY(mu);
   absl::Time step_opened ABSL_GUARDED_BY(mu) = absl::Now();
   // What pulls stream from: views of `vars`' values at global_step, made by
-  // the first pull of a step. DetachSnapshotLocked runs before the values
+  // the first pull of a step. DetachViewsLocked runs before the values
   // change.
   std::shared_ptr<WeightsSnapshot> snapshot ABSL_GUARDED_BY(mu);
-  // Snapshots that took the variables' old buffers while pulls held them;
-  // once no pull does, their buffers are reused (spare, by var_index).
-  std::vector<std::shared_ptr<WeightsSnapshot>> detached ABSL_GUARDED_BY(mu);
+  // The views of saves under way (values and slots), which
+  // DetachViewsLocked also serves.
+  std::vector<std::weak_ptr<SaveView>> saves ABSL_GUARDED_BY(mu);
+  // Old value buffers handed to views (by var_index); once no view holds
+  // one, it is reused (spare, by var_index).
+  std::vector<std::pair<size_t, std::shared_ptr<std::vector<float>>>> detached
+      ABSL_GUARDED_BY(mu);
   std::vector<std::vector<float>> spare ABSL_GUARDED_BY(mu);
   // Staging buffers of finished pushes, reused to avoid fresh pages each step.
   std::vector<std::vector<std::vector<float>>> free_buffers ABSL_GUARDED_BY(mu);
@@ -166,7 +177,7 @@ class Job {
   // variable) to every variable with its update rule and advances the step.
   void ApplyLocked(std::vector<std::vector<float>>& grads)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    DetachSnapshotLocked();
+    DetachViewsLocked(/*keep_copies=*/true);
     for (size_t i = 0; i < vars.size(); ++i) {
       Variable& v = vars[i];
       v.optimizer->Apply(absl::MakeSpan(v.value), grads[i], ++v.updates);
@@ -174,42 +185,65 @@ class Job {
     AdvanceLocked();
   }
 
-  // The values are about to change: a snapshot a pull still holds takes
-  // their buffers, and the variables continue on copies (reusing buffers of
-  // snapshots no pull holds any more). No copy when no pull holds it, which
-  // is the common case: a worker's pull ends before its push is applied.
-  void DetachSnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (snapshot == nullptr) return;
+  // The values and slots are about to change (or go away): views still held
+  // (a pull's snapshot, a save's view) take the current buffers, and, with
+  // `keep_copies`, the variables continue on copies (reusing value buffers no
+  // view holds any more). No copy when no view is held, which is the common
+  // case: a worker's pull ends before its push is applied, and the chief
+  // saves between steps.
+  void DetachViewsLocked(bool keep_copies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     // use_count is exact here: new references are only taken under `mu`.
-    if (snapshot.use_count() > 1) {
-      for (auto it = detached.begin(); it != detached.end();) {
-        if (it->use_count() == 1) {
-          spare.resize(vars.size());
-          for (size_t i = 0; i < (*it)->owned.size() && i < spare.size(); ++i) {
-            if (spare[i].empty()) spare[i] = std::move((*it)->owned[i]);
-          }
-          it = detached.erase(it);
-        } else {
-          ++it;
+    const bool pull_held = snapshot != nullptr && snapshot.use_count() > 1;
+    std::vector<std::shared_ptr<SaveView>> held_saves;
+    for (const std::weak_ptr<SaveView>& w : saves) {
+      if (std::shared_ptr<SaveView> view = w.lock()) held_saves.push_back(std::move(view));
+    }
+    saves.clear();
+    if (pull_held || !held_saves.empty()) {
+      RecycleLocked();
+      for (size_t i = 0; i < vars.size(); ++i) {
+        // The buffer moves (its memory stays where the views look).
+        auto old = std::make_shared<std::vector<float>>(std::move(vars[i].value));
+        if (keep_copies) {
+          std::vector<float> copy = std::move(spare[i]);
+          spare[i].clear();
+          copy.assign(old->begin(), old->end());
+          vars[i].value = std::move(copy);
+        }
+        if (pull_held) snapshot->owned.push_back(old);
+        for (auto& view : held_saves) view->owned.push_back(old);
+        detached.emplace_back(i, std::move(old));
+      }
+    }
+    for (auto& view : held_saves) {
+      for (Variable& v : vars) {
+        for (std::vector<float>& slot : v.optimizer->DetachSlots()) {
+          view->owned.push_back(std::make_shared<std::vector<float>>(std::move(slot)));
         }
       }
-      spare.resize(vars.size());
-      for (size_t i = 0; i < vars.size(); ++i) {
-        std::vector<float> copy = std::move(spare[i]);
-        spare[i].clear();
-        copy.assign(vars[i].value.begin(), vars[i].value.end());
-        snapshot->owned.push_back(std::move(vars[i].value));  // the buffer `values` views
-        vars[i].value = std::move(copy);
-      }
-      detached.push_back(std::move(snapshot));
     }
     snapshot.reset();
+  }
+
+  // Value buffers no view holds any more go back to `spare`.
+  void RecycleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    spare.resize(vars.size());
+    for (auto it = detached.begin(); it != detached.end();) {
+      if (it->second.use_count() == 1) {
+        if (it->first < spare.size() && spare[it->first].empty()) {
+          spare[it->first] = std::move(*it->second);
+        }
+        it = detached.erase(it);
+      } else {
+        ++it;
+      }
+    }
   }
 
   void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     ++global_step;
     ++steps_applied;
-    DetachSnapshotLocked();
+    DetachViewsLocked(/*keep_copies=*/true);
     step_opened = absl::Now();
     changed.SignalAll();
   }
@@ -644,39 +678,43 @@ absl::StatusOr<v1::SaveResponse> ParameterServer::Save(const v1::SaveRequest& re
   TOWERPS_ASSIGN_OR_RETURN(const std::string checkpoint_dir,
                            ConfinedDir("save: checkpoint_dir", request.checkpoint_dir()));
   TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
-  common::ShardState state;
-  state.job_id = job->id;
-  state.ps_task = options_.task_index;
-  state.num_ps = std::max(1, request.num_ps());
+  // A view of the job at its current step, taken under the lock (no copy:
+  // spans); written without it. An update meanwhile leaves the view its
+  // buffers (Job::DetachViewsLocked).
+  auto view = std::make_shared<internal::SaveView>();
+  common::ShardView& shard = view->shard;
+  shard.job_id = job->id;
+  shard.ps_task = options_.task_index;
+  shard.num_ps = std::max(1, request.num_ps());
   {
-    // Copy under the lock (memory speed); write to disk without it.
     absl::MutexLock lock(&job->mu);
     if (job->deleted) return absl::AbortedError("save: job was deleted");
-    state.global_step = job->global_step;
+    shard.global_step = job->global_step;
     for (auto& v : job->vars) {
-      common::VariableState vs;
-      vs.def = v.def;
-      vs.value = v.value;
-      vs.updates = v.updates;
-      for (auto& [name, span] : v.optimizer->Slots()) {
-        vs.slots.push_back({name, std::vector<float>(span.begin(), span.end())});
-      }
-      state.vars.push_back(std::move(vs));
+      common::ShardView::Variable& out = shard.vars.emplace_back();
+      out.def = v.def;
+      out.value = v.value;
+      out.updates = v.updates;
+      for (auto& [name, span] : v.optimizer->Slots()) out.slots.push_back({name, span});
     }
-    for (const auto& w : job->workers) state.worker_completed.push_back(w.completed);
+    for (const auto& w : job->workers) shard.worker_completed.push_back(w.completed);
+    job->saves.push_back(view);
   }
-  TOWERPS_ASSIGN_OR_RETURN(std::string path, common::WriteShard(checkpoint_dir, state));
+  if (options_.after_save_view) options_.after_save_view();
+  TOWERPS_ASSIGN_OR_RETURN(std::string path, common::WriteShard(checkpoint_dir, shard));
   if (options_.apply_log != nullptr) {
-    Record(absl::StrCat("save ", job->id, " ", state.global_step));
+    Record(absl::StrCat("save ", job->id, " ", shard.global_step));
   }
   int64_t bytes = 0;
-  for (const auto& v : state.vars) {
+  for (const auto& v : shard.vars) {
     bytes += 4 * static_cast<int64_t>(v.value.size());
     for (const auto& sl : v.slots) bytes += 4 * static_cast<int64_t>(sl.values.size());
   }
+  const int64_t step = shard.global_step;
+  view.reset();  // the job's buffers are its own again
   v1::SaveResponse response;
   response.set_path(path);
-  response.set_global_step(state.global_step);
+  response.set_global_step(step);
   response.set_bytes(bytes);
   return response;
 }
@@ -1042,7 +1080,8 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     freed += job->slot_bytes();
     job->deleted = true;
     // Free the memory now, not when the last waiting pull lets go of the job.
-    job->DetachSnapshotLocked();  // pulls still streaming keep their values
+    // Pulls still streaming and saves still writing keep what they view.
+    job->DetachViewsLocked(/*keep_copies=*/false);
     job->vars.clear();
     job->vars.shrink_to_fit();
     job->staged.clear();

@@ -38,6 +38,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -87,6 +88,9 @@ struct ParameterServerOptions {
   // Not owned; null (the default): no record. When set, every registration,
   // accepted push, written shard and deletion appends a line (apply_log.h).
   ApplyLog* apply_log = nullptr;
+  // Tests only: called by Save between taking its view of the job and
+  // writing it (without the job's lock), to interleave an update.
+  std::function<void()> after_save_view;
 };
 
 // The values of a job's variables at one global step, for a pull to stream
@@ -97,7 +101,9 @@ struct ParameterServerOptions {
 struct WeightsSnapshot {
   int64_t global_step = 0;
   std::vector<absl::Span<const float>> values;  // by var_index
-  std::vector<std::vector<float>> owned;        // set once detached: what `values` view
+  // Set once detached: the buffers `values` view (shared with other views of
+  // the same step, e.g. a checkpoint being written).
+  std::vector<std::shared_ptr<const std::vector<float>>> owned;
 };
 
 namespace internal {
@@ -191,8 +197,11 @@ class ParameterServer {
   v1::DeleteJobResponse DeleteJob(const v1::DeleteJobRequest& request);
 
   // Writes this server's shard of the job (values, optimizer slots, global
-  // step, async progress) under request.checkpoint_dir, atomically. The state
-  // is copied under the job's lock; the file is written without it. NotFound
+  // step, async progress) under request.checkpoint_dir, atomically. The file
+  // is written without the job's lock, from the job's own memory at the
+  // step the save began: if an update comes while it writes, the save keeps
+  // the old buffers and the job continues on copies (copy on write), so a
+  // save costs no memory unless it overlaps an update. NotFound
   // for an unknown job; errors from the file system name the path.
   // InvalidArgument naming checkpoint_dir when it is outside
   // options.checkpoint_roots (nothing is written or created then).

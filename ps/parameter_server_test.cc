@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/storage/checkpoint.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "proto/ps.pb.h"
@@ -526,6 +527,90 @@ TEST(CheckpointTest, SaveThenRestoreContinuesBitIdentically) {
   EXPECT_EQ(st.restored_step(), 2);
   EXPECT_EQ(st.steps_applied(), 1);  // only the step after the checkpoint
   EXPECT_GT(st.slot_bytes(), 0);
+}
+
+// A save writes the job's own memory (no copy) and, when an update lands
+// while it writes, keeps the step it began at: the update goes to copies of
+// the values and of Adam's slots (copy on write).
+TEST(CheckpointTest, SaveWritesTheStepItBeganAtWhileAnUpdateLands) {
+  const std::string tmp = std::string(getenv("TEST_TMPDIR"));
+  ParameterServerOptions o;
+  ParameterServer* server = nullptr;
+  int interleaved = 0;
+  o.after_save_view = [&] {
+    if (interleaved++ == 0) ASSERT_TRUE(PushConst(*server, Header(0, 2, 1, 4), -0.25f).ok());
+  };
+  ParameterServer a(o);
+  server = &a;
+  ParameterServer reference({});  // the same job, saved with no update landing
+  for (ParameterServer* ps : {&a, &reference}) {
+    ASSERT_TRUE(ps->Register(AdamJob()).ok());
+    ASSERT_TRUE(PushConst(*ps, Header(0, 1, 0, 4), 0.5f).ok());  // step 1
+  }
+  v1::SaveRequest save;
+  save.set_job_id("j");
+  save.set_num_ps(1);
+  // Without an update: the values the server goes on with are the very
+  // buffers it had (nothing was copied for the save).
+  auto before = PullNow(reference, 1);
+  const float* where = before->values[0].data();
+  before.reset();
+  save.set_checkpoint_dir(tmp + "/quiet");
+  ASSERT_TRUE(reference.Save(save).ok());
+  EXPECT_EQ(PullNow(reference, 1)->values[0].data(), where);
+
+  save.set_checkpoint_dir(tmp + "/busy");
+  auto saved = a.Save(save);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(interleaved, 1);
+  EXPECT_EQ(saved->global_step(), 1);
+  EXPECT_EQ(PullNow(a, 2)->global_step, 2);  // the update landed on the server
+  auto busy = common::ReadShard(saved->path());
+  auto quiet = common::ReadShard(tmp + "/quiet/" + common::ShardFileName(0, 1));
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  ASSERT_TRUE(quiet.ok()) << quiet.status();
+  EXPECT_EQ(busy->global_step, 1);
+  ASSERT_EQ(busy->vars.size(), quiet->vars.size());
+  for (size_t v = 0; v < busy->vars.size(); ++v) {
+    EXPECT_EQ(busy->vars[v].value, quiet->vars[v].value) << "variable " << v;
+    EXPECT_EQ(busy->vars[v].updates, 1);
+    ASSERT_EQ(busy->vars[v].slots.size(), 2u);
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(busy->vars[v].slots[k].values, quiet->vars[v].slots[k].values)
+          << "variable " << v << " slot " << busy->vars[v].slots[k].name;
+    }
+  }
+  // And the server went on exactly as one that saved at another time.
+  ASSERT_TRUE(PushConst(reference, Header(0, 2, 1, 4), -0.25f).ok());
+  EXPECT_EQ(PullValues(a, 2), PullValues(reference, 2));
+}
+
+// Deleting a job while a save writes it: the save still writes whole, from
+// the buffers the deletion left it.
+TEST(CheckpointTest, SaveOfAJobDeletedWhileItWritesStaysWhole) {
+  const std::string tmp = std::string(getenv("TEST_TMPDIR"));
+  ParameterServerOptions o;
+  ParameterServer* server = nullptr;
+  o.after_save_view = [&] {
+    v1::DeleteJobRequest d;
+    d.set_job_id("j");
+    EXPECT_TRUE(server->DeleteJob(d).existed());
+  };
+  ParameterServer a(o);
+  server = &a;
+  ASSERT_TRUE(a.Register(AdamJob()).ok());
+  ASSERT_TRUE(PushConst(a, Header(0, 1, 0, 4), 0.5f).ok());
+  const std::vector<std::vector<float>> values = PullValues(a, 1);
+  v1::SaveRequest save;
+  save.set_job_id("j");
+  save.set_num_ps(1);
+  save.set_checkpoint_dir(tmp + "/deleted");
+  auto saved = a.Save(save);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  auto shard = common::ReadShard(saved->path());
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  ASSERT_EQ(shard->vars.size(), values.size());
+  for (size_t v = 0; v < values.size(); ++v) EXPECT_EQ(shard->vars[v].value, values[v]);
 }
 
 TEST(CheckpointTest, RestoreRefusesAShardOfAnotherModel) {
