@@ -262,6 +262,43 @@ TEST(OptimizerTest, SlotsNamesAndSizes) {
   EXPECT_EQ(bytes, adam->slot_bytes());
 }
 
+// A checkpoint being written keeps its view of the slots when an update
+// comes (ParameterServer::Save): DetachSlots hands over the very buffers the
+// earlier spans view, and the optimizer continues on copies exactly as it
+// would have on the originals.
+TEST(OptimizerTest, DetachedSlotsKeepTheirValuesAndTheRuleContinuesTheSame) {
+  for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::MOMENTUM,
+                    v1::OptimizerSpec::ADAM}) {
+    SCOPED_TRACE(v1::OptimizerSpec::Type_Name(type));
+    auto a = Make(type, 0.1f, 9), b = Make(type, 0.1f, 9);
+    std::vector<float> wa(9, 1.0f), wb(9, 1.0f), g(9);
+    for (int i = 0; i < 9; ++i) g[i] = 0.25f * static_cast<float>(i - 4);
+    a->Apply(absl::MakeSpan(wa), g, 1);
+    b->Apply(absl::MakeSpan(wb), g, 1);
+    const auto viewed = a->Slots();  // what a save would be writing
+    std::vector<std::vector<float>> at_step_1;
+    for (const auto& [name, span] : viewed) at_step_1.emplace_back(span.begin(), span.end());
+    std::vector<std::vector<float>> detached = a->DetachSlots();
+    ASSERT_EQ(detached.size(), viewed.size());
+    for (size_t k = 0; k < detached.size(); ++k) {
+      EXPECT_EQ(detached[k].data(), viewed[k].second.data()) << "the same memory";
+    }
+    a->Apply(absl::MakeSpan(wa), g, 2);
+    b->Apply(absl::MakeSpan(wb), g, 2);
+    for (size_t k = 0; k < viewed.size(); ++k) {
+      EXPECT_EQ(std::vector<float>(viewed[k].second.begin(), viewed[k].second.end()),
+                at_step_1[k])
+          << "the view changed with the update";
+    }
+    EXPECT_EQ(wa, wb);
+    const auto now_a = a->Slots(), now_b = b->Slots();
+    for (size_t k = 0; k < now_a.size(); ++k) {
+      EXPECT_EQ(std::vector<float>(now_a[k].second.begin(), now_a[k].second.end()),
+                std::vector<float>(now_b[k].second.begin(), now_b[k].second.end()));
+    }
+  }
+}
+
 // A checkpoint is the value, the slots and the step: a fresh optimizer with
 // them restored must continue bit for bit like the original.
 TEST(OptimizerTest, RestoredSlotsContinueBitIdentically) {
