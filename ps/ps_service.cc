@@ -111,6 +111,9 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps) : ps_(ps) {
     bytes_ += static_cast<int64_t>(n);
     return session_->Reserve(var, offset, n);
   };
+  // A compressed slice is decoded once its payload is in (on_slice checked
+  // that there is a session).
+  handler_.on_slice_end = [this]() { return session_->FinishSlice(); };
 }
 
 absl::Status PushStreamDecoder::Add(const grpc::ByteBuffer& message) {

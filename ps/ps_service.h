@@ -27,8 +27,9 @@ namespace towerps::ps {
 
 // One Push stream's messages, decoded straight into a PushSession: the first
 // carries the header (BeginPush), every TensorSlice's payload is copied from
-// the message into the session's staging buffer. Used by the service; public
-// for the fuzzer.
+// the message into the session's staging buffer (a compressed one into its
+// scratch buffer, then decoded into the staging buffer: PushSession). Used by
+// the service; public for the fuzzer.
 class PushStreamDecoder {
  public:
   explicit PushStreamDecoder(ParameterServer& ps);  // Not owned.
@@ -38,7 +39,8 @@ class PushStreamDecoder {
   // FinishPush of the whole stream. InvalidArgument if no message came.
   absl::StatusOr<v1::PushResponse> Finish();
   const std::string& job_id() const { return job_id_; }
-  int64_t bytes() const { return bytes_; }  // Payload decoded.
+  // Payload bytes received, as on the wire (compressed, in a compressed push).
+  int64_t bytes() const { return bytes_; }
 
  private:
   ParameterServer& ps_;

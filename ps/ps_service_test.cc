@@ -4,8 +4,12 @@
 
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/rpc.h"
+#include "common/tensor_wire.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/sync_stream.h"
@@ -153,6 +157,117 @@ TEST_F(PsServiceTest, MalformedStreamsAreRejectedAndChangeNothing) {
   grpc::ClientContext ctx;
   ASSERT_TRUE(stub_->GetStatus(&ctx, v1::StatusRequest(), &st).ok());
   EXPECT_EQ(st.jobs(0).global_step(), 0);
+}
+
+// Compressed pushes (issue 16), sent by protobuf's own client: a top-k push
+// in two slices applies its decoded gradient (zeros between the entries).
+std::string TopK(uint32_t length, const std::vector<uint32_t>& indices,
+                 const std::vector<float>& values) {
+  std::string out(reinterpret_cast<const char*>(&length), 4);
+  for (uint32_t i : indices) out.append(reinterpret_cast<const char*>(&i), 4);
+  for (float v : values) out.append(reinterpret_cast<const char*>(&v), 4);
+  return out;
+}
+
+grpc::Status PushEncoded(v1::ParameterService::Stub& stub, v1::SliceEncoding encoding,
+                         const std::vector<std::pair<uint64_t, std::string>>& slices,
+                         v1::PushResponse* resp) {
+  grpc::ClientContext ctx;
+  auto w = stub.Push(&ctx, resp);
+  v1::PushRequest m;
+  auto* h = m.mutable_header();
+  h->set_job_id("j");
+  h->set_incarnation(1);
+  h->set_sequence(1);
+  h->set_num_examples(1);
+  h->set_slice_encoding(encoding);
+  w->Write(m);
+  for (const auto& [offset, data] : slices) {
+    v1::PushRequest s;
+    auto* sl = s.add_slices();
+    sl->set_offset(offset);
+    sl->set_data(data);
+    w->Write(s);
+  }
+  w->WritesDone();
+  return w->Finish();
+}
+
+TEST_F(PsServiceTest, CompressedPushOverTheWireAppliesTheDecodedGradient) {
+  v1::PushResponse resp;
+  const grpc::Status s =
+      PushEncoded(*stub_, v1::SLICE_TOPK,
+                  {{0, TopK(2500, {7}, {3.0f})}, {2500, TopK(2500, {0, 2499}, {-1.0f, 0.5f})}},
+                  &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.outcome(), v1::PushResponse::APPLIED);
+  int messages = 0;
+  const std::vector<float> w = Pull(&messages);
+  for (int i = 0; i < 5000; ++i) {
+    const float want = i == 7 ? -3.0f : i == 2500 ? 1.0f : i == 4999 ? -0.5f : 0.0f;
+    ASSERT_EQ(w[i], want) << i;  // lr 1
+  }
+}
+
+TEST_F(PsServiceTest, MalformedCompressedPushesAreInvalidArgumentAndChangeNothing) {
+  v1::PushResponse resp;
+  grpc::Status s = PushEncoded(*stub_, v1::SLICE_TOPK, {{0, TopK(5000, {10, 5}, {1, 1})}}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("variable 0 from worker 0 at element 0: top-k slice: indices "
+                                   "are not strictly increasing"),
+            std::string::npos)
+      << s.error_message();
+  const uint16_t inf = 0x7c00;
+  s = PushEncoded(*stub_, v1::SLICE_FLOAT16,
+                  {{0, std::string(reinterpret_cast<const char*>(&inf), 2)}}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("float16 slice: value 0 is Inf or NaN"), std::string::npos)
+      << s.error_message();
+  s = PushEncoded(*stub_, static_cast<v1::SliceEncoding>(9), {{0, TopK(5000, {1}, {1})}}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("unknown slice_encoding 9"), std::string::npos)
+      << s.error_message();
+  s = PushEncoded(*stub_, v1::SLICE_TOPK, {{0, TopK(4000, {1}, {1})}}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("incomplete"), std::string::npos) << s.error_message();
+  int messages = 0;
+  for (float x : Pull(&messages)) ASSERT_EQ(x, 0.0f);
+  v1::StatusResponse st;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::StatusRequest(), &st).ok());
+  EXPECT_EQ(st.jobs(0).global_step(), 0);
+  EXPECT_EQ(st.jobs(0).pushes_applied(), 0);
+}
+
+// The push bytes the metrics count are the payload as it was on the wire:
+// 2 bytes per element for float16.
+TEST(PushStreamDecoderTest, CountsPayloadBytesAsOnTheWire) {
+  ParameterServer ps({});
+  v1::RegisterRequest r;
+  r.set_job_id("j");
+  r.mutable_config()->set_num_workers(1);
+  auto* v = r.add_variables();
+  v->set_name("v");
+  v->add_shape(1000);
+  v->set_dtype(v1::DT_FLOAT32);
+  ASSERT_TRUE(ps.Register(r).ok());
+  const std::vector<std::pair<v1::SliceEncoding, int>> cases = {
+      {v1::SLICE_FLOAT32, 4000}, {v1::SLICE_FLOAT16, 2000}, {v1::SLICE_TOPK, 4 + 8}};
+  for (const auto& [encoding, bytes] : cases) {
+    v1::PushRequest m;
+    auto* h = m.mutable_header();
+    h->set_job_id("j");
+    h->set_incarnation(static_cast<uint64_t>(encoding) + 1);
+    h->set_sequence(1);
+    h->set_num_examples(1);
+    h->set_slice_encoding(encoding);
+    m.add_slices()->set_data(encoding == v1::SLICE_TOPK ? TopK(1000, {3}, {1.0f})
+                                                          : std::string(bytes, '\0'));
+    PushStreamDecoder decoder(ps);
+    ASSERT_TRUE(decoder.Add(common::ToByteBuffer(m)).ok());
+    ASSERT_TRUE(decoder.Finish().ok());
+    EXPECT_EQ(decoder.bytes(), bytes) << encoding;
+  }
 }
 
 // A bad moving-average definition (a wire value the server must not trust)
