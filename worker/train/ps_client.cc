@@ -26,6 +26,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "proto/ps_wire.h"
 #include "proto/tensor.pb.h"
+#include "worker/train/gradient_compressor.h"
 
 namespace towerps::worker {
 namespace {
@@ -41,10 +42,11 @@ using v1::ps_wire::PushMethod;
 class GrpcParameterClient : public ParameterClient {
  public:
   GrpcParameterClient(ParameterClientOptions options, std::vector<v1::VariableDef> vars,
-                      Placement placement)
+                      Placement placement, std::unique_ptr<GradientCompressor> compressor)
       : options_(std::move(options)),
         vars_(std::move(vars)),
-        placement_(std::move(placement)) {
+        placement_(std::move(placement)),
+        compressor_(std::move(compressor)) {
     if (options_.incarnation == 0) {
       std::random_device rd;
       options_.incarnation = (uint64_t{rd()} << 32) ^ rd() ^
@@ -183,6 +185,11 @@ class GrpcParameterClient : public ParameterClient {
       return absl::InvalidArgumentError(absl::StrCat(
           "push: got ", grads.size(), " gradients for ", vars_.size(), " variables"));
     }
+    // Compressed once per push: every attempt below sends these bytes.
+    std::shared_ptr<const EncodedPush> encoded;
+    if (compressor_ != nullptr) {
+      TOWERPS_ASSIGN_OR_RETURN(encoded, compressor_->Encode(grads));
+    }
     const uint64_t sequence = ++sequence_;
     const int n = static_cast<int>(stubs_.size());
     std::vector<v1::PushResponse> responses(n);
@@ -191,7 +198,8 @@ class GrpcParameterClient : public ParameterClient {
       common::Backoff backoff(retry_, options_.cancel);
       int timeouts = 0;
       while (true) {
-        absl::Status st = PushOnce(s, sequence, step, num_examples, grads, &responses[s]);
+        absl::Status st =
+            PushOnce(s, sequence, step, num_examples, grads, encoded, &responses[s]);
         if (st.ok()) NoteReachable(s);
         if (st.ok()) return st;
         if (absl::IsNotFound(st)) NoteGone(s, st);
@@ -307,6 +315,7 @@ class GrpcParameterClient : public ParameterClient {
 
   absl::Status PushOnce(int s, uint64_t sequence, int64_t step, int64_t num_examples,
                         const std::vector<const common::Tensor*>& grads,
+                        const std::shared_ptr<const EncodedPush>& encoded,
                         v1::PushResponse* response) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
@@ -323,6 +332,7 @@ class GrpcParameterClient : public ParameterClient {
     h->set_sequence(sequence);
     h->set_step(step);
     h->set_num_examples(num_examples);
+    if (encoded != nullptr) h->set_slice_encoding(encoded->encoding());
     bool ok = writer->Write(common::ToByteBuffer(msg));
     // The messages point into the gradients (no copy): gRPC is done with
     // them when Finish returns, before this call does.
@@ -330,7 +340,8 @@ class GrpcParameterClient : public ParameterClient {
         kPushSlicesField, options_.chunk_bytes,
         [&writer](const grpc::ByteBuffer& m) { return writer->Write(m); });
     const std::vector<VariablePart>& parts = on_server_[s];
-    for (size_t k = 0; ok && k < parts.size(); ++k) {
+    if (encoded != nullptr) ok = ok && EncodedPush::WriteTo(encoded, s, &out);
+    for (size_t k = 0; ok && encoded == nullptr && k < parts.size(); ++k) {
       const common::Tensor& g = *grads[parts[k].var];
       ok = out.Add(static_cast<uint32_t>(k), g.data() + parts[k].offset, parts[k].count);
     }
@@ -450,6 +461,7 @@ class GrpcParameterClient : public ParameterClient {
   ParameterClientOptions options_;  // (incarnation chosen in the constructor)
   const std::vector<v1::VariableDef> vars_;
   const Placement placement_;
+  const std::unique_ptr<GradientCompressor> compressor_;  // null: no compression
   // Every loop here asks again on the transport's codes: UNAVAILABLE and
   // DEADLINE_EXCEEDED (a server-side wait that ran out, or a slow server).
   // ABORTED is a server's verdict, e.g. a lost worker: not retried here; the
@@ -495,8 +507,15 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> NewGrpcParameterClient(
   TOWERPS_ASSIGN_OR_RETURN(
       Placement placement,
       PlanPlacement(vars, static_cast<int>(options.ps_addresses.size()), strategy));
-  return std::unique_ptr<ParameterClient>(
-      new GrpcParameterClient(std::move(options), std::move(vars), std::move(placement)));
+  TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<GradientCompressor> compressor,
+                           GradientCompressor::Create(options.compression, vars, placement,
+                                                      options.chunk_bytes));
+  if (compressor != nullptr) {
+    TLOG(INFO) << "worker " << options.worker_task << ", job \"" << options.job_id
+               << "\": " << compressor->Summary();
+  }
+  return std::unique_ptr<ParameterClient>(new GrpcParameterClient(
+      std::move(options), std::move(vars), std::move(placement), std::move(compressor)));
 }
 
 }  // namespace towerps::worker

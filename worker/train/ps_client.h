@@ -59,6 +59,9 @@ struct ParameterClientOptions {
   const common::CancellationToken* cancel = nullptr;
   // TLS and token of the channels. Default: plaintext, no token.
   std::shared_ptr<const common::RpcSecurity> security = common::RpcSecurity::Insecure();
+  // Gradient compression of pushes (JobSpec.compression; see
+  // gradient_compressor.h). Default: none, float32 as it always was.
+  v1::GradientCompression compression;
 };
 
 struct PushResult {
@@ -90,6 +93,8 @@ class ParameterClient {
   // Pushes one mean gradient per variable (VariableDef order) computed on
   // weights of `step` from `num_examples` examples. Retries transport
   // failures with the same sequence number, so it is applied at most once.
+  // With compression, the gradient is encoded once and every attempt sends
+  // the same bytes; InvalidArgument for a NaN or Inf in it (nothing sent).
   virtual absl::StatusOr<PushResult> Push(
       int64_t step, int64_t num_examples,
       const std::vector<const common::Tensor*>& grads) = 0;
