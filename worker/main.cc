@@ -164,7 +164,11 @@ absl::Status ApplyOverrides(JobSpec* job) {
   if (const std::string c = absl::GetFlag(FLAGS_compression); !c.empty()) {
     auto compression = towerps::worker::ParseCompressionFlag(c);
     if (!compression.ok()) return compression.status();
-    *job->mutable_compression() = *compression;
+    if (compression->type() == towerps::v1::GradientCompression::NONE) {
+      job->clear_compression();  // as if never set: the printed job stays the same
+    } else {
+      *job->mutable_compression() = *compression;
+    }
   }
   if (absl::GetFlag(FLAGS_epochs) != 0) job->set_epochs(absl::GetFlag(FLAGS_epochs));
   if (absl::GetFlag(FLAGS_batch_size) != 0) job->set_global_batch_size(absl::GetFlag(FLAGS_batch_size));
