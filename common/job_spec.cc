@@ -4,6 +4,8 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -352,7 +354,68 @@ v1::JobSpec JobWithDefaults(const v1::JobSpec& in) {
   if (j.max_restarts() == 0) j.set_max_restarts(3);
   if (j.peer_timeout_s() == 0) j.set_peer_timeout_s(kDefaultPeerTimeoutS);
   if (j.checkpoint().keep() == 0) j.mutable_checkpoint()->set_keep(3);
+  if (j.compression().type() != v1::GradientCompression::NONE) {
+    *j.mutable_compression() = CompressionWithDefaults(j.compression());
+  }
   return j;
+}
+
+v1::GradientCompression CompressionWithDefaults(const v1::GradientCompression& in) {
+  v1::GradientCompression c = in;
+  if (c.type() == v1::GradientCompression::NONE) return c;
+  if (!c.has_error_feedback()) c.set_error_feedback(true);
+  if (c.type() == v1::GradientCompression::TOPK && c.ratio() == 0) c.set_ratio(kDefaultTopKRatio);
+  return c;
+}
+
+absl::Status ValidateCompression(const v1::GradientCompression& c) {
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError("job spec: compression." + what);
+  };
+  if (!v1::GradientCompression::Type_IsValid(c.type())) {
+    return bad(absl::StrCat("type = ", static_cast<int>(c.type()),
+                            " (want NONE, FP16, BF16 or TOPK)"));
+  }
+  const std::string type = v1::GradientCompression::Type_Name(c.type());
+  if (c.type() == v1::GradientCompression::TOPK) {
+    if (!(c.ratio() >= 0 && c.ratio() <= 1)) {
+      return bad(absl::StrCat("ratio = ", c.ratio(),
+                              " (want a fraction in (0, 1], or 0 for the default of ",
+                              kDefaultTopKRatio, ")"));
+    }
+  } else if (c.ratio() != 0) {
+    return bad(absl::StrCat("ratio = ", c.ratio(), " is for TOPK only (type is ", type, ")"));
+  }
+  if (c.type() == v1::GradientCompression::NONE && c.has_error_feedback()) {
+    return bad("error_feedback is set but type is NONE (nothing is compressed)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GradientCompression> ParseCompressionFlag(const std::string& value) {
+  v1::GradientCompression c;
+  auto bad = [&value](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--compression must be none, fp16, bf16, topk or topk:RATIO with RATIO in (0, 1], got \"",
+        value, "\"", why));
+  };
+  if (value == "none") return c;
+  if (value == "fp16") {
+    c.set_type(v1::GradientCompression::FP16);
+  } else if (value == "bf16") {
+    c.set_type(v1::GradientCompression::BF16);
+  } else if (value == "topk" || absl::StartsWith(value, "topk:")) {
+    c.set_type(v1::GradientCompression::TOPK);
+    if (value != "topk") {
+      double ratio = 0;
+      if (!absl::SimpleAtod(value.substr(5), &ratio)) return bad(" (RATIO is not a number)");
+      if (!(ratio > 0 && ratio <= 1)) return bad("");
+      c.set_ratio(ratio);
+    }
+  } else {
+    return bad("");
+  }
+  return c;
 }
 
 v1::JobSpec JobForSubmitFile(const v1::JobSpec& job, bool keep_job_id) {
@@ -422,7 +485,7 @@ absl::Status ValidateJob(const v1::JobSpec& j, int num_workers) {
     return bad(absl::StrCat("checkpoint.every_seconds = ", c.every_seconds(), " (want >= 0)"));
   }
   if (c.keep() < 0) return bad(absl::StrCat("checkpoint.keep = ", c.keep(), " (want >= 1)"));
-  return absl::OkStatus();
+  return ValidateCompression(j.compression());
 }
 
 }  // namespace towerps::worker

@@ -55,6 +55,23 @@ v1::JobSpec JobWithDefaults(const v1::JobSpec& job);
 // id (the chief names the model after the id it assigns).
 v1::JobSpec JobForSubmitFile(const v1::JobSpec& job, bool keep_job_id);
 
+// JobSpec.compression with its defaults: for a type other than NONE,
+// error_feedback true when unset, and for TOPK a ratio of 0 becomes
+// kDefaultTopKRatio. NONE is returned as given.
+constexpr double kDefaultTopKRatio = 0.01;
+v1::GradientCompression CompressionWithDefaults(const v1::GradientCompression& c);
+
+// Checks JobSpec.compression (as given or with defaults): a known type; for
+// TOPK a ratio of 0 (the default) or in (0, 1]; no ratio for the other types
+// and no error_feedback for NONE. InvalidArgument "job spec: compression.FIELD
+// = VALUE (...)".
+absl::Status ValidateCompression(const v1::GradientCompression& c);
+
+// The worker's --compression flag: "none", "fp16", "bf16", "topk" (the
+// default ratio) or "topk:RATIO" with RATIO in (0, 1]. InvalidArgument
+// naming the flag and the value otherwise.
+absl::StatusOr<v1::GradientCompression> ParseCompressionFlag(const std::string& value);
+
 // Bounds on a job's sizes (issue 15, limits), checked by ValidateJob: a
 // refusal names the field and the limit.
 constexpr int kMaxGlobalBatchSize = 1 << 20;
@@ -62,8 +79,8 @@ constexpr int kMaxEpochs = 100000;
 constexpr int kMaxTowers = 256;
 constexpr int kMaxMicroBatches = 4096;
 
-// Checks the fields the worker owns (batch size, epochs, mode, data source),
-// each within the bounds above.
+// Checks the fields the worker owns (batch size, epochs, mode, data source,
+// compression), each within the bounds above.
 // The model is checked by Model::Create, the optimizer by the servers.
 // `num_workers` bounds replicas_to_aggregate; kAnyWorkerCount when the
 // cluster is not known (printing a job).

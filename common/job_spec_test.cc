@@ -2,6 +2,7 @@
 // and the file form of a job (JobForSubmitFile).
 #include "common/job_spec.h"
 
+#include <cmath>
 #include <fstream>
 #include <string>
 
@@ -134,6 +135,105 @@ TEST(ValidateJobTest, SizesAreBoundedWithTheFieldNamed) {
   job = ok;
   job.set_micro_batches(1 << 20);
   EXPECT_EQ(ValidateJob(job, 2).message(), "job spec: micro_batches = 1048576 (limit 4096)");
+}
+
+// Issue 16: gradient compression is off unless asked for; its defaults
+// fill in only when it is on, so jobs without it print as before.
+TEST(CompressionTest, OffByDefaultAndDefaultsFillOnlyWhenOn) {
+  const v1::JobSpec plain = JobWithDefaults(*BuiltinJob("mlp"));
+  EXPECT_FALSE(plain.has_compression());
+  EXPECT_EQ(plain.compression().type(), v1::GradientCompression::NONE);
+
+  v1::JobSpec job = *BuiltinJob("mlp");
+  job.mutable_compression()->set_type(v1::GradientCompression::TOPK);
+  v1::JobSpec full = JobWithDefaults(job);
+  EXPECT_EQ(full.compression().ratio(), kDefaultTopKRatio);
+  EXPECT_TRUE(full.compression().has_error_feedback());
+  EXPECT_TRUE(full.compression().error_feedback());
+  EXPECT_TRUE(ValidateJob(full, 2).ok());
+
+  job.mutable_compression()->set_type(v1::GradientCompression::FP16);
+  job.mutable_compression()->set_error_feedback(false);
+  full = JobWithDefaults(job);
+  EXPECT_EQ(full.compression().ratio(), 0);
+  EXPECT_FALSE(full.compression().error_feedback());  // as given
+  EXPECT_TRUE(ValidateJob(full, 2).ok());
+}
+
+TEST(CompressionTest, ParsesFromJsonAndTextFormat) {
+  auto json = ParseJobSpec(
+      R"({"model": {"inputDim": 4}, "compression": {"type": "TOPK", "ratio": 0.05,)"
+      R"( "errorFeedback": false}})");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->compression().type(), v1::GradientCompression::TOPK);
+  EXPECT_EQ(json->compression().ratio(), 0.05);
+  EXPECT_TRUE(json->compression().has_error_feedback());
+  EXPECT_FALSE(json->compression().error_feedback());
+  auto text = ParseJobSpec("model { input_dim: 4 } compression { type: BF16 }");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->compression().type(), v1::GradientCompression::BF16);
+  EXPECT_FALSE(text->compression().has_error_feedback());
+}
+
+TEST(CompressionTest, BadSettingsAreRefusedNamingTheFieldAndValue) {
+  const v1::JobSpec ok = JobWithDefaults(*BuiltinJob("mlp"));
+  struct Case {
+    v1::GradientCompression::Type type;
+    double ratio;
+    int error_feedback;  // -1: unset
+    const char* message;
+  };
+  const Case cases[] = {
+      {v1::GradientCompression::TOPK, 1.5, -1,
+       "job spec: compression.ratio = 1.5 (want a fraction in (0, 1], or 0 for the default of "
+       "0.01)"},
+      {v1::GradientCompression::TOPK, -0.1, -1, "job spec: compression.ratio = -0.1 (want"},
+      {v1::GradientCompression::TOPK, std::nan(""), -1, "job spec: compression.ratio = nan"},
+      {v1::GradientCompression::FP16, 0.1, -1,
+       "job spec: compression.ratio = 0.1 is for TOPK only (type is FP16)"},
+      {v1::GradientCompression::NONE, 0.5, -1,
+       "job spec: compression.ratio = 0.5 is for TOPK only (type is NONE)"},
+      {v1::GradientCompression::NONE, 0, 1,
+       "job spec: compression.error_feedback is set but type is NONE"},
+      {static_cast<v1::GradientCompression::Type>(9), 0, -1,
+       "job spec: compression.type = 9 (want NONE, FP16, BF16 or TOPK)"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec job = ok;
+    job.mutable_compression()->set_type(c.type);
+    job.mutable_compression()->set_ratio(c.ratio);
+    if (c.error_feedback >= 0) job.mutable_compression()->set_error_feedback(c.error_feedback);
+    const absl::Status s = ValidateJob(job, 2);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_TRUE(absl::StartsWith(s.message(), c.message)) << s;
+  }
+  v1::JobSpec whole = ok;
+  whole.mutable_compression()->set_type(v1::GradientCompression::TOPK);
+  whole.mutable_compression()->set_ratio(1.0);
+  EXPECT_TRUE(ValidateJob(whole, 2).ok());
+}
+
+TEST(CompressionTest, FlagNamesTheTypeAndRatio) {
+  auto none = ParseCompressionFlag("none");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->type(), v1::GradientCompression::NONE);
+  EXPECT_EQ(ParseCompressionFlag("fp16")->type(), v1::GradientCompression::FP16);
+  EXPECT_EQ(ParseCompressionFlag("bf16")->type(), v1::GradientCompression::BF16);
+  auto topk = ParseCompressionFlag("topk");
+  ASSERT_TRUE(topk.ok());
+  EXPECT_EQ(topk->type(), v1::GradientCompression::TOPK);
+  EXPECT_EQ(topk->ratio(), 0);  // the default, filled by JobWithDefaults
+  auto ratio = ParseCompressionFlag("topk:0.1");
+  ASSERT_TRUE(ratio.ok());
+  EXPECT_EQ(ratio->ratio(), 0.1);
+  EXPECT_EQ(ParseCompressionFlag("topk:1")->ratio(), 1.0);
+  for (const std::string bad : {"", "FP16", "int8", "topk:", "topk:0", "topk:1.5", "topk:-1",
+                                "topk:x", "topk:nan", "topk:0.1:2"}) {
+    auto c = ParseCompressionFlag(bad);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(c.status().message(), "--compression must be")) << c.status();
+    EXPECT_TRUE(absl::StrContains(c.status().message(), "got \"" + bad + "\"")) << c.status();
+  }
 }
 
 }  // namespace

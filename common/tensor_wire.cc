@@ -157,6 +157,7 @@ absl::Status ReadSlice(Cursor& c, uint64_t len, const TensorWireHandler& h) {
       if (!dst.ok()) return dst.status();
       c.Copy(*dst, n);
       seen_data = true;
+      if (h.on_slice_end && !(s = h.on_slice_end()).ok()) return s;
     } else {
       if (!(s = SkipField(c, type, end)).ok()) return s;
     }
@@ -165,6 +166,7 @@ absl::Status ReadSlice(Cursor& c, uint64_t len, const TensorWireHandler& h) {
   if (!seen_data) {  // A slice without data: no elements.
     absl::StatusOr<char*> dst = h.on_slice(static_cast<uint32_t>(var), offset, 0);
     if (!dst.ok()) return dst.status();
+    if (h.on_slice_end) return h.on_slice_end();
   }
   return absl::OkStatus();
 }
@@ -182,37 +184,52 @@ TensorWireWriter::TensorWireWriter(int slices_field, int64_t chunk_bytes,
       chunk_(std::max<int64_t>(4, chunk_bytes / 4 * 4)),
       flush_(std::move(flush)) {}
 
+void TensorWireWriter::AppendSlice(uint32_t var, uint64_t element, const char* data,
+                                   int64_t len, const std::shared_ptr<const void>& keep_alive) {
+  std::string head;
+  if (pending_.empty() && !prefix_.empty()) head = prefix_;
+  const uint64_t inner = 1 + VarintSize(var) + 1 + VarintSize(element) + 1 +
+                         VarintSize(static_cast<uint64_t>(len)) + static_cast<uint64_t>(len);
+  AppendVarint(slices_tag_, &head);
+  AppendVarint(inner, &head);
+  AppendVarintField(kVarIndex, var, &head);
+  AppendVarintField(kOffset, element, &head);
+  AppendVarint(Tag(kData, kLen), &head);
+  AppendVarint(static_cast<uint64_t>(len), &head);
+  pending_.emplace_back(head);
+  if (len > 0) {
+    char* p = const_cast<char*>(data);
+    if (keep_alive != nullptr) {
+      pending_.emplace_back(p, static_cast<size_t>(len), &ReleaseKeepAlive,
+                            new std::shared_ptr<const void>(keep_alive));
+    } else {
+      pending_.emplace_back(p, static_cast<size_t>(len), grpc::Slice::STATIC_SLICE);
+    }
+  }
+  has_slices_ = true;
+  in_msg_ += len;
+}
+
 bool TensorWireWriter::Add(uint32_t var, const float* data, int64_t n, uint64_t first,
                            const std::shared_ptr<const void>& keep_alive) {
   const int64_t total = n * 4;
   for (int64_t off = 0; ok_ && off < total;) {
     const int64_t len = std::min(total - off, chunk_ - in_msg_);
-    const uint64_t element = first + static_cast<uint64_t>(off / 4);
-    std::string head;
-    if (pending_.empty() && !prefix_.empty()) head = prefix_;
-    const uint64_t inner = 1 + VarintSize(var) + 1 + VarintSize(element) + 1 +
-                           VarintSize(static_cast<uint64_t>(len)) + static_cast<uint64_t>(len);
-    AppendVarint(slices_tag_, &head);
-    AppendVarint(inner, &head);
-    AppendVarintField(kVarIndex, var, &head);
-    AppendVarintField(kOffset, element, &head);
-    AppendVarint(Tag(kData, kLen), &head);
-    AppendVarint(static_cast<uint64_t>(len), &head);
-    pending_.emplace_back(head);
-    {
-      char* p = const_cast<char*>(reinterpret_cast<const char*>(data) + off);
-      if (keep_alive != nullptr) {
-        pending_.emplace_back(p, static_cast<size_t>(len), &ReleaseKeepAlive,
-                              new std::shared_ptr<const void>(keep_alive));
-      } else {
-        pending_.emplace_back(p, static_cast<size_t>(len), grpc::Slice::STATIC_SLICE);
-      }
-    }
-    has_slices_ = true;
+    AppendSlice(var, first + static_cast<uint64_t>(off / 4),
+                reinterpret_cast<const char*>(data) + off, len, keep_alive);
     off += len;
-    in_msg_ += len;
     if (in_msg_ >= chunk_) Flush();
   }
+  return ok_;
+}
+
+bool TensorWireWriter::AddEncoded(uint32_t var, uint64_t first, const char* data, int64_t bytes,
+                                  const std::shared_ptr<const void>& keep_alive) {
+  if (!ok_) return false;
+  if (in_msg_ > 0 && in_msg_ + bytes > chunk_) Flush();
+  if (!ok_) return false;
+  AppendSlice(var, first, data, bytes, keep_alive);
+  if (in_msg_ >= chunk_) Flush();
   return ok_;
 }
 

@@ -52,6 +52,14 @@ class TensorWireWriter {
   bool Add(uint32_t var, const float* data, int64_t n, uint64_t first = 0,
            const std::shared_ptr<const void>& keep_alive = nullptr);
 
+  // Adds one TensorSlice of variable `var` from element `first` whose data
+  // is the `bytes` bytes at `data` as they are (an encoded payload, e.g. a
+  // compressed gradient's: common/gradient_codec.h), never split. When the
+  // message being built already holds payload and this one would take it
+  // past chunk_bytes, that message is sent first. Ownership as for Add.
+  bool AddEncoded(uint32_t var, uint64_t first, const char* data, int64_t bytes,
+                  const std::shared_ptr<const void>& keep_alive = nullptr);
+
   // Sends what is left; with `even_if_empty`, sends a message even if no
   // slice is pending (so a stream carries at least one). Returns false if any
   // flush failed.
@@ -59,6 +67,9 @@ class TensorWireWriter {
 
  private:
   void Flush();
+  // Appends one TensorSlice (framing, then the payload by reference).
+  void AppendSlice(uint32_t var, uint64_t element, const char* data, int64_t len,
+                   const std::shared_ptr<const void>& keep_alive);
 
   const uint32_t slices_tag_;
   const int64_t chunk_;
@@ -89,6 +100,9 @@ struct TensorWireHandler {
   // `offset`. Returns where to copy them (room for `bytes`), or an error that
   // ends the read. REQUIRED.
   std::function<absl::StatusOr<char*>(uint32_t var, uint64_t offset, uint64_t bytes)> on_slice;
+  // After a TensorSlice's payload was copied where on_slice said (e.g. to
+  // decode it from there); an error ends the read. May be null.
+  std::function<absl::Status()> on_slice_end;
 };
 
 // Reads one message written as above (or by protobuf) whose TensorSlices are

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -101,6 +102,74 @@ TEST(TensorWireTest, MessagesHoldKeepAliveUntilReleased) {
   EXPECT_GT(values.use_count(), 1);
   held.clear();
   EXPECT_EQ(values.use_count(), 1);
+}
+
+// The exact bytes of float payloads (what every uncompressed push and pull
+// sends): a TensorSlice per chunk with var_index and offset always written.
+TEST(TensorWireTest, FloatPayloadBytesAreExactlyTheseTwoMessages) {
+  const std::vector<float> v = {1.0f, 2.0f, 3.0f};
+  std::vector<std::string> sent;
+  TensorWireWriter w(2, /*chunk_bytes=*/8, [&](const grpc::ByteBuffer& m) {
+    sent.push_back(Flatten(m));
+    return true;
+  });
+  std::string prefix;
+  AppendVarintField(1, 5, &prefix);
+  w.set_prefix(prefix);
+  ASSERT_TRUE(w.Add(1, v.data(), 3));
+  ASSERT_TRUE(w.Finish());
+  const std::string payload(reinterpret_cast<const char*>(v.data()), 12);
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[0], std::string("\x08\x05\x12\x0e\x08\x01\x10\x00\x1a\x08", 10) +
+                         payload.substr(0, 8));
+  EXPECT_EQ(sent[1], std::string("\x08\x05\x12\x0a\x08\x01\x10\x02\x1a\x04", 10) +
+                         payload.substr(8));
+}
+
+// Encoded payloads go out whole, one TensorSlice each, in a new message when
+// the current one would pass the chunk; a reader gets on_slice_end after
+// each payload is copied (where it decodes it).
+TEST(TensorWireTest, EncodedPayloadsAreNeverSplitAndEndEachSlice) {
+  const std::string a(10, 'a'), b(9, 'b'), c(30, 'c');
+  std::vector<std::string> sent;
+  TensorWireWriter w(/*slices_field=*/2, /*chunk_bytes=*/20, [&](const grpc::ByteBuffer& m) {
+    sent.push_back(Flatten(m));
+    return true;
+  });
+  ASSERT_TRUE(w.AddEncoded(0, 0, a.data(), 10));
+  ASSERT_TRUE(w.AddEncoded(0, 7, b.data(), 9));   // 19 <= 20: same message
+  ASSERT_TRUE(w.AddEncoded(1, 3, c.data(), 30));  // a message of its own, sent at once
+  ASSERT_TRUE(w.AddEncoded(2, 0, a.data(), 0));   // an empty payload
+  ASSERT_TRUE(w.Finish());
+  ASSERT_EQ(sent.size(), 3u);
+  std::vector<std::vector<std::tuple<uint32_t, uint64_t, std::string>>> got;
+  for (const auto& bytes : sent) {
+    v1::PushRequest m;
+    ASSERT_TRUE(m.ParseFromString(bytes));
+    got.emplace_back();
+    for (const auto& s : m.slices()) got.back().emplace_back(s.var_index(), s.offset(), s.data());
+  }
+  using Slice = std::tuple<uint32_t, uint64_t, std::string>;
+  EXPECT_EQ(got[0], (std::vector<Slice>{{0, 0, a}, {0, 7, b}}));
+  EXPECT_EQ(got[1], (std::vector<Slice>{{1, 3, c}}));
+  EXPECT_EQ(got[2], (std::vector<Slice>{{2, 0, ""}}));
+
+  // The reader: on_slice_end sees each payload already copied.
+  std::string buffer(64, '\0');
+  std::vector<std::string> ended;
+  uint64_t last = 0;
+  TensorWireHandler h;
+  h.on_slice = [&](uint32_t, uint64_t, uint64_t n) -> absl::StatusOr<char*> {
+    last = n;
+    return buffer.data();
+  };
+  h.on_slice_end = [&]() -> absl::Status {
+    ended.push_back(buffer.substr(0, last));
+    return ended.size() == 5 ? absl::DataLossError("stop") : absl::OkStatus();
+  };
+  for (const auto& bytes : sent) ASSERT_TRUE(ReadTensorMessage(Pieces(bytes, 3), 2, h).ok());
+  EXPECT_EQ(ended, (std::vector<std::string>{a, b, c, ""}));
+  EXPECT_TRUE(absl::IsDataLoss(ReadTensorMessage(Pieces(sent[0], 5), 2, h)));
 }
 
 // Reads `bytes` split into pieces of every size from 1 to 9 bytes.

@@ -7,7 +7,8 @@
 #                           [--model=mlp|dense_stack|cnn_small|lenet|resnet18|resnet_cifar]
 #                           [--base_port=PORT]
 #                           [--state_dir=DIR] [--serve]
-#                           [-- job flags for the submitted job, e.g. --epochs=1,
+#                           [-- job flags for the submitted job, e.g. --epochs=1 or
+#                               --compression=none|fp16|bf16|topk:RATIO,
 #                               or worker flags such as --virtual_devices=CPU=4]
 #
 # Without --serve it ends with: final: test_accuracy=<x> test_loss=<y> steps=<n> wall_s=<t>
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     --state_dir=*) STATE_DIR="${1#*=}" ;;
     --serve) SERVE=1 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift

@@ -16,8 +16,8 @@ namespace towerps::v1::ps_wire {
 // indices, in proto order; ps_service_test checks them).
 inline constexpr int kPushMethodIndex = 1, kPullMethodIndex = 2;
 
-// PushRequest.header, PushRequest.slices.
-inline constexpr int kPushHeaderField = 1, kPushSlicesField = 2;
+// PushRequest.header, PushRequest.slices, PushRequest.commit.
+inline constexpr int kPushHeaderField = 1, kPushSlicesField = 2, kPushCommitField = 3;
 // PullResponse.global_step, PullResponse.slices.
 inline constexpr int kPullStepField = 1, kPullSlicesField = 2, kPullWaitedField = 3;
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/checked_math.h"
+#include "common/gradient_codec.h"
 #include "common/initializer.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -410,7 +411,23 @@ PushSession::~PushSession() {
 absl::Status PushSession::AddSlice(const v1::TensorSlice& slice) {
   TOWERPS_ASSIGN_OR_RETURN(char* dst,
                            Reserve(slice.var_index(), slice.offset(), slice.data().size()));
-  std::memcpy(dst, slice.data().data(), slice.data().size());
+  if (!slice.data().empty()) std::memcpy(dst, slice.data().data(), slice.data().size());
+  return FinishSlice();
+}
+
+absl::Status PushSession::FinishSlice() {
+  if (pending_var_ < 0) return absl::OkStatus();
+  const size_t v = static_cast<size_t>(pending_var_);
+  pending_var_ = -1;
+  float* first = grads_[v].data() + covered_[v];
+  auto n = common::DecodeSlice(header_.slice_encoding(), scratch_,
+                               absl::MakeSpan(first, job_->sizes[v] - covered_[v]));
+  if (!n.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push: slice of variable ", v, " from worker ", header_.worker_task(), " at element ",
+        covered_[v], ": ", n.status().message(), "; nothing applied"));
+  }
+  covered_[v] += *n;
   return absl::OkStatus();
 }
 
@@ -430,10 +447,27 @@ absl::Status PushSession::CheckFinite() {
 }
 
 absl::StatusOr<char*> PushSession::Reserve(uint32_t v, uint64_t offset, uint64_t bytes) {
+  if (pending_var_ >= 0) {  // our caller's bug, not the sender's
+    return absl::InternalError("push: Reserve before the last slice was finished");
+  }
   if (v >= grads_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "push: var_index ", v, " is out of range (job \"",
         job_->id, "\" has ", grads_.size(), " variables on this server)"));
+  }
+  if (header_.slice_encoding() != v1::SLICE_FLOAT32 &&
+      job_->update_kinds[v] != v1::VariableDef::MOVING_AVERAGE) {
+    // Encoded: the payload goes to the scratch buffer (bounded by the
+    // message, which the reader has checked holds it) and FinishSlice
+    // decodes it from there, checking its length against what is left.
+    if (offset != static_cast<uint64_t>(covered_[v])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push: slice of variable ", v, " starts at element ", offset,
+          ", expected ", covered_[v], " (slices must arrive in order, once)"));
+    }
+    scratch_.resize(bytes);
+    pending_var_ = v;
+    return scratch_.data();
   }
   if (bytes % sizeof(float) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -729,6 +763,11 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   }
   if (header.sequence() == 0) {
     return absl::InvalidArgumentError("push: sequence must start at 1");
+  }
+  if (!v1::SliceEncoding_IsValid(header.slice_encoding())) {
+    return absl::InvalidArgumentError(absl::StrCat("push: unknown slice_encoding ",
+                                                   static_cast<int>(header.slice_encoding()),
+                                                   " from worker ", header.worker_task()));
   }
   std::unique_ptr<PushSession> s(new PushSession());
   s->job_ = job;

@@ -126,20 +126,33 @@ int64_t RegisterFootprintBytes(const v1::RegisterRequest& request,
                                const v1::TrainingConfig& config);
 
 // One push being received. Owned by the caller between BeginPush and FinishPush.
+//
+// A compressed push (header.slice_encoding, common/gradient_codec.h) is
+// decoded slice by slice into the same float staging buffer as an
+// uncompressed one: each encoded payload is copied into a scratch buffer (at
+// most one slice, so at most one message) and decoded from there by
+// FinishSlice. Slices of MOVING_AVERAGE variables are float32 in every push.
 class PushSession {
  public:
   ~PushSession();
   // Validates `slice` (variable index, offset, length, in-order coverage) and
-  // copies it in. InvalidArgument names what was wrong.
+  // copies it in (decoding it in a compressed push). InvalidArgument names
+  // what was wrong.
   absl::Status AddSlice(const v1::TensorSlice& slice);
   // The same checks for a slice of `bytes` bytes of variable `var` from
   // element `offset`, whose payload the caller then copies to the returned
-  // address (room for `bytes`) before the next call.
+  // address (room for `bytes`), then calls FinishSlice, before the next call.
   absl::StatusOr<char*> Reserve(uint32_t var, uint64_t offset, uint64_t bytes);
+  // After Reserve's payload was copied: decodes an encoded slice into the
+  // staging buffer (no-op for a float32 one). InvalidArgument naming the
+  // variable, the worker and what was wrong with the payload (see
+  // common::DecodeSlice).
+  absl::Status FinishSlice();
   // Checks the elements received since the last check for NaN and Inf (while
   // they are still in cache); FinishPush checks the rest. InvalidArgument
   // naming the variable and worker.
   absl::Status CheckFinite();
+  const v1::PushHeader& header() const { return header_; }
 
  private:
   friend class ParameterServer;
@@ -149,6 +162,10 @@ class PushSession {
   std::vector<std::vector<float>> grads_;
   std::vector<int64_t> covered_;
   std::vector<int64_t> checked_;  // elements CheckFinite has passed, by variable
+  // An encoded slice reserved and not yet decoded: its variable (-1: none)
+  // and its payload.
+  int64_t pending_var_ = -1;
+  std::string scratch_;
 };
 
 class ParameterServer {
@@ -168,7 +185,8 @@ class ParameterServer {
   // is outside options.checkpoint_roots.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
 
-  // NotFound for an unknown job; InvalidArgument for a bad header.
+  // NotFound for an unknown job; InvalidArgument for a bad header (an
+  // unknown slice_encoding included).
   absl::StatusOr<std::unique_ptr<PushSession>> BeginPush(const v1::PushHeader& header);
   // Commits a complete push. InvalidArgument if a variable is incomplete or
   // the gradient is not finite (nothing is applied then);

@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/gradient_codec.h"
+#include "common/status.h"
 #include "common/storage/checkpoint.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
@@ -898,6 +900,161 @@ TEST(MovingAverageServerTest, CheckpointRoundTripsTheStatistic) {
   other_decay.set_num_ps(1);
   ASSERT_TRUE(c.Register(other_decay).ok());
   EXPECT_EQ(PullValues(c, 2), at_save);
+}
+
+// Compressed pushes (issue 16): a slice with raw bytes as its data.
+v1::TensorSlice Encoded(uint32_t var, uint64_t offset, std::string data) {
+  v1::TensorSlice s;
+  s.set_var_index(var);
+  s.set_offset(offset);
+  s.set_data(std::move(data));
+  return s;
+}
+
+std::string Halves(const std::vector<float>& values) {
+  std::string out;
+  for (float v : values) {
+    const uint16_t h = common::FloatToHalf(v);
+    out.append(reinterpret_cast<const char*>(&h), 2);
+  }
+  return out;
+}
+
+std::string Bf16(const std::vector<float>& values) {
+  std::string out;
+  for (float v : values) {
+    const uint16_t b = common::FloatToBfloat16(v);
+    out.append(reinterpret_cast<const char*>(&b), 2);
+  }
+  return out;
+}
+
+std::string TopK(uint32_t length, const std::vector<uint32_t>& indices,
+                 const std::vector<float>& values) {
+  std::string out(reinterpret_cast<const char*>(&length), 4);
+  for (uint32_t i : indices) out.append(reinterpret_cast<const char*>(&i), 4);
+  for (float v : values) out.append(reinterpret_cast<const char*>(&v), 4);
+  return out;
+}
+
+v1::PushHeader Compressed(v1::SliceEncoding encoding, int worker, uint64_t seq, int64_t step) {
+  v1::PushHeader h = Header(worker, seq, step, 1);
+  h.set_slice_encoding(encoding);
+  return h;
+}
+
+absl::StatusOr<v1::PushResponse> PushSlices(ParameterServer& ps, const v1::PushHeader& h,
+                                            const std::vector<v1::TensorSlice>& slices) {
+  TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<PushSession> s, ps.BeginPush(h));
+  for (const auto& slice : slices) TOWERPS_RETURN_IF_ERROR(s->AddSlice(slice));
+  return ps.FinishPush(std::move(s));
+}
+
+// Every encoding decodes into the same float update: values that the half
+// formats hold exactly, a top-k push in two slices with zeros between.
+TEST(CompressedPushTest, EachEncodingAppliesTheDecodedGradient) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  const std::vector<float> a = {1, -2, 0.5f, 4, 0, -0.25f}, b = {2, -1};
+  ASSERT_EQ(PushSlices(ps, Compressed(v1::SLICE_FLOAT16, 0, 1, 0),
+                       {Encoded(0, 0, Halves({1, -2})), Encoded(0, 2, Halves({0.5f, 4, 0, -0.25f})),
+                        Encoded(1, 0, Halves(b))})
+                ->outcome(),
+            v1::PushResponse::APPLIED);
+  auto snap = PullNow(ps, 1);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(snap->values[0][i], 1.0f - kLr * a[i]) << i;
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(snap->values[1][i], -kLr * b[i]) << i;
+
+  ASSERT_TRUE(PushSlices(ps, Compressed(v1::SLICE_BFLOAT16, 0, 2, 1),
+                         {Encoded(0, 0, Bf16(a)), Encoded(1, 0, Bf16(b))})
+                  .ok());
+  snap = PullNow(ps, 2);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(snap->values[0][i], 1.0f - 2 * kLr * a[i]) << i;
+
+  // Top-k: a[1] = -2 and a[3] = 4 in [0, 3) and [3, 6); b[1] = -1 in one.
+  ASSERT_TRUE(PushSlices(ps, Compressed(v1::SLICE_TOPK, 0, 3, 2),
+                         {Encoded(0, 0, TopK(3, {1}, {-2})), Encoded(0, 3, TopK(3, {0}, {4})),
+                          Encoded(1, 0, TopK(2, {1}, {-1}))})
+                  .ok());
+  snap = PullNow(ps, 3);
+  for (int i = 0; i < 6; ++i) {
+    const float sent = (i == 1 || i == 3) ? a[i] : 0.0f;
+    EXPECT_EQ(snap->values[0][i], 1.0f - 2 * kLr * a[i] - kLr * sent) << i;
+  }
+  EXPECT_EQ(snap->values[1][0], -2 * kLr * b[0]);
+  EXPECT_EQ(snap->values[1][1], -3 * kLr * b[1]);
+}
+
+// Batch norm's statistics stay float32 in a compressed push.
+TEST(CompressedPushTest, MovingAverageSlicesStayFloat32) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(MovingJob(v1::ASYNC, 1)).ok());
+  ASSERT_TRUE(PushSlices(ps, Compressed(v1::SLICE_TOPK, 0, 1, 0),
+                         {Encoded(0, 0, TopK(6, {2}, {1.0f})), Slice(1, 0, {10.0f, 20.0f})})
+                  .ok());
+  auto snap = PullNow(ps, 1);
+  ExpectMoving(snap->values[1][0], 2.0, 10.0, "[0]");
+  ExpectMoving(snap->values[1][1], 2.0, 20.0, "[1]");
+  ExpectSgd(snap->values[0][2], 1.0, 1.0, "a[2], sent");
+  ExpectSgd(snap->values[0][0], 1.0, 0.0, "a[0], not sent");
+}
+
+TEST(CompressedPushTest, MalformedCompressedPushesNameTheVariableAndChangeNothing) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 1)).ok());
+  const v1::TensorSlice good_b = Encoded(1, 0, TopK(2, {0}, {1}));
+  struct Case {
+    v1::SliceEncoding encoding;
+    v1::TensorSlice slice;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {v1::SLICE_TOPK, Encoded(0, 0, TopK(7, {0}, {1})),
+       "variable 0 from worker 0 at element 0: top-k slice: its length 7 runs past the end "
+       "(6 elements left)"},
+      {v1::SLICE_TOPK, Encoded(0, 0, TopK(6, {6}, {1})), "index 6 (entry 0) is out of range"},
+      {v1::SLICE_TOPK, Encoded(0, 0, TopK(6, {3, 1}, {1, 1})), "not strictly increasing"},
+      {v1::SLICE_TOPK, Encoded(0, 0, TopK(6, {3}, {std::numeric_limits<float>::infinity()})),
+       "is Inf or NaN"},
+      {v1::SLICE_TOPK, Encoded(0, 0, "abc"), "shorter than its 4-byte length"},
+      {v1::SLICE_TOPK, Encoded(0, 0, TopK(0, {}, {})), "its length is 0"},
+      {v1::SLICE_TOPK, Encoded(0, 1, TopK(5, {0}, {1})), "starts at element 1, expected 0"},
+      {v1::SLICE_TOPK, Encoded(7, 0, TopK(5, {0}, {1})), "var_index 7 is out of range"},
+      {v1::SLICE_FLOAT16, Encoded(0, 0, Halves({1}) + "x"), "not a whole number of 2-byte"},
+      {v1::SLICE_FLOAT16, Encoded(0, 0, Halves(std::vector<float>(7, 1))),
+       "7 values run past the end"},
+      {v1::SLICE_FLOAT16, Encoded(0, 0, std::string("\x00\x7c", 2)), "value 0 is Inf or NaN"},
+      {v1::SLICE_BFLOAT16, Encoded(0, 0, std::string("\xc0\x7f", 2)), "value 0 is Inf or NaN"},
+  };
+  for (const Case& c : cases) {
+    const absl::StatusOr<v1::PushResponse> r =
+        PushSlices(ps, Compressed(c.encoding, 0, 1, 0), {c.slice, good_b});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.says;
+    EXPECT_NE(r.status().message().find(c.says), std::string::npos) << r.status();
+  }
+  // Covering too little is incomplete, as for float32.
+  auto r = PushSlices(ps, Compressed(v1::SLICE_TOPK, 0, 1, 0),
+                      {Encoded(0, 0, TopK(5, {0}, {1})), good_b});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("incomplete: variable 0 got 5 of 6"), std::string::npos)
+      << r.status();
+  v1::PushHeader unknown = Compressed(v1::SLICE_TOPK, 0, 1, 0);
+  unknown.set_slice_encoding(static_cast<v1::SliceEncoding>(42));
+  EXPECT_EQ(ps.BeginPush(unknown).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ps.BeginPush(unknown).status().message().find("unknown slice_encoding 42"),
+            std::string::npos);
+
+  auto snap = PullNow(ps);
+  EXPECT_EQ(snap->global_step, 0);
+  EXPECT_EQ(snap->values[0], std::vector<float>(6, 1.0f));
+  const v1::StatusResponse st = ps.Status({});
+  EXPECT_EQ(st.jobs(0).pushes_applied(), 0);
+  // Sequence 1 was never taken: it still applies.
+  EXPECT_EQ(PushSlices(ps, Compressed(v1::SLICE_TOPK, 0, 1, 0),
+                       {Encoded(0, 0, TopK(6, {5}, {2})), good_b})
+                ->outcome(),
+            v1::PushResponse::APPLIED);
+  EXPECT_EQ(PullNow(ps, 1)->values[0][5], 1.0f - kLr * 2);
 }
 
 TEST(StopWaitingTest, WakesWaitingPullsWithUnavailableAndServesReadyOnes) {

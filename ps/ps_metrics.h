@@ -1,7 +1,9 @@
 // The parameter server's Prometheus metrics (issue 14). The gRPC adapter
 // (ps_service) reports to them; parameter_server knows nothing of them.
 //
-//   towerps_ps_push_bytes_total{training_job}   gradient payload received
+//   towerps_ps_push_bytes_total{training_job}   gradient payload received, as on the
+//                                               wire (compressed bytes when the
+//                                               job compresses its pushes)
 //   towerps_ps_pull_bytes_total{training_job}   weight payload sent
 //   towerps_ps_rpc_seconds{method}              handler time, waits included (histogram)
 //   towerps_ps_requests_total{method,code}      finished RPCs by gRPC code name

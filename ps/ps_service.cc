@@ -18,6 +18,7 @@ using common::ToGrpcStatus;
 
 using v1::ps_wire::kPullSlicesField;
 using v1::ps_wire::kPullStepField;
+using v1::ps_wire::kPushCommitField;
 using v1::ps_wire::kPushHeaderField;
 using v1::ps_wire::kPushSlicesField;
 
@@ -111,9 +112,21 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps) : ps_(ps) {
     bytes_ += static_cast<int64_t>(n);
     return session_->Reserve(var, offset, n);
   };
+  // A compressed slice is decoded once its payload is in (on_slice checked
+  // that there is a session).
+  handler_.on_slice_end = [this]() { return session_->FinishSlice(); };
+  handler_.on_varint = [this](int field, uint64_t value) -> absl::Status {
+    if (field != kPushCommitField || value == 0) return absl::OkStatus();
+    if (session_ == nullptr) {
+      return absl::InvalidArgumentError("push: the first message must carry the header");
+    }
+    committed_ = true;
+    return absl::OkStatus();
+  };
 }
 
 absl::Status PushStreamDecoder::Add(const grpc::ByteBuffer& message) {
+  if (committed_) return absl::InvalidArgumentError("push: a message after the commit");
   TOWERPS_RETURN_IF_ERROR(common::ReadTensorMessage(message, kPushSlicesField, handler_));
   if (session_ == nullptr) {
     return absl::InvalidArgumentError("push: the first message must carry the header");
@@ -123,6 +136,13 @@ absl::Status PushStreamDecoder::Add(const grpc::ByteBuffer& message) {
 
 absl::StatusOr<v1::PushResponse> PushStreamDecoder::Finish() {
   if (session_ == nullptr) return absl::InvalidArgumentError("push: empty stream");
+  if (session_->header().ends_with_commit() && !committed_) {
+    const v1::PushHeader h = session_->header();
+    session_.reset();  // nothing of it is applied
+    return absl::AbortedError(absl::StrCat(
+        "push: the stream of worker ", h.worker_task(), " (sequence ", h.sequence(),
+        ") ended without its commit: the worker abandoned it; nothing applied"));
+  }
   return ps_.FinishPush(std::move(session_));
 }
 

@@ -27,18 +27,22 @@ namespace towerps::ps {
 
 // One Push stream's messages, decoded straight into a PushSession: the first
 // carries the header (BeginPush), every TensorSlice's payload is copied from
-// the message into the session's staging buffer. Used by the service; public
-// for the fuzzer.
+// the message into the session's staging buffer (a compressed one into its
+// scratch buffer, then decoded into the staging buffer: PushSession). Used by
+// the service; public for the fuzzer.
 class PushStreamDecoder {
  public:
   explicit PushStreamDecoder(ParameterServer& ps);  // Not owned.
   // Decodes one message. InvalidArgument / NotFound (from BeginPush, AddSlice's
   // checks) name what was wrong; the push is then abandoned, nothing applied.
   absl::Status Add(const grpc::ByteBuffer& message);
-  // FinishPush of the whole stream. InvalidArgument if no message came.
+  // FinishPush of the whole stream. InvalidArgument if no message came;
+  // Aborted, applying nothing, for a push whose header announced a commit
+  // message that never came (the worker abandoned it).
   absl::StatusOr<v1::PushResponse> Finish();
   const std::string& job_id() const { return job_id_; }
-  int64_t bytes() const { return bytes_; }  // Payload decoded.
+  // Payload bytes received, as on the wire (compressed, in a compressed push).
+  int64_t bytes() const { return bytes_; }
 
  private:
   ParameterServer& ps_;
@@ -46,6 +50,7 @@ class PushStreamDecoder {
   std::unique_ptr<PushSession> session_;
   std::string job_id_;
   int64_t bytes_ = 0;
+  bool committed_ = false;  // The commit message came.
 };
 
 class ParameterServiceImpl final : public v1::ParameterService::Service {

@@ -4,8 +4,12 @@
 
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "common/rpc.h"
+#include "common/tensor_wire.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "grpcpp/support/sync_stream.h"
@@ -43,9 +47,12 @@ class PsServiceTest : public ::testing::Test {
   }
   void TearDown() override { server_->Shutdown(); }
 
+  // How a push announces and sends its commit message (issue 16).
+  enum class Commit { kNone, kAnnouncedAndSent, kAnnouncedNotSent, kSentThenMore };
+
   // Streams a push of `values` (one per element) in 1000-element slices.
   grpc::Status Push(uint64_t seq, float value, v1::PushResponse* resp,
-                    int elements = 5000, bool header = true) {
+                    int elements = 5000, bool header = true, Commit commit = Commit::kNone) {
     grpc::ClientContext ctx;
     auto w = stub_->Push(&ctx, resp);
     v1::PushRequest m;
@@ -55,8 +62,14 @@ class PsServiceTest : public ::testing::Test {
       h->set_incarnation(1);
       h->set_sequence(seq);
       h->set_num_examples(1);
+      h->set_ends_with_commit(commit != Commit::kNone);
     }
     w->Write(m);
+    if (commit == Commit::kSentThenMore) {
+      v1::PushRequest c;
+      c.set_commit(true);
+      w->Write(c);
+    }
     std::vector<float> chunk(1000, value);
     for (int off = 0; off < elements; off += 1000) {
       v1::PushRequest s;
@@ -64,6 +77,11 @@ class PsServiceTest : public ::testing::Test {
       sl->set_offset(off);
       sl->set_data(chunk.data(), std::min(1000, elements - off) * 4);
       w->Write(s);
+    }
+    if (commit == Commit::kAnnouncedAndSent) {
+      v1::PushRequest c;
+      c.set_commit(true);
+      w->Write(c);
     }
     w->WritesDone();
     return w->Finish();
@@ -111,6 +129,26 @@ TEST_F(PsServiceTest, RetriedPushOverTheWireIsAppliedOnce) {
   for (float x : Pull(&messages)) ASSERT_FLOAT_EQ(x, -2.0f);  // lr 1, applied once
 }
 
+// Issue 16: a worker streams each layer's gradient as backward produces it
+// and commits the push once the whole step was announced; a stream that
+// announced a commit and ended without it was abandoned (its step failed part
+// way) and changes nothing, even though every element arrived.
+TEST_F(PsServiceTest, PushAnnouncingACommitIsAppliedOnlyWithIt) {
+  v1::PushResponse resp;
+  grpc::Status s = Push(1, 2.0f, &resp, 5000, true, Commit::kAnnouncedNotSent);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("ended without its commit"), std::string::npos)
+      << s.error_message();
+  s = Push(1, 2.0f, &resp, 5000, true, Commit::kSentThenMore);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("after the commit"), std::string::npos) << s.error_message();
+  int messages = 0;
+  for (float x : Pull(&messages)) ASSERT_EQ(x, 0.0f);  // nothing applied
+  ASSERT_TRUE(Push(1, 2.0f, &resp, 5000, true, Commit::kAnnouncedAndSent).ok());
+  EXPECT_EQ(resp.outcome(), v1::PushResponse::APPLIED);
+  for (float x : Pull(&messages)) ASSERT_FLOAT_EQ(x, -2.0f);
+}
+
 TEST_F(PsServiceTest, MalformedStreamsAreRejectedAndChangeNothing) {
   v1::PushResponse resp;
   grpc::Status s = Push(1, 2.0f, &resp, /*elements=*/3000);
@@ -153,6 +191,117 @@ TEST_F(PsServiceTest, MalformedStreamsAreRejectedAndChangeNothing) {
   grpc::ClientContext ctx;
   ASSERT_TRUE(stub_->GetStatus(&ctx, v1::StatusRequest(), &st).ok());
   EXPECT_EQ(st.jobs(0).global_step(), 0);
+}
+
+// Compressed pushes (issue 16), sent by protobuf's own client: a top-k push
+// in two slices applies its decoded gradient (zeros between the entries).
+std::string TopK(uint32_t length, const std::vector<uint32_t>& indices,
+                 const std::vector<float>& values) {
+  std::string out(reinterpret_cast<const char*>(&length), 4);
+  for (uint32_t i : indices) out.append(reinterpret_cast<const char*>(&i), 4);
+  for (float v : values) out.append(reinterpret_cast<const char*>(&v), 4);
+  return out;
+}
+
+grpc::Status PushEncoded(v1::ParameterService::Stub& stub, v1::SliceEncoding encoding,
+                         const std::vector<std::pair<uint64_t, std::string>>& slices,
+                         v1::PushResponse* resp) {
+  grpc::ClientContext ctx;
+  auto w = stub.Push(&ctx, resp);
+  v1::PushRequest m;
+  auto* h = m.mutable_header();
+  h->set_job_id("j");
+  h->set_incarnation(1);
+  h->set_sequence(1);
+  h->set_num_examples(1);
+  h->set_slice_encoding(encoding);
+  w->Write(m);
+  for (const auto& [offset, data] : slices) {
+    v1::PushRequest s;
+    auto* sl = s.add_slices();
+    sl->set_offset(offset);
+    sl->set_data(data);
+    w->Write(s);
+  }
+  w->WritesDone();
+  return w->Finish();
+}
+
+TEST_F(PsServiceTest, CompressedPushOverTheWireAppliesTheDecodedGradient) {
+  v1::PushResponse resp;
+  const grpc::Status s =
+      PushEncoded(*stub_, v1::SLICE_TOPK,
+                  {{0, TopK(2500, {7}, {3.0f})}, {2500, TopK(2500, {0, 2499}, {-1.0f, 0.5f})}},
+                  &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.outcome(), v1::PushResponse::APPLIED);
+  int messages = 0;
+  const std::vector<float> w = Pull(&messages);
+  for (int i = 0; i < 5000; ++i) {
+    const float want = i == 7 ? -3.0f : i == 2500 ? 1.0f : i == 4999 ? -0.5f : 0.0f;
+    ASSERT_EQ(w[i], want) << i;  // lr 1
+  }
+}
+
+TEST_F(PsServiceTest, MalformedCompressedPushesAreInvalidArgumentAndChangeNothing) {
+  v1::PushResponse resp;
+  grpc::Status s = PushEncoded(*stub_, v1::SLICE_TOPK, {{0, TopK(5000, {10, 5}, {1, 1})}}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("variable 0 from worker 0 at element 0: top-k slice: indices "
+                                   "are not strictly increasing"),
+            std::string::npos)
+      << s.error_message();
+  const uint16_t inf = 0x7c00;
+  s = PushEncoded(*stub_, v1::SLICE_FLOAT16,
+                  {{0, std::string(reinterpret_cast<const char*>(&inf), 2)}}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("float16 slice: value 0 is Inf or NaN"), std::string::npos)
+      << s.error_message();
+  s = PushEncoded(*stub_, static_cast<v1::SliceEncoding>(9), {{0, TopK(5000, {1}, {1})}}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("unknown slice_encoding 9"), std::string::npos)
+      << s.error_message();
+  s = PushEncoded(*stub_, v1::SLICE_TOPK, {{0, TopK(4000, {1}, {1})}}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("incomplete"), std::string::npos) << s.error_message();
+  int messages = 0;
+  for (float x : Pull(&messages)) ASSERT_EQ(x, 0.0f);
+  v1::StatusResponse st;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::StatusRequest(), &st).ok());
+  EXPECT_EQ(st.jobs(0).global_step(), 0);
+  EXPECT_EQ(st.jobs(0).pushes_applied(), 0);
+}
+
+// The push bytes the metrics count are the payload as it was on the wire:
+// 2 bytes per element for float16.
+TEST(PushStreamDecoderTest, CountsPayloadBytesAsOnTheWire) {
+  ParameterServer ps({});
+  v1::RegisterRequest r;
+  r.set_job_id("j");
+  r.mutable_config()->set_num_workers(1);
+  auto* v = r.add_variables();
+  v->set_name("v");
+  v->add_shape(1000);
+  v->set_dtype(v1::DT_FLOAT32);
+  ASSERT_TRUE(ps.Register(r).ok());
+  const std::vector<std::pair<v1::SliceEncoding, int>> cases = {
+      {v1::SLICE_FLOAT32, 4000}, {v1::SLICE_FLOAT16, 2000}, {v1::SLICE_TOPK, 4 + 8}};
+  for (const auto& [encoding, bytes] : cases) {
+    v1::PushRequest m;
+    auto* h = m.mutable_header();
+    h->set_job_id("j");
+    h->set_incarnation(static_cast<uint64_t>(encoding) + 1);
+    h->set_sequence(1);
+    h->set_num_examples(1);
+    h->set_slice_encoding(encoding);
+    m.add_slices()->set_data(encoding == v1::SLICE_TOPK ? TopK(1000, {3}, {1.0f})
+                                                          : std::string(bytes, '\0'));
+    PushStreamDecoder decoder(ps);
+    ASSERT_TRUE(decoder.Add(common::ToByteBuffer(m)).ok());
+    ASSERT_TRUE(decoder.Finish().ok());
+    EXPECT_EQ(decoder.bytes(), bytes) << encoding;
+  }
 }
 
 // A bad moving-average definition (a wire value the server must not trust)
@@ -210,6 +359,8 @@ TEST(PsWireTest, MethodIndicesAndNamesMatchTheProto) {
             v1::ps_wire::kPushHeaderField);
   EXPECT_EQ(v1::PushRequest::descriptor()->FindFieldByName("slices")->number(),
             v1::ps_wire::kPushSlicesField);
+  EXPECT_EQ(v1::PushRequest::descriptor()->FindFieldByName("commit")->number(),
+            v1::ps_wire::kPushCommitField);
   EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("global_step")->number(),
             v1::ps_wire::kPullStepField);
   EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("waited_us")->number(),

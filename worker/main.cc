@@ -67,6 +67,10 @@ ABSL_FLAG(int, max_steps, 0, "Override: stop after N global steps.");
 ABSL_FLAG(int, replicas_to_aggregate, -1, "Override (sync): gradients per step.");
 ABSL_FLAG(int, max_staleness, -1, "Override (async): staleness bound.");
 ABSL_FLAG(std::string, placement, "", "Override: round_robin, greedy_bytes or partitioned.");
+ABSL_FLAG(std::string, compression, "",
+          "Override: gradient compression on the wire: none, fp16, bf16, topk (1%) or "
+          "topk:RATIO (the fraction of each variable part sent, in (0, 1]); with error feedback "
+          "(JobSpec.compression).");
 ABSL_FLAG(std::string, job_id, "", "Override: job id.");
 ABSL_FLAG(std::string, data_dir, "", "Override: Fashion-MNIST directory.");
 ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
@@ -157,6 +161,15 @@ absl::Status ApplyOverrides(JobSpec* job) {
   else if (!placement.empty()) {
     return absl::InvalidArgumentError("--placement must be round_robin, greedy_bytes or partitioned, got \"" +
                                       placement + "\"");
+  }
+  if (const std::string c = absl::GetFlag(FLAGS_compression); !c.empty()) {
+    auto compression = towerps::worker::ParseCompressionFlag(c);
+    if (!compression.ok()) return compression.status();
+    if (compression->type() == towerps::v1::GradientCompression::NONE) {
+      job->clear_compression();  // as if never set: the printed job stays the same
+    } else {
+      *job->mutable_compression() = *compression;
+    }
   }
   if (absl::GetFlag(FLAGS_epochs) != 0) job->set_epochs(absl::GetFlag(FLAGS_epochs));
   if (absl::GetFlag(FLAGS_batch_size) != 0) job->set_global_batch_size(absl::GetFlag(FLAGS_batch_size));

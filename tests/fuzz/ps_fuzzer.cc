@@ -5,7 +5,9 @@
 //   0 RegisterRequest  (ParameterServiceImpl::RegisterVariables)
 //   1 PushRequest      (the raw bytes, as one message of a push stream, cut
 //                       into 7-byte gRPC slices, fed to the service's
-//                       PushStreamDecoder: BeginPush/Reserve/FinishPush)
+//                       PushStreamDecoder: BeginPush/Reserve/FinishSlice/
+//                       FinishPush; compressed pushes, header.slice_encoding,
+//                       decoded too: seed-compressed)
 //   2 PullRequest      (ParameterServer::Pull with no wait, then the service's
 //                       TensorWireWriter chunking, read back by the client's
 //                       ReadTensorMessage)

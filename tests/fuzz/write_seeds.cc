@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/gradient_codec.h"
 #include "common/job_spec.h"
 #include "common/storage/checkpoint.h"
 #include "common/storage/record_io.h"
@@ -292,6 +293,68 @@ void PsRequests() {
   }
 }
 
+// Compressed pushes (issue 16): float16, top-k and bfloat16 pushes encoded
+// by the real codec, the batch norm statistic as float32, pulls between.
+void PsCompressedRequests() {
+  v1::RegisterRequest reg;
+  reg.set_job_id("c");
+  reg.set_num_ps(1);
+  reg.set_worker_task(0);
+  auto* c = reg.mutable_config();
+  c->set_mode(v1::SYNC);
+  c->set_num_workers(1);
+  c->mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+  auto* w = reg.add_variables();
+  w->set_name("w");
+  w->add_shape(4);
+  w->add_shape(5);
+  w->set_dtype(v1::DT_FLOAT32);
+  auto* m = reg.add_variables();
+  m->set_name("moving_mean");
+  m->add_shape(3);
+  m->set_dtype(v1::DT_FLOAT32);
+  m->set_update(v1::VariableDef::MOVING_AVERAGE);
+  m->set_moving_average_decay(0.9f);
+
+  std::vector<float> g(20);
+  for (int i = 0; i < 20; ++i) g[i] = (i % 3 - 1) * 0.25f * (i + 1);
+  const float stat[3] = {0.5f, -1.0f, 2.0f};
+  std::string seq;
+  Op(&seq, 0, reg);
+  int64_t step = 0;
+  for (auto encoding : {v1::SLICE_FLOAT16, v1::SLICE_TOPK, v1::SLICE_BFLOAT16}) {
+    v1::PushRequest push;
+    auto* h = push.mutable_header();
+    h->set_job_id("c");
+    h->set_worker_task(0);
+    h->set_incarnation(3);
+    h->set_sequence(static_cast<uint64_t>(step + 1));
+    h->set_step(step);
+    h->set_num_examples(2);
+    h->set_slice_encoding(encoding);
+    std::string payload;
+    std::vector<towerps::common::EncodedSlice> slices;
+    // Slices of at most 28 bytes: several per variable.
+    Check(towerps::common::EncodeGradient(encoding, g, 0.25, 28, &payload, &slices).ok(),
+          "EncodeGradient");
+    for (const auto& e : slices) {
+      auto* s = push.add_slices();
+      s->set_offset(static_cast<uint64_t>(e.offset));
+      s->set_data(payload.substr(static_cast<size_t>(e.begin), static_cast<size_t>(e.bytes)));
+    }
+    auto* st = push.add_slices();
+    st->set_var_index(1);
+    st->set_data(std::string(reinterpret_cast<const char*>(stat), sizeof(stat)));
+    Op(&seq, 1, push);
+    v1::PullRequest pull;
+    pull.set_job_id("c");
+    pull.set_min_step(++step);
+    Op(&seq, 2, pull);
+  }
+  Op(&seq, 4, v1::StatusRequest());
+  Write("ps_fuzzer", "compressed", seq);
+}
+
 // The chief's JobService: submit two jobs (one refused: a path outside the
 // state directory), list, get, watch, cancel, cluster, export.
 void JobServiceRequests() {
@@ -343,6 +406,7 @@ int main(int argc, char** argv) {
   Events();
   Datasets();
   PsRequests();
+  PsCompressedRequests();
   JobServiceRequests();
   std::printf("write_seeds: seeds written under %s\n", out_dir.c_str());
   return 0;

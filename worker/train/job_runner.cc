@@ -204,6 +204,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   copts.restore_from = restore_from;
   copts.cancel = hooks.cancel;
   copts.security = env.security;
+  copts.compression = job.compression();
   TOWERPS_ASSIGN_OR_RETURN(
       std::unique_ptr<ParameterClient> client,
       NewGrpcParameterClient(copts, model->VariableDefs(), job.placement()));

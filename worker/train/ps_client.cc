@@ -15,6 +15,7 @@
 #include "proto/job.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "proto/tensor.pb.h"
+#include "worker/train/gradient_compressor.h"
 #include "worker/train/ps_peers.h"
 #include "worker/train/ps_streams.h"
 
@@ -26,8 +27,9 @@ using common::FromGrpcStatus;
 class GrpcParameterClient : public ParameterClient {
  public:
   GrpcParameterClient(ParameterClientOptions options, std::vector<v1::VariableDef> vars,
-                      Placement placement)
-      : peers_(WithIncarnation(std::move(options)), std::move(vars), std::move(placement)) {}
+                      Placement placement, std::unique_ptr<GradientCompressor> compressor)
+      : peers_(WithIncarnation(std::move(options)), std::move(vars), std::move(placement)),
+        compressor_(std::move(compressor)) {}
 
   absl::StatusOr<int64_t> Register(const v1::TrainingConfig& config) override {
     const int n = peers_.size();
@@ -123,7 +125,8 @@ class GrpcParameterClient : public ParameterClient {
       TOWERPS_RETURN_IF_ERROR(Fits("push", vars[v], *grads[v]));
     }
     TOWERPS_RETURN_IF_ERROR(peers_.LostServer());
-    return internal::StartGrpcPush(peers_, ++sequence_, step, num_examples, grads);
+    return internal::StartGrpcPush(peers_, compressor_.get(), ++sequence_, step, num_examples,
+                                   grads);
   }
 
   v1::StatusResponse Status(int ps_task) override {
@@ -164,6 +167,8 @@ class GrpcParameterClient : public ParameterClient {
   }
 
   internal::PsPeers peers_;
+  // Null: no compression. Used by one push at a time (its stream).
+  const std::unique_ptr<GradientCompressor> compressor_;
   // Used by the one thread that starts pushes (thread-compatible).
   uint64_t sequence_ = 0;
 };
@@ -183,7 +188,7 @@ absl::StatusOr<PushResult> ParameterClient::Push(
     int64_t step, int64_t num_examples, const std::vector<const common::Tensor*>& grads) {
   TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<PushStream> push,
                            StartPush(step, num_examples, grads));
-  push->Send(0, static_cast<int>(grads.size()));
+  TOWERPS_RETURN_IF_ERROR(push->Send(0, static_cast<int>(grads.size())));
   return push->Finish();
 }
 
@@ -200,8 +205,15 @@ absl::StatusOr<std::unique_ptr<ParameterClient>> NewGrpcParameterClient(
   TOWERPS_ASSIGN_OR_RETURN(
       Placement placement,
       PlanPlacement(vars, static_cast<int>(options.ps_addresses.size()), strategy));
-  return std::unique_ptr<ParameterClient>(
-      new GrpcParameterClient(std::move(options), std::move(vars), std::move(placement)));
+  TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<GradientCompressor> compressor,
+                           GradientCompressor::Create(options.compression, vars, placement,
+                                                      options.chunk_bytes));
+  if (compressor != nullptr) {
+    TLOG(INFO) << "worker " << options.worker_task << ", job \"" << options.job_id
+               << "\": " << compressor->Summary();
+  }
+  return std::unique_ptr<ParameterClient>(new GrpcParameterClient(
+      std::move(options), std::move(vars), std::move(placement), std::move(compressor)));
 }
 
 }  // namespace towerps::worker

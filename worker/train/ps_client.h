@@ -63,6 +63,9 @@ struct ParameterClientOptions {
   const common::CancellationToken* cancel = nullptr;
   // TLS and token of the channels. Default: plaintext, no token.
   std::shared_ptr<const common::RpcSecurity> security = common::RpcSecurity::Insecure();
+  // Gradient compression of pushes (JobSpec.compression; see
+  // gradient_compressor.h). Default: none, float32 as it always was.
+  v1::GradientCompression compression;
 };
 
 struct PushResult {
@@ -112,8 +115,10 @@ class PushStream {
   // Gradients [first, first + count) are final: sent to their servers as
   // soon as the transport can. They must stay unchanged until Finish
   // returned or the stream is destroyed. A variable announced twice is sent
-  // once.
-  virtual void Send(int first, int count) = 0;
+  // once. With compression they are encoded here, once (every attempt sends
+  // the same bytes): InvalidArgument for a NaN or Inf in them, and the push
+  // is abandoned (nothing is applied).
+  virtual absl::Status Send(int first, int count) = 0;
   // Blocks until every server answered. FailedPrecondition naming a
   // variable that was never sent (the push is abandoned then).
   virtual absl::StatusOr<PushResult> Finish() = 0;
@@ -145,6 +150,8 @@ class ParameterClient {
   // Pushes one mean gradient per variable (VariableDef order) computed on
   // weights of `step` from `num_examples` examples. Retries transport
   // failures with the same sequence number, so it is applied at most once.
+  // With compression, the gradient is encoded once and every attempt sends
+  // the same bytes; InvalidArgument for a NaN or Inf in it (nothing sent).
   absl::StatusOr<PushResult> Push(int64_t step, int64_t num_examples,
                                   const std::vector<const common::Tensor*>& grads);
   // Push, with the gradients announced one by one (PushStream::Send) as the

@@ -5,6 +5,7 @@
 #include "worker/train/ps_client.h"
 
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <memory>
 #include <string>
@@ -377,6 +378,92 @@ TEST(PsClientTest, WrongNumberOfBuffersIsInvalidArgument) {
   auto status = cluster.server(0).Status(v1::StatusRequest());
   ASSERT_EQ(status.jobs_size(), 1);
   EXPECT_EQ(status.jobs(0).global_step(), 0);
+}
+
+// Issue 16: compressed pushes against real servers. The gradients are small
+// integers, exact in float16 and bfloat16, and top-k with ratio 1 sends
+// everything: the round trip stays exact across PARTITIONED servers.
+TEST(PsClientTest, CompressedPushesRoundTripExactlyAcrossServers) {
+  for (auto type : {v1::GradientCompression::FP16, v1::GradientCompression::BF16,
+                    v1::GradientCompression::TOPK}) {
+    SCOPED_TRACE(v1::GradientCompression::Type_Name(type));
+    LocalPsCluster cluster(3);
+    ParameterClientOptions o = Options(cluster, "c");
+    o.compression.set_type(type);
+    if (type == v1::GradientCompression::TOPK) o.compression.set_ratio(1.0);
+    auto c = NewGrpcParameterClient(o, Vars(), v1::PARTITIONED);
+    ASSERT_TRUE(c.ok()) << c.status();
+    auto& client = *c;
+    ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+    Buffers g = Grads();
+    auto r = client->Push(0, 1, g.const_ptrs);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->applied, 3);
+    Buffers w(Vars());
+    ASSERT_TRUE(client->Pull(1, 1, w.ptrs).ok());
+    for (size_t v = 0; v < w.tensors.size(); ++v) {
+      for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
+        ASSERT_EQ(w.tensors[v][i], 1.0f - kLr * Grad(v, i)) << v << " " << i;
+      }
+    }
+  }
+}
+
+// Top-k without error feedback, ratio 0.5: exactly the larger half of each
+// variable (ties to the lower index) moves, by its own gradient; the rest is
+// sent as zeros. (Error feedback's bookkeeping: gradient_compressor_test.)
+TEST(PsClientTest, TopKMovesOnlyTheLargestHalfOfEachVariable) {
+  LocalPsCluster cluster(2);
+  ParameterClientOptions o = Options(cluster, "k");
+  o.compression.set_type(v1::GradientCompression::TOPK);
+  o.compression.set_ratio(0.5);
+  o.compression.set_error_feedback(false);
+  auto client = NewClient(o);
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers g = Grads();
+  ASSERT_TRUE(client->Push(0, 1, g.const_ptrs).ok());
+  Buffers w(Vars());
+  ASSERT_TRUE(client->Pull(1, 1, w.ptrs).ok());
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    int moved = 0;
+    for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
+      const float x = w.tensors[v][i];
+      ASSERT_TRUE(x == 1.0f || x == 1.0f - kLr * Grad(v, i)) << v << " " << i << " " << x;
+      moved += x != 1.0f;
+    }
+    EXPECT_EQ(moved, (w.tensors[v].num_elements() + 1) / 2) << v;
+  }
+}
+
+TEST(PsClientTest, NaNGradientWithCompressionFailsAndSendsNothing) {
+  LocalPsCluster cluster(2);
+  ParameterClientOptions o = Options(cluster, "n");
+  o.compression.set_type(v1::GradientCompression::FP16);
+  auto client = NewClient(o);
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers g = Grads();
+  g.tensors[1][3] = std::nanf("");
+  auto r = client->Push(0, 1, g.const_ptrs);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("\"mid\" is NaN at element 3"));
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(cluster.server(s).Status(v1::StatusRequest()).jobs(0).global_step(), 0);
+  }
+  // Nothing reached the servers: the next push applies.
+  g.tensors[1][3] = 1.0f;
+  r = client->Push(0, 1, g.const_ptrs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->applied, 2);
+}
+
+TEST(PsClientTest, BadCompressionIsInvalidArgumentNamingTheField) {
+  LocalPsCluster cluster(1, /*start=*/false);
+  ParameterClientOptions o = Options(cluster, "j");
+  o.compression.set_type(v1::GradientCompression::TOPK);
+  o.compression.set_ratio(3);
+  auto c = NewGrpcParameterClient(o, Vars(), v1::GREEDY_BYTES);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("compression.ratio = 3"));
 }
 
 TEST(PsClientTest, BadOptionsAreInvalidArgument) {

@@ -300,9 +300,10 @@ class GrpcPullStream final : public PullStream, private StreamBase {
 
 class GrpcPushStream final : public PushStream, private StreamBase {
  public:
-  GrpcPushStream(PsPeers& peers, uint64_t sequence, int64_t step, int64_t num_examples,
-                 std::vector<const common::Tensor*> grads)
+  GrpcPushStream(PsPeers& peers, GradientCompressor* compressor, uint64_t sequence, int64_t step,
+                 int64_t num_examples, std::vector<const common::Tensor*> grads)
       : StreamBase(peers),
+        compressor_(compressor),
         sequence_(sequence),
         step_(step),
         num_examples_(num_examples),
@@ -326,23 +327,59 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     }
   }
 
-  void Send(int first, int count) override {
-    absl::MutexLock lock(&mu_);
-    for (int v = first; v < first + count; ++v) {
-      if (sent_[v]) continue;
-      sent_[v] = true;
-      order_.push_back(v);
+  absl::Status Send(int first, int count) override {
+    Batch batch;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!send_error_.ok()) return send_error_;
+      for (int v = first; v < first + count; ++v) {
+        if (sent_[v]) continue;
+        sent_[v] = true;
+        batch.vars.push_back(v);
+      }
     }
+    if (batch.vars.empty()) return absl::OkStatus();
+    if (compressor_ != nullptr) {
+      // Encoded once, here: every attempt sends these bytes. One encoder at
+      // a time (it keeps the residuals); each run of consecutive variables
+      // is one piece.
+      absl::MutexLock lock(&encode_mu_);
+      for (size_t i = 0; i < batch.vars.size();) {
+        size_t j = i + 1;
+        while (j < batch.vars.size() && batch.vars[j] == batch.vars[j - 1] + 1) ++j;
+        absl::StatusOr<std::shared_ptr<const EncodedPush>> piece =
+            compressor_->Encode(grads_, batch.vars[i], static_cast<int>(j - i));
+        if (!piece.ok()) {
+          {
+            absl::MutexLock state(&mu_);
+            if (send_error_.ok()) send_error_ = piece.status();
+          }
+          Abandon(piece.status().message());
+          return piece.status();
+        }
+        batch.pieces.push_back(*std::move(piece));
+        i = j;
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    batches_.push_back(std::move(batch));
     cv_.SignalAll();
+    return absl::OkStatus();
   }
 
   absl::StatusOr<PushResult> Finish() override {
     int unsent = -1;
+    absl::Status send_error;
     {
       absl::MutexLock lock(&mu_);
+      send_error = send_error_;
       for (size_t v = 0; v < sent_.size() && unsent < 0; ++v) {
         if (!sent_[v]) unsent = static_cast<int>(v);
       }
+    }
+    if (!send_error.ok()) {  // abandoned by Send already
+      WaitAll().IgnoreError();
+      return send_error;
     }
     if (unsent >= 0) {
       Abandon("push finished before every gradient was sent");
@@ -389,36 +426,47 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     }
   }
 
-  // Waits until sent_ holds variables past order_[*next] (or the stream is
+  // What one Send added: its variables (not sent before) and, with
+  // compression, their encoding.
+  struct Batch {
+    std::vector<int> vars;
+    std::vector<std::shared_ptr<const EncodedPush>> pieces;
+  };
+
+  // Waits until there are batches past batches_[*next] (or the stream is
   // abandoned: false); returns them and moves *next past them.
-  bool NextSent(size_t* next, std::vector<int>* vars) ABSL_LOCKS_EXCLUDED(mu_) {
+  bool NextSent(size_t* next, std::vector<Batch>* out) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    while (order_.size() <= *next && !abandon_.cancelled()) cv_.Wait(&mu_);
+    while (batches_.size() <= *next && !abandon_.cancelled()) cv_.Wait(&mu_);
     if (abandon_.cancelled()) return false;
-    vars->assign(order_.begin() + *next, order_.end());
-    *next = order_.size();
+    out->assign(batches_.begin() + *next, batches_.end());
+    *next = batches_.size();
     return true;
   }
 
   // One call, opened when the first gradient this server holds a part of is
   // sent (a server that holds none: when every gradient is), so that the
   // call does not wait out the forward pass; each batch of sent gradients
-  // goes out at once in messages pointing into the gradients (no copy).
+  // goes out at once in messages pointing into the gradients (no copy); the
+  // call ends when every gradient was sent.
   absl::Status PushOnce(int s, v1::PushResponse* response) {
     const ParameterClientOptions& o = peers_.options();
     const std::vector<VariablePart>& parts = peers_.parts_on(s);
     const std::vector<std::vector<int>>& parts_of = parts_of_[s];
-    size_t next = 0;
-    std::vector<int> vars;
+    size_t next = 0, sent_vars = 0;
+    std::vector<Batch> batches;
     auto holds_any = [&] {
-      for (int v : vars) {
-        if (!parts_of[v].empty()) return true;
+      for (const Batch& b : batches) {
+        for (int v : b.vars) {
+          if (!parts_of[v].empty()) return true;
+        }
       }
       return false;
     };
     do {
-      if (!NextSent(&next, &vars)) return abandon_.Check("push");
-    } while (parts.empty() ? next < grads_.size() : !holds_any());
+      if (!NextSent(&next, &batches)) return abandon_.Check("push");
+      for (const Batch& b : batches) sent_vars += b.vars.size();
+    } while (parts.empty() ? sent_vars < grads_.size() : !holds_any());
 
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
@@ -434,31 +482,53 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     h->set_sequence(sequence_);
     h->set_step(step_);
     h->set_num_examples(num_examples_);
+    if (compressor_ != nullptr) h->set_slice_encoding(compressor_->encoding());
+    // The server applies the push only on its commit message, sent once the
+    // whole push was announced: a push abandoned part way is applied nowhere,
+    // not on the servers whose parts happened to be complete.
+    h->set_ends_with_commit(true);
     bool ok = writer->Write(common::ToByteBuffer(msg));
-    // The messages point into the gradients, which stay unchanged until the
-    // stream finished: gRPC is done with them when Finish returns.
+    // The messages point into the gradients (or their encoding, which they
+    // hold), which stay unchanged until the stream finished: gRPC is done
+    // with them when Finish returns.
     common::TensorWireWriter out(
         kPushSlicesField, o.chunk_bytes,
         [&writer](const grpc::ByteBuffer& m) { return writer->Write(m); });
     size_t left = parts.size();
     while (ok) {
-      for (int v : vars) {
-        for (int k : parts_of[v]) {
-          if (!ok) break;
-          ok = out.Add(static_cast<uint32_t>(k), grads_[v]->data() + parts[k].offset,
-                       parts[k].count);
-          --left;
+      for (const Batch& b : batches) {
+        for (int v : b.vars) left -= parts_of[v].size();
+        if (compressor_ != nullptr) {
+          for (const auto& piece : b.pieces) ok = ok && EncodedPush::WriteTo(piece, s, &out);
+          continue;
+        }
+        for (int v : b.vars) {
+          for (int k : parts_of[v]) {
+            ok = ok && out.Add(static_cast<uint32_t>(k), grads_[v]->data() + parts[k].offset,
+                               parts[k].count);
+          }
         }
       }
       if (ok) ok = out.Finish();  // what was added goes now, not when a chunk fills
-      if (left == 0 || !ok) break;
-      if (!NextSent(&next, &vars)) break;  // abandoned: the call is cancelled
+      if ((left == 0 && sent_vars == grads_.size()) || !ok) break;
+      if (!NextSent(&next, &batches)) {  // abandoned: no commit, the call is cancelled
+        ok = false;
+        ctx.TryCancel();
+        break;
+      }
+      for (const Batch& b : batches) sent_vars += b.vars.size();
     }
-    writer->WritesDone();
+    if (ok) {
+      v1::PushRequest commit;
+      commit.set_commit(true);
+      ok = writer->Write(common::ToByteBuffer(commit));
+    }
+    if (ok) writer->WritesDone();
     return FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
   }
 
   // Constant after construction.
+  GradientCompressor* const compressor_;  // Not owned; null: float32.
   const uint64_t sequence_;
   const int64_t step_;
   const int64_t num_examples_;
@@ -467,8 +537,11 @@ class GrpcPushStream final : public PushStream, private StreamBase {
   std::vector<std::vector<std::vector<int>>> parts_of_;
   std::vector<v1::PushResponse> responses_;  // [s]: written by server s's call
 
-  std::vector<bool> sent_ ABSL_GUARDED_BY(mu_);  // by variable
-  std::vector<int> order_ ABSL_GUARDED_BY(mu_);  // variables in the order they were sent
+  absl::Mutex encode_mu_;  // one Encode at a time (the compressor's residuals)
+
+  std::vector<bool> sent_ ABSL_GUARDED_BY(mu_);      // by variable
+  std::vector<Batch> batches_ ABSL_GUARDED_BY(mu_);  // in the order they were sent
+  absl::Status send_error_ ABSL_GUARDED_BY(mu_);     // a batch that could not be encoded
 };
 
 }  // namespace
@@ -480,10 +553,10 @@ std::unique_ptr<PullStream> StartGrpcPull(PsPeers& peers, int64_t min_step, int6
   return stream;
 }
 
-std::unique_ptr<PushStream> StartGrpcPush(PsPeers& peers, uint64_t sequence, int64_t step,
-                                          int64_t num_examples,
+std::unique_ptr<PushStream> StartGrpcPush(PsPeers& peers, GradientCompressor* compressor,
+                                          uint64_t sequence, int64_t step, int64_t num_examples,
                                           std::vector<const common::Tensor*> grads) {
-  auto stream = std::make_unique<GrpcPushStream>(peers, sequence, step, num_examples,
+  auto stream = std::make_unique<GrpcPushStream>(peers, compressor, sequence, step, num_examples,
                                                  std::move(grads));
   stream->Start();
   return stream;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/tensor.h"
+#include "worker/train/gradient_compressor.h"
 #include "worker/train/ps_client.h"
 #include "worker/train/ps_peers.h"
 
@@ -22,10 +23,11 @@ std::unique_ptr<PullStream> StartGrpcPull(PsPeers& peers, int64_t min_step, int6
                                           std::vector<common::Tensor*> weights);
 
 // REQUIRES: grads match peers.vars(). `sequence` is the push's (new for each
-// push, repeated by its retries). `peers` and the buffers must outlive the
-// stream.
-std::unique_ptr<PushStream> StartGrpcPush(PsPeers& peers, uint64_t sequence, int64_t step,
-                                          int64_t num_examples,
+// push, repeated by its retries). `compressor` (may be null: float32) encodes
+// each batch of gradients as it is sent. `peers`, the compressor and the
+// buffers must outlive the stream; one push at a time uses the compressor.
+std::unique_ptr<PushStream> StartGrpcPush(PsPeers& peers, GradientCompressor* compressor,
+                                          uint64_t sequence, int64_t step, int64_t num_examples,
                                           std::vector<const common::Tensor*> grads);
 
 }  // namespace towerps::worker::internal

@@ -5,6 +5,7 @@
 // applied once; a push finished early or abandoned part way changes nothing
 // on the servers; an abandoned waiting pull returns; a server's error reaches
 // the waits.
+#include <cmath>
 #include <future>
 #include <memory>
 #include <string>
@@ -86,7 +87,7 @@ TEST(PsStreamsTest, SyncPullSentBeforeThePushIsAnsweredWithTheNextStep) {
   auto push = client->StartPush(0, 4, g.const_ptrs);
   ASSERT_TRUE(push.ok()) << push.status();
   // Announced as backward produces them: the last variable first.
-  for (int v = 2; v >= 0; --v) (*push)->Send(v, 1);
+  for (int v = 2; v >= 0; --v) ASSERT_TRUE((*push)->Send(v, 1).ok());
   auto r = (*push)->Finish();
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->applied, 2);
@@ -107,8 +108,8 @@ TEST(PsStreamsTest, GradientsSentFromSeveralThreadsAreAppliedOnce) {
   std::vector<std::thread> threads;
   for (int v = 0; v < 3; ++v) {
     threads.emplace_back([&, v] {
-      (*push)->Send(v, 1);
-      (*push)->Send(0, 3);  // a variable announced twice is sent once
+      EXPECT_TRUE((*push)->Send(v, 1).ok());
+      EXPECT_TRUE((*push)->Send(0, 3).ok());  // a variable announced twice is sent once
     });
   }
   for (auto& t : threads) t.join();
@@ -130,7 +131,7 @@ TEST(PsStreamsTest, PushFinishedBeforeEveryGradientWasSentChangesNothing) {
   {
     auto push = client->StartPush(0, 4, g.const_ptrs);
     ASSERT_TRUE(push.ok()) << push.status();
-    (*push)->Send(0, 1);  // "big" only: ps 0's call opens and sends it
+    ASSERT_TRUE((*push)->Send(0, 1).ok());  // "big" only: ps 0's call opens and sends it
     auto r = (*push)->Finish();
     ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
     EXPECT_THAT(std::string(r.status().message()), HasSubstr("gradient of mid was never sent"));
@@ -156,7 +157,7 @@ TEST(PsStreamsTest, AbandonedPushChangesNothing) {
   {
     auto push = client->StartPush(0, 1, g.const_ptrs);
     ASSERT_TRUE(push.ok()) << push.status();
-    (*push)->Send(0, 2);  // "big" (ps 0, whole) and "mid" (ps 1; "small" is missing)
+    ASSERT_TRUE((*push)->Send(0, 2).ok());  // "big" (ps 0, whole) and "mid" (ps 1; "small" is missing)
     // Destroyed here, unfinished: its calls are cancelled.
   }
   Buffers w(Vars());
@@ -198,6 +199,54 @@ TEST(PsStreamsTest, AServersErrorReachesTheWaits) {
   EXPECT_THAT(std::string(st.message()), HasSubstr("not registered"));
   EXPECT_EQ((*pull)->Step().status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ((*pull)->Finish().status().code(), absl::StatusCode::kNotFound);
+}
+
+// Compression with the gradients announced layer by layer: each batch is
+// encoded once as it is sent, and the servers apply what a whole push would
+// (the values are exact in float16 and bfloat16; top-k at ratio 1 sends all).
+TEST(PsStreamsTest, CompressedBatchesApplyAsAWholePush) {
+  for (auto type : {v1::GradientCompression::FP16, v1::GradientCompression::BF16,
+                    v1::GradientCompression::TOPK}) {
+    SCOPED_TRACE(v1::GradientCompression::Type_Name(type));
+    LocalPsCluster cluster(3);
+    ParameterClientOptions o = Options(cluster, "j");
+    o.compression.set_type(type);
+    if (type == v1::GradientCompression::TOPK) o.compression.set_ratio(1.0);
+    auto c = NewGrpcParameterClient(o, Vars(), v1::PARTITIONED);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Register(Config(v1::SYNC, 1)).ok());
+    Buffers g = Grads();
+    auto push = (*c)->StartPush(0, 4, g.const_ptrs);
+    ASSERT_TRUE(push.ok()) << push.status();
+    for (int v = 2; v >= 0; --v) ASSERT_TRUE((*push)->Send(v, 1).ok());
+    auto r = (*push)->Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->applied, 3);
+    Buffers w(Vars());
+    ASSERT_TRUE((*c)->Pull(1, 1, w.ptrs).ok());
+    ExpectUpdated(w, true);
+  }
+}
+
+TEST(PsStreamsTest, AGradientThatCannotBeEncodedAbandonsThePush) {
+  LocalPsCluster cluster(2);
+  ParameterClientOptions o = Options(cluster, "j");
+  o.compression.set_type(v1::GradientCompression::FP16);
+  auto client = NewClient(o);
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+  Buffers g = Grads();
+  g.tensors[0][5] = std::nanf("");
+  auto push = client->StartPush(0, 4, g.const_ptrs);
+  ASSERT_TRUE(push.ok()) << push.status();
+  ASSERT_TRUE((*push)->Send(2, 1).ok());  // "small" goes out
+  const absl::Status bad = (*push)->Send(0, 2);
+  ASSERT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("\"big\" is NaN at element 5"));
+  EXPECT_EQ((*push)->Finish().status().code(), absl::StatusCode::kInvalidArgument);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(JobOn(cluster, s).global_step(), 0) << "ps " << s;
+    EXPECT_EQ(JobOn(cluster, s).pushes_applied(), 0) << "ps " << s;
+  }
 }
 
 }  // namespace

@@ -209,10 +209,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       weights_wait_ns += absl::ToInt64Nanoseconds(absl::Now() - t);
       return st;
     };
-    events.gradients_ready = [&](int first, int count) {
-      push->Send(first, count);
-      return absl::OkStatus();
-    };
+    events.gradients_ready = [&](int first, int count) { return push->Send(first, count); };
     const absl::Time compute_start = absl::Now();
     TOWERPS_ASSIGN_OR_RETURN(LossResult r, towers_.ComputeGradients(batch, events));
     const double weights_wait_s = weights_wait_ns.load() * 1e-9;
