@@ -6,6 +6,7 @@
 #include <numeric>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -73,7 +74,18 @@ bool AllFinite16(const char* p, int64_t n, uint16_t mask) {
 
 bool HaveF16c() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool have = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // CPUID leaf 1: ECX bit 27 OSXSAVE, 28 AVX, 29 F16C; and the OS saves the
+  // YMM registers (XCR0 bits 1 and 2). (clang 14 has no
+  // __builtin_cpu_supports("f16c").)
+  static const bool have = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    constexpr unsigned kNeed = (1u << 27) | (1u << 28) | (1u << 29);
+    if ((c & kNeed) != kNeed) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;
+  }();
   return have;
 #else
   return false;

@@ -540,7 +540,9 @@ TEST(CheckpointTest, SaveWritesTheStepItBeganAtWhileAnUpdateLands) {
   ParameterServer* server = nullptr;
   int interleaved = 0;
   o.after_save_view = [&] {
-    if (interleaved++ == 0) ASSERT_TRUE(PushConst(*server, Header(0, 2, 1, 4), -0.25f).ok());
+    if (interleaved++ == 0) {
+      ASSERT_TRUE(PushConst(*server, Header(0, 2, 1, 4), -0.25f).ok());
+    }
   };
   ParameterServer a(o);
   server = &a;
