@@ -64,13 +64,16 @@ TEST(SerialExecutorTest, DestructorRunsWhatIsStillScheduled) {
 
 TEST(SerialExecutorTest, ClosuresMayScheduleMore) {
   std::vector<int> order;
+  absl::Notification second_scheduled;
   {
     SerialExecutor ex;
     ex.Schedule([&] {
+      second_scheduled.WaitForNotification();  // so that 3 goes after 2
       order.push_back(1);
       ex.Schedule([&] { order.push_back(3); });
     });
     ex.Schedule([&] { order.push_back(2); });
+    second_scheduled.Notify();
   }
   EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
 }

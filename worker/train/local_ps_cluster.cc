@@ -11,6 +11,15 @@
 namespace towerps::worker {
 
 LocalPsCluster::LocalPsCluster(int num_ps, bool start) : servers_(num_ps) {
+  if (start) {
+    // Each server binds port 0 itself and keeps the port it got: no window
+    // in which another process (a client's ephemeral port, a test running
+    // beside this one) takes a port reserved for later.
+    ports_.assign(num_ps, 0);
+    addresses_.assign(num_ps, "127.0.0.1:0");
+    for (int i = 0; i < num_ps; ++i) EXPECT_TRUE(Start(i).ok());
+    return;
+  }
   for (int i = 0; i < num_ps; ++i) {
     // Port 0 picks a free port; reading it back and starting on it again
     // later (gRPC binds with SO_REUSEADDR) gives a stable address per task.
@@ -22,9 +31,6 @@ LocalPsCluster::LocalPsCluster(int num_ps, bool start) : servers_(num_ps) {
     if (probe_server.ok()) (*probe_server)->Shutdown();
     ports_.push_back(port);
     addresses_.push_back(absl::StrCat("127.0.0.1:", port));
-  }
-  if (start) {
-    for (int i = 0; i < num_ps; ++i) EXPECT_TRUE(Start(i).ok());
   }
 }
 
@@ -41,6 +47,10 @@ absl::Status LocalPsCluster::Start(int i) {
   int port = 0;
   auto server = common::StartServer(addresses_[i], {s.service.get()}, &port);
   if (!server.ok()) return server.status();
+  if (ports_[i] == 0) {  // the first start of a cluster made with start = true
+    ports_[i] = port;
+    addresses_[i] = absl::StrCat("127.0.0.1:", port);
+  }
   if (port != ports_[i]) {
     return absl::UnavailableError(absl::StrCat("ps ", i, " bound port ", port,
                                                " instead of ", ports_[i]));

@@ -23,10 +23,12 @@ namespace towerps::worker {
 
 class LocalPsCluster {
  public:
-  // Reserves `num_ps` ports (binds each once on 127.0.0.1:0). Servers are
-  // started unless `start` is false; then addresses() already names the ports
-  // that Start(i) will use, so a client can be pointed at a server that is
-  // not up yet.
+  // Starts `num_ps` servers, each on a port of its own choosing (127.0.0.1:0),
+  // which Restart keeps. With `start` false, reserves the ports instead (binds
+  // each once on 127.0.0.1:0) and starts nothing: addresses() already names
+  // the ports that Start(i) will use, so a client can be pointed at a server
+  // that is not up yet (another process may take a reserved port meanwhile:
+  // Start then fails with Unavailable).
   explicit LocalPsCluster(int num_ps, bool start = true);
   ~LocalPsCluster();
   LocalPsCluster(const LocalPsCluster&) = delete;
