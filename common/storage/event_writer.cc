@@ -3,11 +3,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
+#include <algorithm>
 #include <cerrno>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -27,38 +28,69 @@ constexpr char kFileVersion[] = "brain.Event:2";
 // while below 1e20, then DBL_MAX. Built by repeated multiplication exactly as
 // TensorFlow does, so that our limits are bit-identical to its.
 //
-// Finding a value's bucket: a float's exponent names its octave [2^e,
-// 2^(e+1)), and at most 8 limits (1.1^8 > 2) lie in one octave, so starting
-// from the first limit at or above 2^e a short linear walk finds the bucket;
-// no binary search over the ~770 limits per value.
+// Finding a value's bucket without a search: a float's top 16 bits (sign,
+// exponent, 7 mantissa bits) name a cell [lo, hi) of values of one sign
+// with hi / lo <= 129/128 (exponent 0: all below FLT_MIN, far below the
+// first limit). Limits grow by 10% > 1/128, so at most one limit lies inside
+// a cell: the cell's entry holds the bucket of the values below that limit
+// (`base`), the limit as the smallest float a value must reach to pass it
+// (`pass`), and where passing it moves the bucket (`step`: +1 for positive
+// values, -1 for negative ones, whose buckets count down from zero). One
+// load and one compare per value, no branch on its sign; NaN and infinity
+// (exponent 255) land in a bucket of their own past the real ones.
 struct BucketTable {
+  struct Cell {
+    float pass;
+    int16_t base;
+    int16_t step;
+  };
   std::vector<double> positive;
-  // first[b]: the number of positive limits below 2^(b - 127), the smallest
-  // float with biased exponent b (b >= 1); first[0] = 0 (zero, subnormals).
-  std::array<int, 256> first;
+  std::vector<Cell> cells;  // 1 << 16, by the float's top 16 bits
+  int non_finite;           // the bucket NaN and infinity are counted in
 };
+
+// The smallest float >= v (strict: > v) for v >= 0; +inf where no finite
+// float is.
+float FloatAtLeast(double v, bool strict) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  if (v > FLT_MAX || (strict && v == FLT_MAX)) return kInf;
+  float f = static_cast<float>(v);  // the nearest: the float below it is < v
+  if (f < v || (strict && f == v)) f = std::nextafter(f, kInf);
+  return f;
+}
 
 const BucketTable& Table() {
   static const BucketTable* const table = [] {
     auto* t = new BucketTable;
-    for (double v = 1.0e-12; v < 1.0e20; v *= 1.1) t->positive.push_back(v);
-    t->positive.push_back(DBL_MAX);
-    t->first[0] = 0;
-    for (int b = 1; b < 256; ++b) {
-      const double octave_start = std::ldexp(1.0, b - 127);
-      int j = 0;
-      while (t->positive[j] < octave_start) ++j;  // DBL_MAX stops it.
-      t->first[b] = j;
+    std::vector<double>& p = t->positive;
+    for (double v = 1.0e-12; v < 1.0e20; v *= 1.1) p.push_back(v);
+    p.push_back(DBL_MAX);
+    const int n = static_cast<int>(p.size()) - 1;
+    const int zero = n + 1;  // as in MakeHistogram
+    t->non_finite = 2 * n + 3;
+    t->cells.resize(1 << 16);
+    for (uint32_t key = 0; key < (1u << 16); ++key) {
+      BucketTable::Cell& c = t->cells[key];
+      const bool negative = (key & 0x8000) != 0;
+      if ((key & 0x7f80) == 0x7f80) {  // exponent 255: infinity or NaN
+        c = {std::numeric_limits<float>::infinity(), static_cast<int16_t>(t->non_finite), 0};
+        continue;
+      }
+      const uint32_t lo_bits = (key & 0x7fff) << 16;
+      float lo;
+      std::memcpy(&lo, &lo_bits, sizeof(lo));
+      // Limits already passed at lo: <= lo for positive values (bucket i
+      // holds [limit(i-1), limit(i))), < |lo| for negative ones.
+      const int below = static_cast<int>(
+          negative ? std::lower_bound(p.begin(), p.end(), double{lo}) - p.begin()
+                   : std::upper_bound(p.begin(), p.end(), double{lo}) - p.begin());
+      c.pass = FloatAtLeast(p[below], /*strict=*/negative);
+      c.base = static_cast<int16_t>(negative ? zero - below : zero + 1 + below);
+      c.step = static_cast<int16_t>(negative ? -1 : 1);
     }
     return t;
   }();
   return *table;
-}
-
-int BiasedExponent(float magnitude) {
-  uint32_t bits;
-  std::memcpy(&bits, &magnitude, sizeof(bits));
-  return static_cast<int>((bits >> 23) & 0xff);
 }
 
 double WallTimeNow(absl::Time now) {
@@ -77,34 +109,27 @@ absl::StatusOr<tb::HistogramProto> MakeHistogram(
   const BucketTable& table = Table();
   const std::vector<double>& p = table.positive;
   const int n = static_cast<int>(p.size()) - 1;  // p[n] == DBL_MAX
-  // Full limits: -p[n] .. -p[0], 0, p[0] .. p[n]; zero sits at index n + 1.
-  // upper_bound(limits, x) is the bucket of x:
-  //   x >= 0: n + 2 + #{j : p[j] <= x}
-  //   x < 0:  n + 1 - #{j : p[j] < -x}
+  // Full limits: -p[n] .. -p[0], 0, p[0] .. p[n]; zero sits at index n + 1,
+  // and counts[table.non_finite] (past them) counts NaN and infinity.
   const int zero = n + 1;
-  std::vector<int64_t> counts(2 * n + 3, 0);
-  double min = DBL_MAX, max = -DBL_MAX, sum = 0, sum_squares = 0;
-  int64_t non_finite = 0;
+  std::vector<int64_t> counts(2 * n + 4, 0);
+  const BucketTable::Cell* cells = table.cells.data();
+  float min = FLT_MAX, max = -FLT_MAX;
+  double sum = 0, sum_squares = 0;
   for (const float x : values) {
-    if (!std::isfinite(x)) {
-      ++non_finite;
-      continue;
-    }
-    const double a = std::fabs(static_cast<double>(x));
-    int j = table.first[BiasedExponent(std::fabs(x))];
-    if (x >= 0) {
-      while (p[j] <= a) ++j;
-      ++counts[zero + 1 + j];
-    } else {
-      while (p[j] < a) ++j;
-      ++counts[zero - j];
-    }
+    const float y = x + 0.0f;  // -0 is +0 (in bucket [0, 1e-12)); the rest unchanged
+    uint32_t bits;
+    std::memcpy(&bits, &y, sizeof(bits));
+    const BucketTable::Cell& c = cells[bits >> 16];
+    ++counts[c.base + (std::fabs(y) >= c.pass ? c.step : 0)];
+    min = std::min(min, x);
+    max = std::max(max, x);
     const double d = x;
-    min = std::min(min, d);
-    max = std::max(max, d);
     sum += d;
     sum_squares += d * d;
   }
+  const int64_t non_finite = counts[table.non_finite];
+  counts.pop_back();
   if (non_finite > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("histogram of ", values.size(), " values has ", non_finite,

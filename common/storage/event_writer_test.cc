@@ -130,6 +130,33 @@ TEST(MakeHistogramTest, MatchesUpperBoundBucketingOfTensorFlow) {
   EXPECT_EQ(h->sum(), sum);
 }
 
+// Every cell of 16 leading bits (sign, exponent, 7 mantissa bits) that
+// holds finite floats (MakeHistogram's table is indexed by them): its first
+// two floats, its middle and its last two, bucketed as upper_bound over the
+// limits would. (The test above has the floats at and beside each limit.)
+TEST(MakeHistogramTest, EveryCellOfLeadingBitsMatchesUpperBound) {
+  const std::vector<double> limits = TfLimits();
+  std::vector<float> values;
+  for (uint32_t key = 0; key < (1u << 16); ++key) {
+    if ((key & 0x7f80) == 0x7f80) continue;  // infinity and NaN
+    for (uint32_t low : {0u, 1u, 0x8000u, 0xfffeu, 0xffffu}) {
+      const uint32_t bits = (key << 16) | low;
+      float f;
+      std::memcpy(&f, &bits, sizeof(f));
+      values.push_back(f);
+    }
+  }
+  std::vector<double> want(limits.size(), 0);
+  for (float v : values) {
+    ++want[std::upper_bound(limits.begin(), limits.end(), static_cast<double>(v)) -
+           limits.begin()];
+  }
+  absl::StatusOr<tb::HistogramProto> h = MakeHistogram(values);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(Expand(*h, limits), want);
+  EXPECT_EQ(h->num(), values.size());
+}
+
 TEST(MakeHistogramTest, CollapsesEmptyRunsKeepingLeftEdges) {
   absl::StatusOr<tb::HistogramProto> h =
       MakeHistogram({1.0f, 1.0f, 2.0f, -3.0f});
