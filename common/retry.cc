@@ -41,8 +41,7 @@ Backoff::Backoff(RetryPolicy policy, const CancellationToken* cancel)
     : policy_(std::move(policy)),
       cancel_(cancel),
       start_(absl::Now()),
-      delay_(policy_.initial_backoff),
-      rng_(std::random_device{}()) {}
+      delay_(policy_.initial_backoff) {}
 
 void Backoff::Reset() { delay_ = policy_.initial_backoff; }
 
@@ -50,8 +49,12 @@ absl::Duration Backoff::NextDelay() {
   const absl::Duration nominal = delay_;
   delay_ = std::min(policy_.max_backoff, delay_ * std::max(1.0, policy_.multiplier));
   if (policy_.jitter <= 0) return nominal;
+  // Seeded at the first jittered delay, not at construction: a Backoff is
+  // made for every call, and most calls never back off (std::random_device
+  // was 0.7% of a local MLP cluster's CPU samples, perf).
+  if (!rng_.has_value()) rng_.emplace(std::random_device{}());
   std::uniform_real_distribution<double> factor(1.0 - policy_.jitter, 1.0 + policy_.jitter);
-  return nominal * factor(rng_);
+  return nominal * factor(*rng_);
 }
 
 absl::Status Backoff::Pause() {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -106,7 +107,7 @@ class Backoff {
   const absl::Time start_;
   absl::Duration delay_;
   int attempts_ = 0;
-  std::mt19937_64 rng_;
+  std::optional<std::mt19937_64> rng_;  // seeded at the first jittered delay
 };
 
 // Calls `attempt` until it returns OK or Backoff::Wait says stop; returns the
