@@ -2,8 +2,9 @@
 
 Used only where @local_cuda//:defs.bzl has HAS_CUDA = True; BUILD files pick
 the CUDA or CPU-only implementation with that constant, so call sites carry no
-#if. The object links against cudart and cuBLAS via @local_cuda//:cuda_libs (NCCL
-and cuDNN are loaded at run time: worker/device/nccl_lib, cudnn_lib).
+#if. The object links against cudart via @local_cuda//:cuda_libs (cuBLAS, NCCL
+and cuDNN are loaded at run time: worker/device/cublas_lib, nccl_lib,
+cudnn_lib).
 """
 
 load("@local_cuda//:defs.bzl", "NVCC")

@@ -6,8 +6,8 @@ treats as a system directory) and exposes protoc and grpc_cpp_plugin.
 `@local_cuda` looks for the CUDA toolkit ($CUDA_PATH, then /usr/local/cuda;
 TOWERPS_NO_CUDA=1 forces a CPU-only build); it
 sets HAS_CUDA in @local_cuda//:defs.bzl, which BUILD files use to choose the
-CUDA or CPU-only implementation, and provides :cuda_libs (cudart, cuBLAS,
-NCCL) and :cuda_headers (the toolkit's headers; both empty in CPU-only builds).
+CUDA or CPU-only implementation, and provides :cuda_libs (cudart; cuBLAS,
+NCCL and cuDNN are loaded at run time) and :cuda_headers (the toolkit's headers; both empty in CPU-only builds).
 """
 
 _PKG_LIBS = {
@@ -101,9 +101,10 @@ def _local_cuda_impl(ctx):
         for d in libdirs:
             linkopts += ["-L" + d, "-Wl,-rpath," + d]
 
-        # NCCL and cuDNN are not linked: worker/device/nccl_lib and cudnn_lib
-        # load them with dlopen, so CUDA binaries start where they are missing.
-        linkopts += ["-lcudart", "-lcublas"]
+        # cuBLAS, NCCL and cuDNN are not linked: worker/device/cublas_lib,
+        # nccl_lib and cudnn_lib load them with dlopen, so CUDA binaries start
+        # where they are missing and do not map them where there is no GPU.
+        linkopts += ["-lcudart"]
         build.append("cc_library(name = \"cuda_libs\", linkopts = %r)" % linkopts)
 
         # The toolkit's headers for code compiled by the ordinary C++ compiler

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(//worker/device:backend_cuda_test //worker/device:backend_cuda_conv_test
-         //worker/device:cudnn_lib_test //worker/device:nccl_reduce_test //worker/device:cuda_memory_test
+         //worker/device:cublas_lib_test //worker/device:cudnn_lib_test //worker/device:nccl_reduce_test //worker/device:cuda_memory_test
          //tests/bench:worker_throughput //worker:worker //ps:ps)
 bazel build -c opt "${targets[@]}"
 out=gpu-bundle
@@ -19,9 +19,9 @@ for t in "${targets[@]}"; do
   cp -L "$bin" "$out/bin/"
   # Libraries from this machine's Debian packages; not glibc, not the CUDA
   # driver, and not cudart, cuBLAS or NCCL: the GPU machine has CUDA 13 with
-  # them (tests/gpu/run.sh finds them there), and they are 800 MB. (NCCL is
-  # loaded with dlopen; without it the NCCL test fails and training falls back
-  # to copies, saying so. cuDNN too, and it is not bundled either (its engine
+  # them (tests/gpu/run.sh finds them there), and they are 800 MB. (cuBLAS
+  # and NCCL are loaded with dlopen, so ldd does not list them; without NCCL
+  # the NCCL test fails and training falls back to copies, saying so. cuDNN too, and it is not bundled either (its engine
   # libraries alone are over 300 MB): without it on the GPU machine,
   # cudnn_lib_test and backend_cuda_conv_test fail with "cuDNN unavailable".)
   ldd "$bin" | awk '/=> \//{print $3}' | while read -r lib; do

@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
 # skipping (a driver too old for the CUDA runtime, a stub libcuda).
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then export TOWERPS_REQUIRE_GPU=1; fi
 rc=0
-for t in cudnn_lib_test backend_cuda_test backend_cuda_conv_test nccl_reduce_test cuda_memory_test; do
+for t in cublas_lib_test cudnn_lib_test backend_cuda_test backend_cuda_conv_test nccl_reduce_test cuda_memory_test; do
   echo "== $t"
   $B/bin/$t || rc=1
 done

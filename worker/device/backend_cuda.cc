@@ -23,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "worker/device/backend.h"
+#include "worker/device/cublas_lib.h"
 #include "worker/device/cuda_kernels.h"
 #include "worker/device/cuda_util.h"
 #include "worker/device/cudnn_kernels.h"
@@ -31,8 +32,9 @@
 namespace towerps::worker {
 namespace {
 
+// A handle exists only once Cublas() has loaded the library.
 struct CublasDeleter {
-  void operator()(cublasHandle_t handle) const { cublasDestroy(handle); }
+  void operator()(cublasHandle_t handle) const { Cublas()->Destroy(handle); }
 };
 using CublasHandle =
     std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDeleter>;
@@ -195,10 +197,11 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend(int gpu, Allocator* allocator, CudaStream stream,
-              CublasHandle cublas)
+              const CublasLib& blas, CublasHandle cublas)
       : gpu_(gpu),
         allocator_(allocator),
         stream_(std::move(stream)),
+        blas_(blas),
         cublas_(std::move(cublas)) {}
 
   // Keeps `status` if it is the first failure.
@@ -265,6 +268,7 @@ class CudaBackend final : public Backend {
   Allocator* const allocator_;  // Not owned; null: cudaMalloc.
   const CudaStream stream_;
   // Bound to stream_; destroyed before it (declared after it).
+  const CublasLib& blas_;  // loaded for the life of the process
   const CublasHandle cublas_;
 
   // Used only by the thread driving this backend.
@@ -293,6 +297,11 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(
         absl::StrCat("CUDA backend: bad GPU index ", gpu));
   }
   const std::string where = absl::StrCat("cuda:", gpu);
+  std::string why;
+  const CublasLib* blas = Cublas(&why);
+  if (blas == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": cuBLAS unavailable: ", why));
+  }
   TOWERPS_RETURN_IF_GPU_ERROR(cudaSetDevice(gpu), where + ": cudaSetDevice");
   cudaStream_t raw_stream = nullptr;
   TOWERPS_RETURN_IF_GPU_ERROR(
@@ -300,10 +309,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(
       where + ": cudaStreamCreateWithFlags");
   CudaStream stream(raw_stream);
   cublasHandle_t raw_handle = nullptr;
-  TOWERPS_RETURN_IF_GPU_ERROR(cublasCreate(&raw_handle),
+  TOWERPS_RETURN_IF_GPU_ERROR(blas->Create(&raw_handle),
                               where + ": cublasCreate");
   CublasHandle cublas(raw_handle);
-  TOWERPS_RETURN_IF_GPU_ERROR(cublasSetStream(cublas.get(), stream.get()),
+  TOWERPS_RETURN_IF_GPU_ERROR(blas->SetStream(cublas.get(), stream.get()),
                               where + ": cublasSetStream");
   // FP32 GEMM in FP32: CUBLAS_DEFAULT_MATH makes cublasSgemm compute in
   // CUBLAS_COMPUTE_32F, which never rounds inputs to TF32 or BF16 (those need
@@ -312,10 +321,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend::Create(
   // guards against a changed default. CUBLAS_PEDANTIC_MATH would add nothing
   // to accuracy for SGEMM and may choose slower kernels.
   TOWERPS_RETURN_IF_GPU_ERROR(
-      cublasSetMathMode(cublas.get(), CUBLAS_DEFAULT_MATH),
+      blas->SetMathMode(cublas.get(), CUBLAS_DEFAULT_MATH),
       where + ": cublasSetMathMode");
   return std::unique_ptr<Backend>(
-      new CudaBackend(gpu, allocator, std::move(stream), std::move(cublas)));
+      new CudaBackend(gpu, allocator, std::move(stream), *blas, std::move(cublas)));
 }
 
 CudaBackend::~CudaBackend() {
@@ -486,7 +495,7 @@ void CudaBackend::Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n,
   const int ldb = static_cast<int>(trans_b ? k : n);
   // With beta == 0 cuBLAS does not read C (documented), so NaNs in it do not
   // propagate.
-  Record(cublasSgemm(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+  Record(blas_.Sgemm(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
                      static_cast<int>(m), static_cast<int>(k), &alpha, b, ldb,
                      a, lda, &beta, c, static_cast<int>(n)),

@@ -1,6 +1,7 @@
 #include "worker/device/cuda_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "worker/device/cublas_lib.h"
 #include "worker/device/cudnn_lib.h"
 #include "worker/device/nccl_lib.h"
 
@@ -37,9 +38,13 @@ absl::Status GpuStatus(cudaError_t err, absl::string_view context) {
 
 absl::Status GpuStatus(cublasStatus_t status, absl::string_view context) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  // cuBLAS is loaded at run time; as for NCCL, a status can only come from a
+  // loaded cuBLAS, but say the number if it is somehow not there.
+  const CublasLib* blas = Cublas();
   const std::string message =
-      absl::StrCat(context, ": ", cublasGetStatusName(status), ": ",
-                   cublasGetStatusString(status));
+      blas != nullptr ? absl::StrCat(context, ": ", blas->GetStatusName(status), ": ",
+                                     blas->GetStatusString(status))
+                      : absl::StrCat(context, ": cuBLAS status ", static_cast<int>(status));
   switch (status) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return absl::ResourceExhaustedError(message);

@@ -17,7 +17,11 @@ std::string DescribeGpus(const GpuInfo& info) {
   for (const auto& d : info.devices) {
     absl::StrAppend(&out, " [", d.index, ": ", d.name, ", ", d.memory_bytes >> 20, " MiB]");
   }
-  absl::StrAppend(&out, "; cuBLAS ", info.cublas_version);
+  if (info.cublas_version > 0) {
+    absl::StrAppend(&out, "; cuBLAS ", info.cublas_version);
+  } else {
+    absl::StrAppend(&out, "; cuBLAS unavailable (", info.cublas_note, ")");
+  }
   if (info.nccl_version > 0) {
     absl::StrAppend(&out, "; NCCL ", info.nccl_version);
   } else {

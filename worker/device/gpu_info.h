@@ -26,9 +26,13 @@ struct GpuInfo {
   // devices, that is a broken setup worth the runtime's words; without it
   // there is simply no GPU.
   bool driver_loaded = false;
-  int cublas_version = 0;        // 0 when not built with CUDA.
-  int nccl_version = 0;           // 0 when NCCL is not built or not loadable,
-  std::string nccl_note;         // and then why (CUDA builds).
+  // The libraries are loaded (dlopen) only where there are devices: 0
+  // without CUDA, without a GPU, or when not loadable (then the note says
+  // why).
+  int cublas_version = 0;
+  std::string cublas_note;
+  int nccl_version = 0;
+  std::string nccl_note;
 };
 
 GpuInfo QueryGpus();

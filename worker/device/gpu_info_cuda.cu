@@ -1,9 +1,9 @@
-// CUDA build: asks the runtime, cuBLAS and NCCL (loaded at run time) what
-// they have.
-#include <cublas_v2.h>
+// CUDA build: asks the runtime, and where there is a GPU cuBLAS and NCCL
+// (both loaded at run time), what they have.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include "worker/device/cublas_lib.h"
 #include "worker/device/gpu_info.h"
 #include "worker/device/nccl_lib.h"
 
@@ -26,14 +26,15 @@ GpuInfo QueryGpus() {
     if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
     info.devices.push_back({i, prop.name, static_cast<long long>(prop.totalGlobalMem)});
   }
-  int v = 0;
-  if (cublasGetProperty(MAJOR_VERSION, &v) == CUBLAS_STATUS_SUCCESS) {
-    int minor = 0, patch = 0;
-    cublasGetProperty(MINOR_VERSION, &minor);
-    cublasGetProperty(PATCH_LEVEL, &patch);
-    info.cublas_version = v * 10000 + minor * 100 + patch;
-  }
+  // Without a GPU neither library is loaded (cuBLAS alone is ~150 MB of
+  // resident memory): a CPU-only run of this binary does not pay for them.
+  if (info.devices.empty()) return info;
   std::string why;
+  if (const CublasLib* blas = Cublas(&why)) {
+    info.cublas_version = blas->version;
+  } else {
+    info.cublas_note = why;
+  }
   if (const NcclLib* nccl = Nccl(&why)) {
     info.nccl_version = nccl->version;
   } else {
