@@ -6,7 +6,8 @@
 // test_batch.bin.
 // Invariants: a refusal is InvalidArgument naming a file; an accepted set
 // has one label in [0, 10) per feature row, rows of rows*cols (or 3072)
-// values in [0, 1], and no more than max_examples rows when it is set.
+// values in [0, 1] kept as bytes, and no more than max_examples rows when it
+// is set.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -18,7 +19,12 @@
 namespace {
 
 void CheckDataset(const towerps::worker::Dataset& d, int64_t max_examples) {
-  FUZZ_CHECK(d.features.rank() == 2, "features of rank %d", d.features.rank());
+  // Image sets are kept as bytes: no float copy, and a whole number of rows.
+  FUZZ_CHECK(d.features.num_elements() == 0, "an image set kept as floats");
+  FUZZ_CHECK(d.image.is_image(), "no image shape");
+  FUZZ_CHECK(d.input_dim() == d.image.num_elements(), "image shape does not match the rows");
+  FUZZ_CHECK(static_cast<int64_t>(d.pixels.size()) == d.size() * d.input_dim(),
+             "%zu bytes for %lld rows", d.pixels.size(), static_cast<long long>(d.size()));
   const int64_t n = d.size();
   FUZZ_CHECK(n > 0, "an empty set accepted");
   FUZZ_CHECK(max_examples == 0 || n <= max_examples, "%lld rows, max %lld",
@@ -27,10 +33,8 @@ void CheckDataset(const towerps::worker::Dataset& d, int64_t max_examples) {
              d.labels.size(), static_cast<long long>(n));
   FUZZ_CHECK(d.num_classes == 10, "num_classes %d", d.num_classes);
   for (int32_t label : d.labels) FUZZ_CHECK(label >= 0 && label < 10, "label %d", label);
-  FUZZ_CHECK(d.image.is_image() && d.image.num_elements() == d.features.dim(1),
-             "image shape does not match the rows");
-  for (int64_t i = 0; i < d.features.num_elements(); ++i) {
-    const float v = d.features[i];
+  for (int64_t i = 0; i < n * d.input_dim(); ++i) {
+    const float v = d.FeatureAt(i);
     FUZZ_CHECK(v >= 0 && v <= 1, "pixel %f", v);
   }
 }

@@ -230,11 +230,10 @@ absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
   out.num_classes = kIdxClasses;
   out.image = ImageShape{1, static_cast<int64_t>(image_shape[1]),
                          static_cast<int64_t>(image_shape[2])};
-  out.features = common::Tensor({n, pixels});
   const auto* src =
       reinterpret_cast<const unsigned char*>(images.data() + kImagesOffset);
-  float* dst = out.features.data();
-  for (int64_t i = 0; i < n * pixels; ++i) dst[i] = src[i] * scale;
+  out.pixels.assign(src, src + n * pixels);
+  out.pixel_scale = scale;
   out.labels.resize(n);
   for (int64_t i = 0; i < n; ++i) {
     out.labels[i] = static_cast<unsigned char>(labels[kLabelsOffset + i]);
@@ -296,7 +295,7 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train,
   TOWERPS_ASSIGN_OR_RETURN(const std::vector<std::string> paths,
                            FindCifar10Files(dir, train));
   // Read and check every file before converting, so that a bad file is
-  // reported whatever max_examples is; only the kept rows become floats.
+  // reported whatever max_examples is; only the kept rows are kept.
   std::vector<std::string> files;
   int64_t count = 0;
   for (const std::string& path : paths) {
@@ -309,9 +308,9 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train,
   Dataset out;
   out.num_classes = kCifarClasses;
   out.image = ImageShape{kCifarChannels, kCifarSide, kCifarSide};
-  out.features = common::Tensor({n, kCifarPixels});
+  out.pixels.resize(n * kCifarPixels);
+  out.pixel_scale = 1.0f / 255.0f;  // As LoadFashionMnist.
   out.labels.resize(n);
-  constexpr float kScale = 1.0f / 255.0f;  // As LoadFashionMnist.
   int64_t row = 0;
   for (const std::string& data : files) {
     const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
@@ -320,8 +319,7 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train,
       const unsigned char* record = bytes + r * kCifarRecord;
       out.labels[row] = record[0];
       // File order is already channel-major (R plane, G plane, B plane).
-      float* dst = out.features.data() + row * kCifarPixels;
-      for (int64_t p = 0; p < kCifarPixels; ++p) dst[p] = record[1 + p] * kScale;
+      std::memcpy(out.pixels.data() + row * kCifarPixels, record + 1, kCifarPixels);
     }
   }
   return out;
@@ -377,13 +375,22 @@ std::vector<int64_t> WorkerSlice(const std::vector<int64_t>& perm,
 void GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices,
                  Batch* out) {
   const int64_t k = static_cast<int64_t>(indices.size());
-  const int64_t width =
-      dataset.features.rank() == 2 ? dataset.features.dim(1) : 0;
+  const int64_t width = dataset.input_dim();
   out->features.Resize({k, width});
-  for (int64_t i = 0; i < k; ++i) {
-    std::memcpy(out->features.data() + i * width,
-                dataset.features.data() + indices[i] * width,
-                width * sizeof(float));
+  if (!dataset.pixels.empty()) {
+    // byte * scale, exactly as a float set's loader would have stored it.
+    const float scale = dataset.pixel_scale;
+    for (int64_t i = 0; i < k; ++i) {
+      const uint8_t* src = dataset.pixels.data() + indices[i] * width;
+      float* dst = out->features.data() + i * width;
+      for (int64_t j = 0; j < width; ++j) dst[j] = src[j] * scale;
+    }
+  } else {
+    for (int64_t i = 0; i < k; ++i) {
+      std::memcpy(out->features.data() + i * width,
+                  dataset.features.data() + indices[i] * width,
+                  width * sizeof(float));
+    }
   }
   out->labels.clear();
   if (!dataset.labels.empty()) {

@@ -39,8 +39,17 @@ struct ImageShape {
 };
 
 struct Dataset {
-  // [n, input_dim].
+  // The features, one row of input_dim() values per example, kept one of
+  // two ways:
+  //  - `features` [n, input_dim] in float32 (synthetic and regression sets);
+  //  - `pixels`: n * input_dim bytes, row after row, whose values are
+  //    byte * pixel_scale (the image sets read from files). A quarter of the
+  //    memory of floats (Fashion-MNIST's training set: 47 MB, not 188 MB),
+  //    the same values: GatherBatch makes them floats a batch at a time.
+  // Exactly one of them is non-empty in a loaded set.
   common::Tensor features;
+  std::vector<uint8_t> pixels;
+  float pixel_scale = 0;
   // What a feature row is: 1x28x28 for Fashion-MNIST, 3x32x32 for CIFAR-10,
   // not an image (all zero) for ONES. When is_image(), its num_elements()
   // is input_dim.
@@ -52,13 +61,28 @@ struct Dataset {
   // 0 for regression.
   int num_classes = 0;
 
-  int64_t size() const { return features.rank() == 0 ? 0 : features.dim(0); }
+  // Values per example (0 for an empty set).
+  int64_t input_dim() const {
+    if (!pixels.empty()) return image.num_elements();
+    return features.rank() == 2 ? features.dim(1) : 0;
+  }
+  // Examples.
+  int64_t size() const {
+    if (!pixels.empty()) return static_cast<int64_t>(pixels.size()) / image.num_elements();
+    return features.rank() == 0 ? 0 : features.dim(0);
+  }
+  // Feature `i` of the whole set in row-major order (row * input_dim() +
+  // column), as a float, however it is kept. REQUIRES: i < size() * input_dim().
+  float FeatureAt(int64_t i) const {
+    return pixels.empty() ? features[i] : pixels[i] * pixel_scale;
+  }
 };
 
 // Reads an IDX images file (magic 0x00000803: count, rows, cols, then bytes)
 // and an IDX labels file (magic 0x00000801: count, then bytes), each plain or
-// gzip-compressed (detected by the magic bytes 1f 8b). Pixels become
-// byte * scale, flattened to [n, rows * cols]; image is 1 x rows x cols;
+// gzip-compressed (detected by the magic bytes 1f 8b). Pixels are kept as
+// bytes (`pixels`, row after row) whose values are byte * scale
+// (`pixel_scale`), input_dim rows * cols; image is 1 x rows x cols;
 // num_classes is 10.
 // max_examples > 0 keeps only the first max_examples; 0 keeps all.
 //
@@ -88,9 +112,9 @@ absl::StatusOr<std::pair<std::string, std::string>> FindFashionMnistFiles(
 // test_batch.bin. Each file is a sequence of 3073-byte records: one label
 // byte (0..9), then 3072 pixel bytes, 1024 red, 1024 green, 1024 blue, each
 // 32x32 row-major (10000 records per file in the real set; any positive
-// count is accepted). Pixels are scaled to [0, 1] (byte * (1.0f / 255), as
-// for Fashion-MNIST) and kept in file order, which is channel-major: features
-// [n, 3072], image 3x32x32, num_classes 10.
+// count is accepted). Pixels are kept as bytes scaled to [0, 1] (pixel_scale
+// 1.0f / 255, as for Fashion-MNIST) in file order, which is channel-major:
+// input_dim 3072, image 3x32x32, num_classes 10.
 // All five training files must exist: a missing one would silently shrink
 // the set. max_examples > 0 keeps only the first max_examples (in file
 // order); 0 keeps all. Every file is checked in full either way.

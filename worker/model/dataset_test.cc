@@ -71,8 +71,10 @@ TEST(LoadIdxTest, ReadsPlainAndGzipFilesIdentically) {
     auto ds = LoadIdx(ip, lp, 0.5f, 0);
     ASSERT_TRUE(ds.ok()) << ds.status();
     EXPECT_EQ(ds->size(), 3);
-    EXPECT_EQ(ds->features.shape(), (std::vector<int64_t>{3, 4}));
-    for (int i = 0; i < 12; ++i) EXPECT_EQ(ds->features[i], 0.5f * i) << i;
+    EXPECT_EQ(ds->input_dim(), 4);
+    EXPECT_EQ(ds->features.num_elements(), 0);  // kept as bytes
+    EXPECT_EQ(ds->pixels.size(), 12u);
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(ds->FeatureAt(i), 0.5f * i) << i;
     EXPECT_EQ(ds->labels, (std::vector<int32_t>{7, 0, 9}));
     EXPECT_EQ(ds->num_classes, 10);
     EXPECT_EQ(ds->targets.num_elements(), 0);
@@ -82,7 +84,7 @@ TEST(LoadIdxTest, ReadsPlainAndGzipFilesIdentically) {
     ASSERT_TRUE(two.ok()) << two.status();
     EXPECT_EQ(two->size(), 2);
     EXPECT_EQ(two->labels.size(), 2u);
-    EXPECT_EQ(two->features[7], 7.0f);
+    EXPECT_EQ(two->FeatureAt(7), 7.0f);
   }
 }
 
@@ -180,15 +182,15 @@ TEST(LoadIdxTest, CountMismatchAndBadLabelAreInvalid) {
 TEST(FashionMnistTest, LoadsRealTrainAndTestSets) {
   auto train = LoadFashionMnist(kFashionMnistDir, /*train=*/true, 0);
   ASSERT_TRUE(train.ok()) << train.status();
-  EXPECT_EQ(train->features.shape(), (std::vector<int64_t>{60000, 784}));
+  EXPECT_EQ(train->size(), 60000);
+  EXPECT_EQ(train->input_dim(), 784);
   EXPECT_EQ(train->labels.size(), 60000u);
   EXPECT_EQ(train->num_classes, 10);
   EXPECT_TRUE(train->image == (ImageShape{1, 28, 28}));
   EXPECT_EQ(train->image.num_elements(), 784);
-  const auto [lo, hi] = std::minmax_element(train->features.span().begin(),
-                                            train->features.span().end());
-  EXPECT_EQ(*lo, 0.0f);
-  EXPECT_FLOAT_EQ(*hi, 1.0f);
+  const auto [lo, hi] = std::minmax_element(train->pixels.begin(), train->pixels.end());
+  EXPECT_EQ(*lo * train->pixel_scale, 0.0f);
+  EXPECT_FLOAT_EQ(*hi * train->pixel_scale, 1.0f);
   // Fashion-MNIST is balanced: 6000 of each class in the training set.
   std::vector<int> per_class(10, 0);
   for (int32_t l : train->labels) ++per_class[l];
@@ -197,13 +199,13 @@ TEST(FashionMnistTest, LoadsRealTrainAndTestSets) {
   auto test = LoadFashionMnist(kFashionMnistDir, /*train=*/false, 0);
   ASSERT_TRUE(test.ok()) << test.status();
   EXPECT_EQ(test->size(), 10000);
-  EXPECT_EQ(test->features.dim(1), 784);
+  EXPECT_EQ(test->input_dim(), 784);
 
   auto few = LoadFashionMnist(kFashionMnistDir, /*train=*/false, 100);
   ASSERT_TRUE(few.ok()) << few.status();
   EXPECT_EQ(few->size(), 100);
   EXPECT_EQ(few->labels[0], test->labels[0]);
-  EXPECT_EQ(few->features[783], test->features[783]);
+  EXPECT_EQ(few->FeatureAt(783), test->FeatureAt(783));
 }
 
 TEST(FashionMnistTest, MissingDirectoryIsNotFound) {
@@ -256,7 +258,8 @@ TEST(Cifar10Test, ReadsValuesLabelsAndChannelMajorOrder) {
   const std::string dir = WriteCifarDir("cifar_ok", 3);
   auto train = LoadCifar10(dir, /*train=*/true, 0);
   ASSERT_TRUE(train.ok()) << train.status();
-  EXPECT_EQ(train->features.shape(), (std::vector<int64_t>{15, 3072}));
+  EXPECT_EQ(train->size(), 15);
+  EXPECT_EQ(train->input_dim(), 3072);
   EXPECT_TRUE(train->image == (ImageShape{3, 32, 32}));
   EXPECT_EQ(train->image.num_elements(), 3072);
   EXPECT_EQ(train->num_classes, 10);
@@ -270,7 +273,7 @@ TEST(Cifar10Test, ReadsValuesLabelsAndChannelMajorOrder) {
       const int64_t row = f * 3 + r;
       EXPECT_EQ(train->labels[row], CifarLabel(f, r)) << row;
       for (int64_t p = 0; p < 3072; ++p) {
-        if (train->features[row * 3072 + p] != CifarPixel(f, r, p) * kByteScale) {
+        if (train->FeatureAt(row * 3072 + p) != CifarPixel(f, r, p) * kByteScale) {
           ++wrong;
         }
       }
@@ -281,17 +284,17 @@ TEST(Cifar10Test, ReadsValuesLabelsAndChannelMajorOrder) {
   const int64_t row = 4;  // data_batch_2.bin, record 1.
   for (int c : {0, 1, 2}) {
     const int64_t y = 5, x = 17;
-    EXPECT_EQ(train->features[row * 3072 + c * 1024 + y * 32 + x],
+    EXPECT_EQ(train->FeatureAt(row * 3072 + c * 1024 + y * 32 + x),
               CifarPixel(1, 1, c * 1024 + y * 32 + x) * kByteScale)
         << c;
   }
-  EXPECT_EQ(train->features[0], 0.0f);  // Byte 0.
+  EXPECT_EQ(train->FeatureAt(0), 0.0f);  // Byte 0.
 
   auto test = LoadCifar10(dir, /*train=*/false, 0);
   ASSERT_TRUE(test.ok()) << test.status();
   EXPECT_EQ(test->size(), 3);
   EXPECT_EQ(test->labels[2], CifarLabel(5, 2));
-  EXPECT_EQ(test->features[2 * 3072 + 3071], CifarPixel(5, 2, 3071) * kByteScale);
+  EXPECT_EQ(test->FeatureAt(2 * 3072 + 3071), CifarPixel(5, 2, 3071) * kByteScale);
 }
 
 TEST(Cifar10Test, ExtremeBytesScaleToZeroAndOne) {
@@ -305,19 +308,20 @@ TEST(Cifar10Test, ExtremeBytesScaleToZeroAndOne) {
   auto ds = LoadCifar10(dir, /*train=*/false, 0);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ(ds->labels, (std::vector<int32_t>{9}));
-  EXPECT_EQ(ds->features[0], 1.0f);
-  EXPECT_EQ(ds->features[1], 0.0f);
-  EXPECT_EQ(ds->features[3071], 128 * kByteScale);
+  EXPECT_EQ(ds->FeatureAt(0), 1.0f);
+  EXPECT_EQ(ds->FeatureAt(1), 0.0f);
+  EXPECT_EQ(ds->FeatureAt(3071), 128 * kByteScale);
 }
 
 TEST(Cifar10Test, MaxExamplesKeepsTheFirstInFileOrder) {
   const std::string dir = WriteCifarDir("cifar_max", 3);
   auto few = LoadCifar10(dir, /*train=*/true, 4);  // Crosses into file 2.
   ASSERT_TRUE(few.ok()) << few.status();
-  EXPECT_EQ(few->features.shape(), (std::vector<int64_t>{4, 3072}));
+  EXPECT_EQ(few->size(), 4);
+  EXPECT_EQ(few->input_dim(), 3072);
   EXPECT_EQ(few->labels, (std::vector<int32_t>{CifarLabel(0, 0), CifarLabel(0, 1),
                                                CifarLabel(0, 2), CifarLabel(1, 0)}));
-  EXPECT_EQ(few->features[3 * 3072 + 10], CifarPixel(1, 0, 10) * kByteScale);
+  EXPECT_EQ(few->FeatureAt(3 * 3072 + 10), CifarPixel(1, 0, 10) * kByteScale);
   auto more = LoadCifar10(dir, /*train=*/true, 1000);  // More than there are.
   ASSERT_TRUE(more.ok()) << more.status();
   EXPECT_EQ(more->size(), 15);
@@ -473,6 +477,31 @@ TEST(BatchingTest, WorkerSlicesPartitionEveryGlobalBatch) {
   EXPECT_EQ(WorkerSlice(identity, 4, 0, 3, 2), (std::vector<int64_t>{3}));
   EXPECT_EQ(WorkerSlice(identity, 4, 2, 3, 1), (std::vector<int64_t>{9}));
   EXPECT_TRUE(WorkerSlice(identity, 4, 2, 3, 2).empty());
+}
+
+// An image set kept as bytes gives the same floats a float set holding
+// byte * scale would: every byte value, at Fashion-MNIST's scale.
+TEST(BatchingTest, GatherBatchOfBytesGivesByteTimesScale) {
+  Dataset ds;
+  ds.image = ImageShape{1, 16, 16};
+  ds.pixel_scale = 1.0f / 255.0f;
+  for (int b = 0; b < 256; ++b) ds.pixels.push_back(static_cast<uint8_t>(b));  // row 0
+  for (int b = 255; b >= 0; --b) ds.pixels.push_back(static_cast<uint8_t>(b));  // row 1
+  ds.labels = {3, 4};
+  ds.num_classes = 10;
+  EXPECT_EQ(ds.size(), 2);
+  EXPECT_EQ(ds.input_dim(), 256);
+  Batch batch;
+  GatherBatch(ds, {1, 0, 1}, &batch);
+  EXPECT_EQ(batch.features.shape(), (std::vector<int64_t>{3, 256}));
+  for (int b = 0; b < 256; ++b) {
+    const float want = static_cast<float>(b) * (1.0f / 255.0f);
+    EXPECT_EQ(batch.features[256 + b], want) << b;        // row 0
+    EXPECT_EQ(batch.features[255 - b], want) << b;        // row 1
+    EXPECT_EQ(batch.features[2 * 256 + 255 - b], want) << b;
+    EXPECT_EQ(ds.FeatureAt(b), want) << b;
+  }
+  EXPECT_EQ(batch.labels, (std::vector<int32_t>{4, 3, 4}));
 }
 
 TEST(BatchingTest, GatherBatchCopiesRowsAndReusesBuffers) {
