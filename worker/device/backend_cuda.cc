@@ -267,8 +267,8 @@ class CudaBackend final : public Backend {
   const int gpu_;
   Allocator* const allocator_;  // Not owned; null: cudaMalloc.
   const CudaStream stream_;
-  // Bound to stream_; destroyed before it (declared after it).
   const CublasLib& blas_;  // loaded for the life of the process
+  // Bound to stream_; destroyed before it (declared after it).
   const CublasHandle cublas_;
 
   // Used only by the thread driving this backend.
