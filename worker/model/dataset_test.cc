@@ -124,6 +124,16 @@ TEST(LoadIdxTest, TruncatedFilesAreInvalid) {
   EXPECT_NE(ds.status().message().find("img_cut.gz"), std::string::npos)
       << ds.status();
 
+  // A forged length trailer (ISIZE, which sizes the read buffer): refused by
+  // the stream's own check, after reading only what the file holds.
+  std::string forged = bytes;
+  for (int i = 1; i <= 4; ++i) forged[forged.size() - i] = '\xff';
+  ds = LoadIdx(WritePlain("img_forged.gz", forged), lp, 1.0f, 0);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ds.status().message().find("img_forged.gz: corrupt or truncated gzip stream"),
+            std::string::npos)
+      << ds.status();
+
   // Trailing garbage.
   const std::string extra = WritePlain("img_extra", full + "xx");
   ds = LoadIdx(extra, lp, 1.0f, 0);
