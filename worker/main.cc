@@ -309,7 +309,13 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
 }  // namespace
 
 int main(int argc, char** argv) {
-  towerps::common::TuneAllocatorForLargeMessages();
+  // One heap, as in the ps: a worker's big buffers (weights, gradients,
+  // pulled and pushed messages) are allocated on gRPC's, the towers' and the
+  // training thread, and with a heap per thread each kept its own copy of the
+  // space. A 1-epoch dense-stack worker peaked at 246-278 MB with the default
+  // and 142-145 MB with one heap, the MLP's at 107-112 and 96-99 MB, with the
+  // same step times within noise (issue 16, tests/bench/step_breakdown.sh).
+  towerps::common::TuneAllocatorForLargeMessages(/*max_arenas=*/1);
   absl::SetProgramUsageMessage("towerps worker. Example:\n  worker --ps_hosts=h1:2222 "
                                "--worker_hosts=h2:2222 --job_name=worker --task_index=0 --model=mlp");
   absl::ParseCommandLine(argc, argv);
