@@ -20,6 +20,7 @@
 #include "common/shutdown_signal.h"
 #include "proto/ps.grpc.pb.h"
 #include "ps/apply_log.h"
+#include "ps/optimizer.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_metrics.h"
 #include "ps/ps_service.h"
@@ -52,6 +53,9 @@ ABSL_FLAG(int64_t, memory_budget_bytes, 0,
 ABSL_FLAG(int64_t, max_job_bytes, int64_t{8} << 30,
           "Most bytes one job may hold on this server, counted as for --memory_budget_bytes. "
           "Default: 8 GiB.");
+ABSL_FLAG(int, blas_threads, towerps::ps::kDefaultMathThreads,
+          "Threads OpenBLAS may use for one update (saxpy, sum, check) on this server; each "
+          "stream already runs its own. Default 1: more only spin beside gRPC's threads.");
 ABSL_FLAG(double, drain_s, 0,
           "After SIGTERM/SIGINT: seconds to report NOT_SERVING with the port still open "
           "(for load balancers and readiness probes) before shutting the server down.");
@@ -79,6 +83,11 @@ int main(int argc, char** argv) {
     std::cerr << "ps: --chunk_bytes must be at least 4096\n";
     return 2;
   }
+  if (const int t = absl::GetFlag(FLAGS_blas_threads); t < 1 || t > 1024) {
+    std::cerr << "ps: --blas_threads=" << t << " must be in [1, 1024]\n";
+    return 2;
+  }
+  towerps::ps::SetMathThreads(absl::GetFlag(FLAGS_blas_threads));
   if (const double d = absl::GetFlag(FLAGS_drain_s); !(d >= 0 && d <= 3600)) {
     std::cerr << "ps: --drain_s=" << d << " must be in [0, 3600] seconds\n";
     return 2;

@@ -18,6 +18,8 @@ namespace towerps::ps {
 using common::OptimizerWithDefaults;
 using common::ValidateOptimizer;
 
+void SetMathThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
 namespace {
 
 // Moves `slot`'s buffer out and leaves a copy of it in its place.

@@ -58,6 +58,16 @@ class Optimizer {
   virtual std::vector<std::vector<float>> DetachSlots() { return {}; }
 };
 
+// Threads OpenBLAS may use for one call of the server's math: the updates'
+// saxpy, the finiteness check's sasum, SYNC's weighted sums. Process-wide.
+// Each is a pass over memory, and the server already runs one per stream,
+// so a call split across threads mostly wakes threads that spin for work
+// beside gRPC's: on 2 cores, ps_throughput's dense-stack rounds moved 1.3-1.5
+// GB/s with OpenBLAS's default of one thread per core and 1.8-2.1 GB/s with
+// one (issue 16). The ps binary's --blas_threads; clamped to at least 1.
+constexpr int kDefaultMathThreads = 1;
+void SetMathThreads(int threads);
+
 // Defaults and validation of an OptimizerSpec live in common/ (the chief
 // validates submitted jobs with them too).
 using common::OptimizerWithDefaults;

@@ -19,14 +19,15 @@
 # - no process's memory grew past its budget: the ps's VmHWM stays under its
 #   start-up RSS + the budget + one 64 MiB message, the chief's under its
 #   start-up RSS + 256 MiB (a 10^9-unit layer alone would be 3.7 GiB);
-# - and a normal small job then SUCCEEDS on the same servers (accuracy > 0.6).
+# - and a normal small job then SUCCEEDS on the same servers (accuracy > 0.6);
+# - a ps started with --blas_threads out of [1, 1024] exits 2 naming it.
 # Python with grpcio: $TOWERPS_HEALTH_PYTHON, else tests/health_venv.sh's venv
 # (PyPI on the first run; without it the RPC part is SKIPPED, saying so).
 # Waits follow state (towerctl answers, metrics) with deadlines.
 set -uo pipefail
 
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,25p' "$0"; exit 0
+  sed -n '2,26p' "$0"; exit 0
 fi
 PS_BIN="$PWD/ps/ps"
 WORKER_BIN="$PWD/worker/worker"
@@ -67,6 +68,18 @@ IFS=, read -r PS_PORT WORKER_PORT METRICS_PORT CHIEF_METRICS_PORT <<<"$(python3 
 PS_ADDR="127.0.0.1:$PS_PORT"
 export TOWERCTL_CHIEF="127.0.0.1:$WORKER_PORT"
 COMMON=(--ps_hosts="$PS_ADDR" --worker_hosts="$TOWERCTL_CHIEF")
+
+# The ps's --blas_threads out of [1, 1024] is refused at start-up, naming the
+# flag and the value, before anything listens.
+for bad in 0 -3 1025; do
+  out=$("$PS_BIN" "${COMMON[@]}" --job_name=ps --task_index=0 --blas_threads=$bad 2>&1)
+  rc=$?
+  if [ "$rc" -eq 2 ] && grep -qF -- "--blas_threads=$bad must be in [1, 1024]" <<<"$out"; then
+    pass "ps --blas_threads=$bad refused (exit 2, flag named)"
+  else
+    fail "ps --blas_threads=$bad: exit $rc, output: $out"
+  fi
+done
 "$PS_BIN" "${COMMON[@]}" --job_name=ps --task_index=0 --state_dir="$STATE" \
   --memory_budget_bytes=$BUDGET --metrics_port="$METRICS_PORT" >"$TMP/ps.log" 2>&1 &
 PS_PID=$!; PIDS+=($PS_PID)

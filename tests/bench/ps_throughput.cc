@@ -55,6 +55,7 @@
 #include "proto/job_service.pb.h"
 #include "proto/ps.pb.h"
 #include "proto/tensor.pb.h"
+#include "ps/optimizer.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_service.h"
 #include "grpcpp/create_channel.h"
@@ -89,6 +90,8 @@ ABSL_FLAG(int64_t, model_bytes, 0,
           "If set: instead of --model, --variables float variables of equal size summing to "
           "this many bytes (a multiple of 4 x --variables).");
 ABSL_FLAG(int, variables, 8, "With --model_bytes: how many variables.");
+ABSL_FLAG(int, ps_blas_threads, towerps::ps::kDefaultMathThreads,
+          "OpenBLAS threads for the servers' update math, as the ps binary's --blas_threads.");
 
 namespace towerps::bench {
 namespace {
@@ -113,6 +116,7 @@ struct BenchOptions {
   std::string model = "dense_stack";
   int64_t model_bytes = 0;  // > 0: synthetic model instead of `model`.
   int variables = 8;
+  int ps_blas_threads = ps::kDefaultMathThreads;
 };
 
 struct Row {
@@ -419,6 +423,7 @@ std::string Json(const BenchOptions& opt, int cores, int64_t model_bytes,
 
 absl::Status Run(const BenchOptions& opt, bool* all_right) {
   if (opt.malloc_tuning) common::TuneAllocatorForLargeMessages();
+  ps::SetMathThreads(opt.ps_blas_threads);  // as ps/main.cc does
   TOWERPS_ASSIGN_OR_RETURN(const std::vector<v1::VariableDef> vars, BenchVariables(opt));
   int64_t model_bytes = 0;
   for (const auto& v : vars) model_bytes += worker::VariableBytes(v);
@@ -596,6 +601,7 @@ int main(int argc, char** argv) {
   opt.model = absl::GetFlag(FLAGS_model);
   opt.model_bytes = absl::GetFlag(FLAGS_model_bytes);
   opt.variables = absl::GetFlag(FLAGS_variables);
+  opt.ps_blas_threads = absl::GetFlag(FLAGS_ps_blas_threads);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "async" && mode != "sync") {
     std::cerr << "ps_throughput: --mode must be async or sync, not \"" << mode << "\"\n";
