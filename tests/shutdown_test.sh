@@ -61,19 +61,22 @@ start() {
   exit 1
 }
 
-# The job: 3000 examples, batch 100, 6 epochs = 180 steps; no scheduled
-# checkpoint (every 10^6 steps), so a checkpoint on disk is the stop's.
+# The job: 3000 examples, batch 100, 30 epochs = 900 steps; no scheduled
+# checkpoint (every 10^6 steps), so a checkpoint on disk is the stop's. Long
+# enough that it cannot end between the step seen below and the stop: with
+# 6 epochs (180 steps), a run saw step 130 and the job SUCCEEDED before its
+# SIGTERM was handled.
 cat >"$TMP/job.txtpb" <<'JOB'
 job_id: "stopped"
 model { input_dim: 784 layers { type: DENSE units: 64 activation: RELU } layers { type: DENSE units: 10 } }
 optimizer { type: ADAM learning_rate: 0.002 }
 data { max_train_examples: 3000 max_test_examples: 1000 }
 global_batch_size: 100
-epochs: 6
+epochs: 30
 log_every_steps: 10
 checkpoint { every_steps: 1000000 }
 JOB
-TOTAL_STEPS=180
+TOTAL_STEPS=900
 
 echo "== start the cluster, submit a job, wait until it is past step 20"
 start 1
