@@ -83,8 +83,10 @@ __global__ void SumRowsKernel(int64_t rows, int64_t cols, const float* x,
 
 __global__ void ReluKernel(int64_t n, const float* in, float* out) {
   for (int64_t i = GlobalIndex(); i < n; i += GridStride()) {
+    // As the CPU's std::max(v, 0): a NaN goes through (the ps's finiteness
+    // check must see it), -0 stays -0.
     const float v = in[i];
-    out[i] = v > 0.0f ? v : 0.0f;
+    out[i] = v < 0.0f ? 0.0f : v;
   }
 }
 
