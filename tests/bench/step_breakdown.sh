@@ -5,7 +5,8 @@
 #
 #   tests/bench/step_breakdown.sh [--models=mlp,dense_stack] [--ps=2]
 #       [--shapes=1:sync,2:sync,1:async,2:async] [--epochs=1] [--max_steps=0]
-#       [--out=DIR]
+#       [--out=DIR] [--worker_flags="--virtual_devices=GPU:0=8000x1"]
+#       [--alone_devices=cpu|gpu]
 #
 # Per run it prints one row from the logs the processes write:
 #   - each worker's step breakdown (worker/train/trainer: compute = forward,
@@ -24,6 +25,9 @@
 #   - each ps's peak resident memory (VmHWM, logged at exit) against the
 #     bytes of values and optimizer slots it held (logged at register), raw
 #     and net of the memory the same ps had with no job (gRPC, libraries).
+# --worker_flags go to every worker (devices, BLAS threads; word-split);
+# --alone_devices is the backend the compute alone is measured on (gpu when
+# the workers' towers are on virtual GPUs).
 # Not a test: nothing is asserted; numbers are reported. The binaries are
 # built with -c opt unless TOWERPS_BIN_DIR names them.
 set -euo pipefail
@@ -35,6 +39,8 @@ NUM_PS=2
 EPOCHS=1
 MAX_STEPS=0
 OUT=""
+WORKER_FLAGS=""
+ALONE_DEVICES=cpu
 for arg in "$@"; do
   case "$arg" in
     --models=*) MODELS="${arg#*=}" ;;
@@ -43,6 +49,8 @@ for arg in "$@"; do
     --epochs=*) EPOCHS="${arg#*=}" ;;
     --max_steps=*) MAX_STEPS="${arg#*=}" ;;
     --out=*) OUT="${arg#*=}" ;;
+    --worker_flags=*) WORKER_FLAGS="${arg#*=}" ;;
+    --alone_devices=*) ALONE_DEVICES="${arg#*=}" ;;
     -h|--help) usage 0 ;;
     *) echo "step_breakdown: unknown argument \"$arg\"" >&2; usage ;;
   esac
@@ -70,6 +78,8 @@ for model in "${models[@]}"; do
     mkdir -p "$run"
     job_flags=(--epochs="$EPOCHS")
     [ "$MAX_STEPS" -gt 0 ] && job_flags+=(--max_steps="$MAX_STEPS")
+    read -r -a extra <<<"$WORKER_FLAGS"
+    job_flags+=("${extra[@]}")
     if ! TOWERPS_LOG_DIR="$run" timeout 900 deploy/local_cluster.sh --ps="$NUM_PS" \
         --workers="$workers" --mode="$mode" --model="$model" -- "${job_flags[@]}" \
         >"$run/launcher.log" 2>&1; then
@@ -83,8 +93,10 @@ for model in "${models[@]}"; do
     threads=$(grep -m1 -oE '[0-9]+ CPU math thread' "$run/worker0.log" | cut -d' ' -f1 || true)
     global_batch=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("global_batch_size", 256))' \
       "$run/job.json" 2>/dev/null || echo 0)
+    # (A GPU worker logs no CPU math threads; a GPU row has none.)
+    [ -z "$threads" ] && [ "$ALONE_DEVICES" = gpu ] && threads=0
     if [ -x "$wt" ] && [ -n "$threads" ] && [ "$global_batch" -gt 0 ]; then
-      "$wt" --models="$model" --towers=1 --devices=cpu --threads="$threads" \
+      "$wt" --models="$model" --towers=1 --devices="$ALONE_DEVICES" --threads="$threads" \
         --batch=$((global_batch / workers)) --seconds=2 >"$run/alone.txt" 2>&1 || true
     fi
     printf '%s\t%s\t%s\t%s\n' "$model" "$workers" "$mode" "$run" >>"$rows"
@@ -103,7 +115,7 @@ STEP = re.compile(r"worker (\d+): (\d+) steps, per step ([\d.]+) ms: compute ([\
                   r"(?:; process cpu ([\d.]+) cores)?")
 LOOP = re.compile(r"worker \d+: (\d+) steps, per step ([\d.]+) ms")
 CPU = re.compile(r"cpu time user ([\d.e+-]+) s, system ([\d.e+-]+) s")
-ALONE = re.compile(r"^cpu\s+(\S+)\s+1\s+\d+\s+(\d+)\s+([\d.]+)", re.M)
+ALONE = re.compile(r"^(?:cpu|gpu)\S*\s+(\S+)\s+1\s+\d+\s+(\d+)\s+([\d.]+)", re.M)
 print("%-11s %2s %-5s %6s %7s %7s %13s %6s %6s %6s %6s %6s %7s %5s %7s %6s | %8s %8s %5s %5s | %8s" % (
     "model", "W", "mode", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
     "step/c", "c/step", "alone", "st/alone", "cores", "wall_s", "acc", "ps MB", "held MB", "x",

@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 targets=(//worker/device:backend_cuda_test //worker/device:backend_cuda_conv_test
          //worker/device:cublas_lib_test //worker/device:cudnn_lib_test //worker/device:nccl_reduce_test //worker/device:cuda_memory_test
-         //tests/bench:worker_throughput //worker:worker //ps:ps)
+         //tests/bench:worker_throughput //tests/bench:ps_throughput //worker:worker //ps:ps
+         //client:towerctl)
 bazel build -c opt "${targets[@]}"
 out=gpu-bundle
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/lib-fallback"
