@@ -7,7 +7,10 @@
 // Invariants: a refusal is InvalidArgument naming a file; an accepted set
 // has one label in [0, 10) per feature row, rows of rows*cols (or 3072)
 // values in [0, 1] kept as bytes, and no more than max_examples rows when it
-// is set.
+// is set. IDX is also read as a shard (global batch 3, 2 workers; the
+// worker is max_examples' parity), streamed: it must be refused exactly
+// when the whole read is, and otherwise equal the whole set cut to the
+// shard (KeepShard), both refusing an empty shard alike.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -78,5 +81,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else {
     CheckRefusal(set.status(), dir);
   }
+  const towerps::worker::DataShard shard{3, 2, static_cast<int>(max_examples % 2)};
+  auto part = towerps::worker::LoadIdx(images, labels, 1.0f / 255, max_examples, &shard);
+  if (!set.ok()) {
+    FUZZ_CHECK(!part.ok(), "the shard read accepted what the whole read refused: %s",
+               set.status().ToString().c_str());
+    CheckRefusal(part.status(), dir);
+    return 0;
+  }
+  towerps::worker::Dataset want = *set;
+  const absl::Status cut = towerps::worker::KeepShard(shard, &want);
+  if (!cut.ok()) {
+    FUZZ_CHECK(!part.ok() && part.status().message().find("shard is empty") != std::string::npos,
+               "empty shard: %s", part.status().ToString().c_str());
+    return 0;
+  }
+  FUZZ_CHECK(part.ok(), "the shard read refused what the whole read accepted: %s",
+             part.status().ToString().c_str());
+  FUZZ_CHECK(part->pixels == want.pixels && part->labels == want.labels &&
+                 part->image == want.image && part->whole_size() == set->size(),
+             "the shard read differs from the whole set cut to the shard");
   return 0;
 }

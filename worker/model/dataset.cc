@@ -159,11 +159,14 @@ uint32_t BigEndian32(absl::string_view data, size_t offset) {
          (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-// Checks the header of an IDX file of `dims` dimensions and its size.
-// On success fills `shape` (dims entries).
-absl::Status ParseIdxHeader(const std::string& path, absl::string_view data,
-                            uint32_t magic, int dims,
-                            std::vector<uint64_t>* shape) {
+// Checks the header of an IDX file of `dims` dimensions, given its first
+// bytes (`data`, the whole file or at least its header; `file_bytes` is the
+// whole file's size where known, for the message on a short file). On
+// success fills `shape` (dims entries) and returns the size the header
+// promises, header included.
+absl::StatusOr<unsigned __int128> CheckIdxHeader(const std::string& path, absl::string_view data,
+                                                 uint32_t magic, int dims,
+                                                 std::vector<uint64_t>* shape) {
   const size_t header = 4 + 4 * static_cast<size_t>(dims);
   // The magic first: a file of the wrong kind should say so, not "truncated".
   if (data.size() >= 4 && BigEndian32(data, 0) != magic) {
@@ -188,7 +191,16 @@ absl::Status ParseIdxHeader(const std::string& path, absl::string_view data,
     shape->push_back(d);
     elements *= d;
   }
-  expected += elements;
+  return expected + elements;
+}
+
+// Checks the header of an IDX file of `dims` dimensions and its size.
+// On success fills `shape` (dims entries).
+absl::Status ParseIdxHeader(const std::string& path, absl::string_view data,
+                            uint32_t magic, int dims,
+                            std::vector<uint64_t>* shape) {
+  TOWERPS_ASSIGN_OR_RETURN(const unsigned __int128 expected,
+                           CheckIdxHeader(path, data, magic, dims, shape));
   if (data.size() < expected) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": truncated: ", data.size(), " bytes, the header promises ",
@@ -200,6 +212,98 @@ absl::Status ParseIdxHeader(const std::string& path, absl::string_view data,
                      " trailing bytes after the data"));
   }
   return absl::OkStatus();
+}
+
+// The images of an IDX file streamed: keeps rows [0, limit) whose
+// keep[row] is true, appended to *out, and checks the whole file as
+// ParseIdxHeader does (header, length, trailing bytes, gzip stream). Plain
+// files are read as they are (zlib passes them through).
+absl::Status StreamIdxImages(const std::string& path, int64_t limit,
+                             const std::vector<bool>& keep, int64_t kept,
+                             std::vector<uint64_t>* shape, std::vector<uint8_t>* out) {
+  gzFile gz = gzopen(path.c_str(), "rb");
+  if (gz == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  }
+  gzbuffer(gz, kChunk);
+  // Reads up to n bytes; a short count means the end of the file, or a
+  // broken gzip stream (then the error says so).
+  auto read = [&](void* dst, size_t n, size_t* got) -> absl::Status {
+    *got = 0;
+    while (*got < n) {
+      const int r = gzread(gz, static_cast<char*>(dst) + *got,
+                           static_cast<unsigned>(std::min<size_t>(n - *got, kChunk)));
+      if (r <= 0) break;
+      *got += static_cast<size_t>(r);
+    }
+    int errnum = Z_OK;
+    const char* message = gzerror(gz, &errnum);
+    if (errnum != Z_OK && errnum != Z_STREAM_END) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": corrupt or truncated gzip stream (", message == nullptr ? "" : message, ")"));
+    }
+    return absl::OkStatus();
+  };
+  auto body = [&]() -> absl::Status {
+    constexpr size_t kHeader = 16;
+    unsigned char header[kHeader];
+    size_t got = 0;
+    TOWERPS_RETURN_IF_ERROR(read(header, kHeader, &got));
+    TOWERPS_ASSIGN_OR_RETURN(
+        const unsigned __int128 expected,
+        CheckIdxHeader(path, absl::string_view(reinterpret_cast<const char*>(header), got),
+                       kImagesMagic, 3, shape));
+    // The data is read as bytes, a chunk at a time (a row may be larger
+    // than any buffer a forged header could ask for), and each kept row's
+    // bytes are copied out as they pass.
+    const unsigned __int128 row = static_cast<unsigned __int128>((*shape)[1]) * (*shape)[2];
+    const unsigned __int128 data_bytes = expected - kHeader;
+    // Room for the kept rows, but never more than the file could hold
+    // (plain: its size; gzip: deflate's largest ratio of it).
+    struct stat st;
+    const uint64_t file_bytes = ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
+    constexpr uint64_t kMaxDeflateRatio = 1032;
+    out->clear();
+    out->reserve(static_cast<size_t>(
+        std::min<unsigned __int128>(row * static_cast<uint64_t>(kept),
+                                    static_cast<unsigned __int128>(file_bytes) * kMaxDeflateRatio)));
+    std::vector<uint8_t> block(kChunk);
+    unsigned __int128 pos = 0;  // bytes of the data read
+    while (pos < data_bytes) {
+      const size_t want = static_cast<size_t>(
+          std::min<unsigned __int128>(kChunk, data_bytes - pos));
+      TOWERPS_RETURN_IF_ERROR(read(block.data(), want, &got));
+      for (size_t off = 0; off < got;) {
+        const unsigned __int128 at = pos + off;
+        const unsigned __int128 i = at / row;
+        const size_t take =
+            static_cast<size_t>(std::min<unsigned __int128>(got - off, row - at % row));
+        if (i < static_cast<unsigned __int128>(limit) && keep[static_cast<size_t>(i)]) {
+          out->insert(out->end(), block.data() + off, block.data() + off + take);
+        }
+        off += take;
+      }
+      pos += got;
+      if (got < want) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": truncated: ", static_cast<uint64_t>(kHeader + pos),
+            " bytes, the header promises ", static_cast<uint64_t>(expected)));
+      }
+    }
+    uint64_t trailing = 0;
+    do {
+      TOWERPS_RETURN_IF_ERROR(read(block.data(), block.size(), &got));
+      trailing += got;
+    } while (got == block.size());
+    if (trailing > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", trailing, " trailing bytes after the data"));
+    }
+    return absl::OkStatus();
+  };
+  const absl::Status st = body();
+  gzclose(gz);
+  return st;
 }
 
 bool FileExists(const std::string& path) {
@@ -216,13 +320,149 @@ uint64_t Mix(uint64_t z) {
 
 }  // namespace
 
+namespace {
+
+absl::Status CheckShard(const DataShard& shard) {
+  if (shard.global_batch <= 0 || shard.num_workers <= 0 || shard.worker < 0 ||
+      shard.worker >= shard.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data shard: global batch ", shard.global_batch, ", worker ", shard.worker, " of ",
+        shard.num_workers, " is not a shard"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmptyShardError(const DataShard& shard, int64_t n) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.shard: worker ", shard.worker, "'s shard is empty (", n, " examples, global batch ",
+      shard.global_batch, ", ", shard.num_workers,
+      " workers): every worker needs at least one example of each global batch"));
+}
+
+// Sharded LoadIdx: the labels whole (they are small), the images streamed.
+absl::StatusOr<Dataset> LoadIdxShard(const std::string& images_path,
+                                     const std::string& labels_path, float scale,
+                                     int64_t max_examples, const DataShard& shard) {
+  TOWERPS_RETURN_IF_ERROR(CheckShard(shard));
+  std::string labels;
+  TOWERPS_RETURN_IF_ERROR(ReadMaybeGzippedInto(labels_path, &labels));
+  std::vector<uint64_t> label_shape;
+  TOWERPS_RETURN_IF_ERROR(ParseIdxHeader(labels_path, labels, kLabelsMagic, 1, &label_shape));
+  const int64_t label_count = static_cast<int64_t>(label_shape[0]);
+  const int64_t n = max_examples > 0 ? std::min(label_count, max_examples) : label_count;
+  std::vector<bool> keep(static_cast<size_t>(n));
+  int64_t kept = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    keep[i] = ShardOwner(i, n, shard.global_batch, shard.num_workers) == shard.worker;
+    kept += keep[i] ? 1 : 0;
+  }
+  std::vector<uint64_t> image_shape;
+  std::vector<uint8_t> images;
+  TOWERPS_RETURN_IF_ERROR(StreamIdxImages(images_path, n, keep, kept, &image_shape, &images));
+  if (image_shape[0] != label_shape[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(images_path, " has ", image_shape[0], " images but ",
+                     labels_path, " has ", label_shape[0], " labels"));
+  }
+  constexpr size_t kLabelsOffset = 8;
+  for (int64_t i = 0; i < label_count; ++i) {
+    const unsigned char label = static_cast<unsigned char>(labels[kLabelsOffset + i]);
+    if (label >= kIdxClasses) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(labels_path, ": label ", int{label}, " of example ", i,
+                       " is not below ", kIdxClasses));
+    }
+  }
+  if (kept == 0) return EmptyShardError(shard, n);
+  Dataset out;
+  out.num_classes = kIdxClasses;
+  out.image = ImageShape{1, static_cast<int64_t>(image_shape[1]),
+                         static_cast<int64_t>(image_shape[2])};
+  out.pixels = std::move(images);
+  out.pixel_scale = scale;
+  out.labels.reserve(kept);
+  for (int64_t i = 0; i < n; ++i) {
+    if (keep[i]) out.labels.push_back(static_cast<unsigned char>(labels[kLabelsOffset + i]));
+  }
+  out.whole_set_size = n;
+  return out;
+}
+
+}  // namespace
+
+int ShardOwner(int64_t i, int64_t n, int64_t global_batch, int num_workers) {
+  const int64_t b = i / global_batch;
+  const int64_t r = i % global_batch;
+  const int64_t size = std::min(global_batch, n - b * global_batch);
+  const int64_t base = size / num_workers;
+  const int64_t extra = size % num_workers;
+  // WorkerSlice's cut: `extra` parts of base + 1 first, then parts of base
+  // (base > 0 whenever r reaches them).
+  if (r < extra * (base + 1)) return static_cast<int>(r / (base + 1));
+  return static_cast<int>(extra + (r - extra * (base + 1)) / base);
+}
+
+int64_t ShardSize(int64_t n, int64_t global_batch, int num_workers, int worker) {
+  if (n <= 0 || global_batch <= 0 || num_workers <= 0) return 0;
+  const int64_t full = n / global_batch;
+  auto part = [&](int64_t size) {
+    return size / num_workers + (worker < size % num_workers ? 1 : 0);
+  };
+  return full * part(global_batch) + part(n - full * global_batch);
+}
+
+absl::Status KeepShard(const DataShard& shard, Dataset* dataset) {
+  TOWERPS_RETURN_IF_ERROR(CheckShard(shard));
+  const int64_t n = dataset->size();
+  const int64_t width = dataset->input_dim();
+  const int64_t target_width = dataset->targets.rank() == 2 ? dataset->targets.dim(1) : 0;
+  int64_t k = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ShardOwner(i, n, shard.global_batch, shard.num_workers) != shard.worker) continue;
+    // Rows move down in place (k <= i), whole rows at a time.
+    if (!dataset->pixels.empty()) {
+      std::memmove(dataset->pixels.data() + k * width, dataset->pixels.data() + i * width, width);
+    } else if (width > 0) {
+      std::memmove(dataset->features.data() + k * width, dataset->features.data() + i * width,
+                   width * sizeof(float));
+    }
+    if (!dataset->labels.empty()) dataset->labels[k] = dataset->labels[i];
+    if (target_width > 0) {
+      std::memmove(dataset->targets.data() + k * target_width,
+                   dataset->targets.data() + i * target_width, target_width * sizeof(float));
+    }
+    ++k;
+  }
+  if (k == 0) return EmptyShardError(shard, n);
+  if (!dataset->pixels.empty()) {
+    dataset->pixels.resize(k * width);
+    dataset->pixels.shrink_to_fit();
+  } else if (width > 0) {
+    common::Tensor rows({k, width});
+    std::memcpy(rows.data(), dataset->features.data(), k * width * sizeof(float));
+    dataset->features = std::move(rows);
+  }
+  if (!dataset->labels.empty()) {
+    dataset->labels.resize(k);
+    dataset->labels.shrink_to_fit();
+  }
+  if (target_width > 0) {
+    common::Tensor rows({k, target_width});
+    std::memcpy(rows.data(), dataset->targets.data(), k * target_width * sizeof(float));
+    dataset->targets = std::move(rows);
+  }
+  dataset->whole_set_size = n;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
                                 const std::string& labels_path, float scale,
-                                int64_t max_examples) {
+                                int64_t max_examples, const DataShard* shard) {
   if (max_examples < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_examples must be >= 0, got ", max_examples));
   }
+  if (shard != nullptr) return LoadIdxShard(images_path, labels_path, scale, max_examples, *shard);
   // The images are read into the buffer the set keeps (no copy of them).
   std::vector<uint8_t> images;
   TOWERPS_RETURN_IF_ERROR(ReadMaybeGzippedInto(images_path, &images));
@@ -290,9 +530,9 @@ absl::StatusOr<std::pair<std::string, std::string>> FindFashionMnistFiles(
 }
 
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
-                                         int64_t max_examples) {
+                                         int64_t max_examples, const DataShard* shard) {
   TOWERPS_ASSIGN_OR_RETURN(auto paths, FindFashionMnistFiles(dir, train));
-  return LoadIdx(paths.first, paths.second, 1.0f / 255.0f, max_examples);
+  return LoadIdx(paths.first, paths.second, 1.0f / 255.0f, max_examples, shard);
 }
 
 absl::StatusOr<std::vector<std::string>> FindCifar10Files(
@@ -318,7 +558,7 @@ absl::StatusOr<std::vector<std::string>> FindCifar10Files(
 }
 
 absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train,
-                                    int64_t max_examples) {
+                                    int64_t max_examples, const DataShard* shard) {
   if (max_examples < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_examples must be >= 0, got ", max_examples));
@@ -354,6 +594,7 @@ absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train,
       out.pixels.insert(out.pixels.end(), record + 1, record + kCifarRecord);
     }
   }
+  if (shard != nullptr) TOWERPS_RETURN_IF_ERROR(KeepShard(*shard, &out));
   return out;
 }
 
@@ -402,6 +643,19 @@ std::vector<int64_t> WorkerSlice(const std::vector<int64_t>& perm,
       begin + worker * base + std::min<int64_t>(worker, extra);
   const int64_t len = base + (worker < extra ? 1 : 0);
   return std::vector<int64_t>(perm.begin() + start, perm.begin() + start + len);
+}
+
+std::vector<int64_t> ShardSlice(const std::vector<int64_t>& shard_perm, int64_t n,
+                                int64_t global_batch, int64_t step, int num_workers,
+                                int worker) {
+  if (global_batch <= 0 || num_workers <= 0 || step < 0 || step * global_batch >= n) return {};
+  const int64_t size = std::min(global_batch, n - step * global_batch);
+  const int64_t len = size / num_workers + (worker < size % num_workers ? 1 : 0);
+  const int64_t full = global_batch / num_workers + (worker < global_batch % num_workers ? 1 : 0);
+  const int64_t m = static_cast<int64_t>(shard_perm.size());
+  const int64_t begin = std::min(step * full, m);
+  const int64_t end = std::min(begin + len, m);
+  return std::vector<int64_t>(shard_perm.begin() + begin, shard_perm.begin() + end);
 }
 
 void GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices,

@@ -60,6 +60,9 @@ struct Dataset {
   common::Tensor targets;
   // 0 for regression.
   int num_classes = 0;
+  // When this is one worker's shard of a set (DataSpec.shard), the size of
+  // the whole set, which the steps per epoch count; 0 when it is the whole.
+  int64_t whole_set_size = 0;
 
   // Values per example (0 for an empty set).
   int64_t input_dim() const {
@@ -71,12 +74,41 @@ struct Dataset {
     if (!pixels.empty()) return static_cast<int64_t>(pixels.size()) / image.num_elements();
     return features.rank() == 0 ? 0 : features.dim(0);
   }
+  // Examples in the whole set this one is a shard of (or is).
+  int64_t whole_size() const { return whole_set_size > 0 ? whole_set_size : size(); }
   // Feature `i` of the whole set in row-major order (row * input_dim() +
   // column), as a float, however it is kept. REQUIRES: i < size() * input_dim().
   float FeatureAt(int64_t i) const {
     return pixels.empty() ? features[i] : pixels[i] * pixel_scale;
   }
 };
+
+// One worker's share of a sharded training set (DataSpec.shard): worker
+// `worker` of `num_workers` keeps only the examples that its part of each
+// global batch would hold if the set were never shuffled, i.e. example i
+// belongs to the worker whose WorkerSlice of global batch i / global_batch
+// (in file order) holds it. Each worker then shuffles its own shard every
+// epoch and takes its part of every global batch from it (ShardSlice), so
+// each step has the same per-worker batch sizes as without shards. With one
+// worker the shard is the whole set and training is exactly as without.
+struct DataShard {
+  int64_t global_batch = 0;  // > 0
+  int num_workers = 1;       // > 0
+  int worker = 0;            // in [0, num_workers)
+};
+
+// The worker that holds example i of a set of n under `shard`'s batch size
+// and worker count. REQUIRES: 0 <= i < n, global_batch > 0, num_workers > 0.
+int ShardOwner(int64_t i, int64_t n, int64_t global_batch, int num_workers);
+
+// Examples of a set of n in the shard of `worker` (ShardOwner's count).
+int64_t ShardSize(int64_t n, int64_t global_batch, int num_workers, int worker);
+
+// Keeps only the rows of `dataset` that `shard` owns (in their order),
+// freeing the rest, and sets whole_set_size. InvalidArgument, naming the
+// worker and the sizes, when the shard would be empty (fewer examples per
+// batch than workers).
+absl::Status KeepShard(const DataShard& shard, Dataset* dataset);
 
 // Reads an IDX images file (magic 0x00000803: count, rows, cols, then bytes)
 // and an IDX labels file (magic 0x00000801: count, then bytes), each plain or
@@ -90,16 +122,20 @@ struct Dataset {
 // file and the problem, when a magic number is wrong, a dimension is zero, a
 // file is truncated or has trailing bytes (or its gzip stream is corrupt), the
 // two counts differ, a label is >= 10, or max_examples < 0.
+// With `shard`, only that shard's rows of the first max_examples are kept,
+// streamed from the file (the whole set is never in memory at once); every
+// check above is still made on the whole file.
 absl::StatusOr<Dataset> LoadIdx(const std::string& images_path,
                                 const std::string& labels_path, float scale,
-                                int64_t max_examples);
+                                int64_t max_examples, const DataShard* shard = nullptr);
 
 // Loads Fashion-MNIST from `dir`: train-images-idx3-ubyte and
 // train-labels-idx1-ubyte (train) or t10k-* (test), each either plain or
 // with a .gz suffix (a plain file wins). Pixels are scaled to [0, 1].
 // Errors as for LoadIdx; NotFound names both candidate paths.
 absl::StatusOr<Dataset> LoadFashionMnist(const std::string& dir, bool train,
-                                         int64_t max_examples);
+                                         int64_t max_examples,
+                                         const DataShard* shard = nullptr);
 
 // The two files LoadFashionMnist reads: {images, labels}, without reading
 // them. NotFound names both candidate paths of the first one missing.
@@ -124,8 +160,10 @@ absl::StatusOr<std::pair<std::string, std::string>> FindFashionMnistFiles(
 // number of records (naming the incomplete record and the byte where it
 // starts), or holds a label > 9 (naming the record and its byte offset), or
 // when max_examples < 0; DataLoss when a file cannot be read.
+// With `shard`, the set is read and checked whole, then cut to the shard
+// (KeepShard).
 absl::StatusOr<Dataset> LoadCifar10(const std::string& dir, bool train,
-                                    int64_t max_examples);
+                                    int64_t max_examples, const DataShard* shard = nullptr);
 
 // The files LoadCifar10 reads, in order, without reading them: the five
 // data_batch_*.bin (train) or test_batch.bin (test). NotFound names the first
@@ -157,6 +195,15 @@ std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int64_t epoch,
 std::vector<int64_t> WorkerSlice(const std::vector<int64_t>& perm,
                                  int64_t global_batch, int64_t step,
                                  int num_workers, int worker);
+
+// The positions in `shard_perm` (a permutation of a shard, of the whole set
+// of n examples) that worker `worker` trains on at `step`: as many as its
+// WorkerSlice of that global batch would hold, taken in order from the
+// shard, its part of a full batch per step. Empty past the epoch.
+// REQUIRES: as WorkerSlice.
+std::vector<int64_t> ShardSlice(const std::vector<int64_t>& shard_perm, int64_t n,
+                                int64_t global_batch, int64_t step, int num_workers,
+                                int worker);
 
 // Copies the rows `indices` of `dataset` into `out` (features, and labels or
 // targets, whichever the dataset has), reusing out's buffers.

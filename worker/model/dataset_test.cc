@@ -545,5 +545,185 @@ TEST(BatchingTest, GatherBatchCopiesRowsAndReusesBuffers) {
   EXPECT_EQ(batch.targets[1], 1);
 }
 
+// Shards (DataSpec.shard) over many shapes: worker w's shard is exactly what
+// its WorkerSlices hold when the set is not shuffled; each epoch its
+// ShardSlices take every example of the shard once, with the per-step sizes
+// of WorkerSlice; one worker's shard is the whole set.
+TEST(ShardTest, ShardsFollowTheWorkerSlicesOfTheUnshuffledSet) {
+  for (int64_t n : {1, 2, 5, 9, 10, 11, 37, 64}) {
+    for (int64_t g : {1, 2, 3, 4, 7, 10}) {
+      for (int workers : {1, 2, 3, 5}) {
+        std::vector<int64_t> identity(n);
+        std::iota(identity.begin(), identity.end(), 0);
+        const int64_t steps = StepsPerEpoch(n, g);
+        std::vector<int64_t> owned(workers, 0);
+        for (int64_t step = 0; step < steps; ++step) {
+          for (int w = 0; w < workers; ++w) {
+            for (int64_t i : WorkerSlice(identity, g, step, workers, w)) {
+              ASSERT_EQ(ShardOwner(i, n, g, workers), w)
+                  << "n=" << n << " g=" << g << " workers=" << workers << " i=" << i;
+              ++owned[w];
+            }
+          }
+        }
+        for (int w = 0; w < workers; ++w) {
+          const int64_t size = ShardSize(n, g, workers, w);
+          ASSERT_EQ(size, owned[w]) << "n=" << n << " g=" << g << " workers=" << workers;
+          for (int64_t epoch : {0, 1}) {
+            const auto perm = EpochPermutation(size, 3 + w, epoch, true);
+            std::vector<int64_t> seen;
+            for (int64_t step = 0; step < steps; ++step) {
+              const auto slice = ShardSlice(perm, n, g, step, workers, w);
+              ASSERT_EQ(slice.size(), WorkerSlice(identity, g, step, workers, w).size())
+                  << "n=" << n << " g=" << g << " workers=" << workers << " step=" << step;
+              seen.insert(seen.end(), slice.begin(), slice.end());
+            }
+            EXPECT_TRUE(ShardSlice(perm, n, g, steps, workers, w).empty());
+            std::sort(seen.begin(), seen.end());
+            std::vector<int64_t> all(size);
+            std::iota(all.begin(), all.end(), 0);
+            ASSERT_EQ(seen, all) << "n=" << n << " g=" << g << " workers=" << workers
+                                 << " worker=" << w;
+          }
+        }
+        if (workers == 1) {
+          const auto perm = EpochPermutation(n, 5, 1, true);
+          for (int64_t step = 0; step < steps; ++step) {
+            EXPECT_EQ(ShardSlice(perm, n, g, step, 1, 0), WorkerSlice(perm, g, step, 1, 0));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ShardTest, KeepShardKeepsTheOwnedRowsInOrderAndFreesTheRest) {
+  // 7 rows of 2 floats (row i: 10i, 10i + 1), labels i; global batch 3, 2
+  // workers: batches {0,1,2} {3,4,5} {6} cut 2+1, 2+1, 1+0.
+  Dataset ds;
+  ds.features = common::Tensor({7, 2});
+  for (int i = 0; i < 14; ++i) ds.features[i] = 10 * (i / 2) + i % 2;
+  for (int i = 0; i < 7; ++i) ds.labels.push_back(i);
+  ds.num_classes = 10;
+  Dataset w0 = ds, w1 = ds;
+  ASSERT_TRUE(KeepShard({3, 2, 0}, &w0).ok());
+  ASSERT_TRUE(KeepShard({3, 2, 1}, &w1).ok());
+  EXPECT_EQ(w0.labels, (std::vector<int32_t>{0, 1, 3, 4, 6}));
+  EXPECT_EQ(w1.labels, (std::vector<int32_t>{2, 5}));
+  EXPECT_EQ(w0.size(), 5);
+  EXPECT_EQ(w1.size(), 2);
+  EXPECT_EQ(w0.whole_size(), 7);
+  EXPECT_EQ(w1.whole_size(), 7);
+  EXPECT_EQ(w1.features.shape(), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(w1.features[0], 20);
+  EXPECT_EQ(w1.features[3], 51);
+  EXPECT_EQ(w0.features[9], 61);
+
+  Dataset ones = MakeOnes(4, 2, 3);
+  for (int i = 0; i < 12; ++i) ones.targets[i] = i;
+  ASSERT_TRUE(KeepShard({2, 2, 1}, &ones).ok());  // rows 1 and 3
+  EXPECT_EQ(ones.targets.shape(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(ones.targets[0], 3);
+  EXPECT_EQ(ones.targets[5], 11);
+
+  // Fewer examples per batch than workers: worker 2 would get nothing.
+  Dataset tiny = MakeOnes(4, 2, 1);
+  const absl::Status st = KeepShard({2, 3, 2}, &tiny);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("worker 2's shard is empty"), std::string::npos) << st;
+  EXPECT_EQ(KeepShard({0, 2, 0}, &tiny).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KeepShard({2, 2, 2}, &tiny).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShardTest, LoadIdxStreamsOnlyTheShardAndStillChecksTheWholeFile) {
+  // 9 images of 2x3, pixel bytes distinct; labels i % 10.
+  std::string pixels, labels;
+  for (int i = 0; i < 9 * 6; ++i) pixels.push_back(static_cast<char>(i));
+  for (int i = 0; i < 9; ++i) labels.push_back(static_cast<char>(i % 10));
+  const std::string images = ImagesFile(0x803, 9, 2, 3, pixels);
+  for (bool gz : {false, true}) {
+    const std::string ip = gz ? WriteGzip("s_img.gz", images) : WritePlain("s_img", images);
+    const std::string lp = gz ? WriteGzip("s_lbl.gz", LabelsFile(0x801, labels))
+                              : WritePlain("s_lbl", LabelsFile(0x801, labels));
+    auto whole = LoadIdx(ip, lp, 0.5f, 0);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    for (int64_t max : {0, 8}) {
+      const int64_t n = max > 0 ? max : 9;
+      for (int w = 0; w < 3; ++w) {
+        const DataShard shard{4, 3, w};
+        auto ds = LoadIdx(ip, lp, 0.5f, max, &shard);
+        ASSERT_TRUE(ds.ok()) << ds.status();
+        Dataset want = *whole;
+        want.pixels.resize(n * 6);
+        want.labels.resize(n);
+        ASSERT_TRUE(KeepShard(shard, &want).ok());
+        EXPECT_EQ(ds->size(), ShardSize(n, 4, 3, w));
+        EXPECT_EQ(ds->whole_size(), n);
+        EXPECT_EQ(ds->pixels, want.pixels) << "gz=" << gz << " max=" << max << " w=" << w;
+        EXPECT_EQ(ds->labels, want.labels);
+        EXPECT_EQ(ds->pixel_scale, 0.5f);
+        EXPECT_TRUE(ds->image == (ImageShape{1, 2, 3}));
+      }
+    }
+  }
+  const DataShard shard{4, 3, 1};
+  const std::string lp = WritePlain("s_lbl2", LabelsFile(0x801, labels));
+  auto ds = LoadIdx(WritePlain("s_trunc", images.substr(0, images.size() - 1)), lp, 1, 0, &shard);
+  EXPECT_NE(ds.status().message().find("s_trunc: truncated: 69 bytes, the header promises 70"),
+            std::string::npos)
+      << ds.status();
+  ds = LoadIdx(WritePlain("s_extra", images + "xyz"), lp, 1, 0, &shard);
+  EXPECT_NE(ds.status().message().find("3 trailing bytes"), std::string::npos) << ds.status();
+  ds = LoadIdx(lp, lp, 1, 0, &shard);
+  EXPECT_NE(ds.status().message().find("bad magic number 0x00000801"), std::string::npos)
+      << ds.status();
+  ds = LoadIdx(WritePlain("s_short", images.substr(0, 10)), lp, 1, 0, &shard);
+  EXPECT_NE(ds.status().message().find("shorter than the 16-byte IDX header"), std::string::npos)
+      << ds.status();
+  std::string bad = labels;
+  bad[7] = 10;  // Not in this worker's shard: still refused.
+  ds = LoadIdx(WritePlain("s_img3", images), WritePlain("s_bad", LabelsFile(0x801, bad)), 1, 0,
+               &shard);
+  EXPECT_NE(ds.status().message().find("label 10 of example 7"), std::string::npos)
+      << ds.status();
+  ds = LoadIdx(WritePlain("s_img4", images), WritePlain("s_lbl8", LabelsFile(0x801, labels.substr(0, 8))),
+               1, 0, &shard);
+  EXPECT_NE(ds.status().message().find("has 9 images but"), std::string::npos) << ds.status();
+  // A gzip stream cut short.
+  const std::string gz_path = WriteGzip("s_full.gz", images);
+  FILE* f = std::fopen(gz_path.c_str(), "rb");
+  std::string bytes(4096, '\0');
+  bytes.resize(std::fread(bytes.data(), 1, bytes.size(), f));
+  std::fclose(f);
+  ds = LoadIdx(WritePlain("s_cut.gz", bytes.substr(0, bytes.size() - 6)), lp, 1, 0, &shard);
+  EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ds.status().message().find("s_cut.gz"), std::string::npos) << ds.status();
+  const DataShard empty{2, 3, 2};
+  ds = LoadIdx(WritePlain("s_img5", ImagesFile(0x803, 2, 2, 3, pixels.substr(0, 12))),
+               WritePlain("s_lbl5", LabelsFile(0x801, labels.substr(0, 2))), 1, 0, &empty);
+  EXPECT_NE(ds.status().message().find("worker 2's shard is empty"), std::string::npos)
+      << ds.status();
+}
+
+TEST(ShardTest, RealFashionMnistShardsPartitionTheSet) {
+  auto whole = LoadFashionMnist(kFashionMnistDir, /*train=*/true, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  int64_t total = 0;
+  for (int w = 0; w < 2; ++w) {
+    const DataShard shard{256, 2, w};
+    auto ds = LoadFashionMnist(kFashionMnistDir, /*train=*/true, 0, &shard);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    EXPECT_EQ(ds->whole_size(), 60000);
+    EXPECT_EQ(ds->size(), ShardSize(60000, 256, 2, w));
+    EXPECT_EQ(ds->pixels.capacity(), ds->pixels.size());  // room for the shard only
+    Dataset want = *whole;
+    ASSERT_TRUE(KeepShard(shard, &want).ok());
+    EXPECT_TRUE(ds->pixels == want.pixels) << w;
+    EXPECT_EQ(ds->labels, want.labels);
+    total += ds->size();
+  }
+  EXPECT_EQ(total, 60000);
+}
+
 }  // namespace
 }  // namespace towerps::worker
