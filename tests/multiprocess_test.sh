@@ -92,6 +92,19 @@ echo "== async training: every gradient applied (steps = workers x iterations)"
 run_cluster async 2 2 --mode=async --max_train_examples=4000 --max_test_examples=1000 --epochs=2
 expect_trained async 64 0.65
 
+echo "== sync with data shards: each worker loads only its half of the train set"
+run_cluster shard 2 2 --mode=sync --shard_data --max_train_examples=4000 --max_test_examples=1000 --epochs=2
+expect_trained shard 32 0.70
+# 4000 examples, global batch 256: 15 full batches of 128 + 128 and a last
+# one of 80 + 80, so each worker holds 2000.
+for i in 0 1; do
+  if grep -q "data: worker $i holds a shard of 2000 of the 4000 train examples" "$DIR/worker$i.log"; then
+    pass "worker $i holds a shard of 2000 of 4000"
+  else
+    fail "worker $i shard"; grep -h "shard\|train examples" "$DIR/worker$i.log" | head -n 3
+  fi
+done
+
 echo "== sync with shards of different sizes finishes (1001 examples, batch 10)"
 run_cluster uneven 1 2 --mode=sync --max_train_examples=1001 --max_test_examples=200 --batch_size=10 --epochs=1
 steps=$(final_field steps)

@@ -73,6 +73,9 @@ ABSL_FLAG(std::string, compression, "",
           "(JobSpec.compression).");
 ABSL_FLAG(std::string, job_id, "", "Override: job id.");
 ABSL_FLAG(std::string, data_dir, "", "Override: Fashion-MNIST directory.");
+ABSL_FLAG(bool, shard_data, false,
+          "Override: each worker loads and trains on its own shard of the train set "
+          "(DataSpec.shard).");
 ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
           "Payload bytes per streamed message.");
 ABSL_FLAG(int, log_every_steps, 50, "Progress line every N steps.");
@@ -199,6 +202,7 @@ absl::Status ApplyOverrides(JobSpec* job) {
   if (!absl::GetFlag(FLAGS_job_id).empty()) job->set_job_id(absl::GetFlag(FLAGS_job_id));
   if (absl::GetFlag(FLAGS_peer_timeout_s) != 0) job->set_peer_timeout_s(absl::GetFlag(FLAGS_peer_timeout_s));
   if (!absl::GetFlag(FLAGS_data_dir).empty()) job->mutable_data()->set_dir(absl::GetFlag(FLAGS_data_dir));
+  if (absl::GetFlag(FLAGS_shard_data)) job->mutable_data()->set_shard(true);
   return absl::OkStatus();
 }
 

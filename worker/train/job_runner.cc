@@ -172,25 +172,38 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                             "; reduction: ", towers->reducer().Name()));
   }
 
-  // Data: every worker reads the set and trains on its slices of each batch.
+  // Data: every worker reads the set (or with data.shard, its own shard of
+  // it) and trains on its slices of each batch. Only the chief evaluates,
+  // so only the chief reads the test set.
   Dataset train, test;
   const auto& d = job.data();
+  DataShard shard{job.global_batch_size(), num_workers, spec.task_index};
+  const DataShard* shard_or_null = d.shard() ? &shard : nullptr;
   if (d.source() == v1::DataSpec::ONES) {
     train = MakeOnes(d.ones_examples(), model->input_dim(),
                      d.ones_target_dim() > 0 ? d.ones_target_dim() : model->output_dim());
-    test = train;
+    if (chief) test = train;
+    if (shard_or_null != nullptr) {
+      TOWERPS_RETURN_IF_ERROR(common::Annotate(KeepShard(shard, &train), "train data"));
+    }
   } else {
     auto load = d.source() == v1::DataSpec::CIFAR10 ? LoadCifar10 : LoadFashionMnist;
     std::string dir = d.dir();
     if (env.data_roots != nullptr) {  // A job from StartJob: only under --data_root.
       TOWERPS_ASSIGN_OR_RETURN(dir, env.data_roots->Resolve("data.dir", d.dir()));
     }
-    auto tr = load(dir, true, d.max_train_examples());
+    auto tr = load(dir, true, d.max_train_examples(), shard_or_null);
     if (!tr.ok()) return common::Annotate(tr.status(), "train data");
-    auto te = load(dir, false, d.max_test_examples());
-    if (!te.ok()) return common::Annotate(te.status(), "test data");
     train = std::move(*tr);
-    test = std::move(*te);
+    if (chief) {
+      auto te = load(dir, false, d.max_test_examples(), nullptr);
+      if (!te.ok()) return common::Annotate(te.status(), "test data");
+      test = std::move(*te);
+    }
+  }
+  if (shard_or_null != nullptr) {
+    Log(hooks, absl::StrCat("data: worker ", spec.task_index, " holds a shard of ", train.size(),
+                            " of the ", train.whole_size(), " train examples"));
   }
 
   ParameterClientOptions copts;
@@ -216,7 +229,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
     Log(hooks, absl::StrFormat(
                    "Job \"%s\": %s, %d workers, global batch %d, %d epochs, %d train / %d test examples%s",
                    job.job_id(), v1::Mode_Name(job.mode()), num_workers, job.global_batch_size(),
-                   job.epochs(), train.size(), test.size(),
+                   job.epochs(), train.whole_size(), test.size(),
                    restore_from.empty() ? "" : ", restoring " + restore_from));
   }
   TrainerOptions topts;

@@ -114,7 +114,11 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   const int w = options_.worker_task;
   const bool sync = job.mode() != v1::ASYNC;
   const int64_t G = job.global_batch_size();
-  const int64_t spe = StepsPerEpoch(train_.size(), G);
+  // A sharded set (DataSpec.shard) holds this worker's examples; the
+  // steps per epoch are the whole set's.
+  const bool sharded = job.data().shard();
+  const int64_t n = train_.whole_size();
+  const int64_t spe = StepsPerEpoch(n, G);
   if (spe == 0) return absl::InvalidArgumentError("the train set is empty");
   const int64_t total = job.max_steps() > 0 ? job.max_steps() : job.epochs() * spe;
   const absl::Time start = absl::Now();
@@ -192,11 +196,14 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       last_eval_epoch = epoch;
     }
     if (epoch != perm_epoch) {
-      perm = EpochPermutation(train_.size(), job.data().shuffle_seed(), epoch,
-                              !job.data().no_shuffle());
+      // Sharded: each worker shuffles its own shard, with its own stream
+      // (worker 0's is the unsharded one, so one worker trains as unsharded).
+      perm = EpochPermutation(train_.size(), job.data().shuffle_seed() + (sharded ? w : 0),
+                              epoch, !job.data().no_shuffle());
       perm_epoch = epoch;
     }
-    GatherBatch(train_, WorkerSlice(perm, G, b, W, w), &batch);
+    GatherBatch(train_, sharded ? ShardSlice(perm, n, G, b, W, w) : WorkerSlice(perm, G, b, W, w),
+                &batch);
     TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<PushStream> push,
                              client_.StartPush(pulled, batch.size(), grads));
     // Time blocked on weights inside the compute: pull time, not compute
