@@ -13,6 +13,8 @@
 # Fashion-MNIST on the GPU, one ps and one worker (RESNET_EPOCHS, default 10).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# Under the device tool, the whole output also in $OUT (see run.sh).
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then exec > >(tee -a "$OUT/gpu_bench.log") 2>&1; fi
 source tests/gpu/env.sh
 export TOWERPS_BIN_DIR="$T"
 parts=("$@")

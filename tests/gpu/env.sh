@@ -5,8 +5,11 @@
 # where the worker's default --data_root looks (the machine runs as root and
 # has no Debian package for it).
 B=/tmp/gpu-bundle
-if [ ! -x "$B/bin/worker" ]; then
-  mkdir -p "$B" && tar -C "$B" -xJf gpu-bundle/gpu-bundle.tar.xz
+# Unpacked again whenever the bundle is not the one unpacked last.
+stamp=$(stat -c '%s %Y' gpu-bundle/gpu-bundle.tar.xz)
+if [ ! -x "$B/bin/worker" ] || [ "$(cat "$B/.bundle" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$B" && mkdir -p "$B" && tar -C "$B" -xJf gpu-bundle/gpu-bundle.tar.xz
+  echo "$stamp" >"$B/.bundle"
 fi
 # cudart, cuBLAS, NCCL and cuDNN from the machine's CUDA toolkit or its pip
 # wheels (nvidia/cudnn/lib).

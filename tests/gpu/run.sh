@@ -4,8 +4,16 @@
 # with 1 and 4 towers on virtual GPUs; the dense stack split over 12 virtual
 # GPUs in the classic layout; towers pipelined), then the benchmark with its
 # GPU rows.
+#
+#   bash tests/gpu/run.sh [--tests_only]
+# Under the device tool ($OUT set) the whole output is also kept in
+# $OUT/gpu_run.log, since the tool returns only the end of what a command
+# prints.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+tests_only=0
+[ "${1:-}" = "--tests_only" ] && tests_only=1
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then exec > >(tee -a "$OUT/gpu_run.log") 2>&1; fi
 source tests/gpu/env.sh
 nvidia-smi -L || true
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
@@ -16,6 +24,7 @@ for t in cublas_lib_test cudnn_lib_test backend_cuda_test backend_cuda_conv_test
   # whole device lease.
   timeout "${TEST_TIMEOUT_S:-60}" $B/bin/$t || rc=1
 done
+[ "$tests_only" = 1 ] && exit $rc
 # One ps and one worker on loopback; prints the worker's placement and final lines.
 train() {
   local name="$1"; shift
