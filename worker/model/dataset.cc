@@ -263,10 +263,11 @@ absl::Status StreamIdxImages(const std::string& path, int64_t limit,
     struct stat st;
     const uint64_t file_bytes = ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
     constexpr uint64_t kMaxDeflateRatio = 1032;
+    const uint64_t ratio = gzdirect(gz) ? 1 : kMaxDeflateRatio;
     out->clear();
     out->reserve(static_cast<size_t>(
         std::min<unsigned __int128>(row * static_cast<uint64_t>(kept),
-                                    static_cast<unsigned __int128>(file_bytes) * kMaxDeflateRatio)));
+                                    static_cast<unsigned __int128>(file_bytes) * ratio)));
     std::vector<uint8_t> block(kChunk);
     unsigned __int128 pos = 0;  // bytes of the data read
     while (pos < data_bytes) {
