@@ -307,6 +307,20 @@ absl::Status StreamIdxImages(const std::string& path, int64_t limit,
   return st;
 }
 
+// How a global batch of `size` examples is cut among the workers: worker
+// w's part starts at `start` and holds `len` (contiguous parts whose sizes
+// differ by at most one, the larger ones first). WorkerSlice, ShardSlice
+// and ShardSize all cut this way.
+struct Part {
+  int64_t start;
+  int64_t len;
+};
+Part CutBatch(int64_t size, int num_workers, int worker) {
+  const int64_t base = size / num_workers;
+  const int64_t extra = size % num_workers;
+  return {worker * base + std::min<int64_t>(worker, extra), base + (worker < extra ? 1 : 0)};
+}
+
 bool FileExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
@@ -406,10 +420,8 @@ int ShardOwner(int64_t i, int64_t n, int64_t global_batch, int num_workers) {
 int64_t ShardSize(int64_t n, int64_t global_batch, int num_workers, int worker) {
   if (n <= 0 || global_batch <= 0 || num_workers <= 0) return 0;
   const int64_t full = n / global_batch;
-  auto part = [&](int64_t size) {
-    return size / num_workers + (worker < size % num_workers ? 1 : 0);
-  };
-  return full * part(global_batch) + part(n - full * global_batch);
+  return full * CutBatch(global_batch, num_workers, worker).len +
+         CutBatch(n - full * global_batch, num_workers, worker).len;
 }
 
 absl::Status KeepShard(const DataShard& shard, Dataset* dataset) {
@@ -637,13 +649,9 @@ std::vector<int64_t> WorkerSlice(const std::vector<int64_t>& perm,
   if (global_batch <= 0 || num_workers <= 0 || step < 0) return {};
   const int64_t begin = std::min(step * global_batch, n);
   const int64_t end = std::min(begin + global_batch, n);
-  const int64_t size = end - begin;
-  const int64_t base = size / num_workers;
-  const int64_t extra = size % num_workers;
-  const int64_t start =
-      begin + worker * base + std::min<int64_t>(worker, extra);
-  const int64_t len = base + (worker < extra ? 1 : 0);
-  return std::vector<int64_t>(perm.begin() + start, perm.begin() + start + len);
+  const Part part = CutBatch(end - begin, num_workers, worker);
+  return std::vector<int64_t>(perm.begin() + begin + part.start,
+                              perm.begin() + begin + part.start + part.len);
 }
 
 std::vector<int64_t> ShardSlice(const std::vector<int64_t>& shard_perm, int64_t n,
@@ -651,8 +659,9 @@ std::vector<int64_t> ShardSlice(const std::vector<int64_t>& shard_perm, int64_t 
                                 int worker) {
   if (global_batch <= 0 || num_workers <= 0 || step < 0 || step * global_batch >= n) return {};
   const int64_t size = std::min(global_batch, n - step * global_batch);
-  const int64_t len = size / num_workers + (worker < size % num_workers ? 1 : 0);
-  const int64_t full = global_batch / num_workers + (worker < global_batch % num_workers ? 1 : 0);
+  const int64_t len = CutBatch(size, num_workers, worker).len;
+  // Every earlier step was a full batch: its part of one, per step.
+  const int64_t full = CutBatch(global_batch, num_workers, worker).len;
   const int64_t m = static_cast<int64_t>(shard_perm.size());
   const int64_t begin = std::min(step * full, m);
   const int64_t end = std::min(begin + len, m);
