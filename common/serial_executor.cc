@@ -2,9 +2,12 @@
 
 #include <utility>
 
+#include "common/thread_name.h"
+
 namespace towerps::common {
 
-SerialExecutor::SerialExecutor() : thread_([this] { Loop(); }) {}
+SerialExecutor::SerialExecutor(std::string name)
+    : name_(std::move(name)), thread_([this] { Loop(); }) {}
 
 SerialExecutor::~SerialExecutor() {
   {
@@ -20,6 +23,7 @@ void SerialExecutor::Schedule(std::function<void()> fn) {
 }
 
 void SerialExecutor::Loop() {
+  if (!name_.empty()) SetCurrentThreadName(name_);
   while (true) {
     std::function<void()> fn;
     {

@@ -23,7 +23,9 @@ namespace towerps::common {
 
 class SerialExecutor {
  public:
-  SerialExecutor();
+  // `name`: the thread's name (common/thread_name.h); "" keeps the
+  // creator's.
+  explicit SerialExecutor(std::string name = "");
   // Runs what is still scheduled, then joins the thread. REQUIRES: not
   // called from a closure of this executor.
   ~SerialExecutor();
@@ -37,6 +39,7 @@ class SerialExecutor {
  private:
   void Loop();
 
+  const std::string name_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,11 +6,15 @@
 # README's shapes. Reports numbers; asserts nothing.
 #
 #   bash tests/gpu/bench.sh [cpu_breakdown] [gpu_breakdown] [ps_throughput]
-#       [threads] [cpu_breakdown_blas4] [resnet18]
+#       [threads] [cpu_breakdown_blas4] [resnet18] [diag]
 # threads: the compute alone at each CPU math thread count (what the
 # breakdown's "alone" column should be read against); cpu_breakdown_blas4:
 # the MLP breakdown with 4 BLAS threads per worker; resnet18: ResNet-18 on
-# Fashion-MNIST on the GPU, one ps and one worker (RESNET_EPOCHS, default 10).
+# Fashion-MNIST on the GPU, one ps and one worker (RESNET_EPOCHS, default 10);
+# diag: the machine's CPUs, the MLP's compute alone at each thread count, and
+# where the cores go, by thread (tests/bench/thread_cpu.py), while 1- and
+# 2-worker SYNC MLP clusters train, each with OpenBLAS's default idle spin
+# and with OPENBLAS_THREAD_TIMEOUT=4 (its pool threads sleep almost at once).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # Under the device tool, the whole output also in $OUT (see run.sh).
@@ -58,6 +62,32 @@ for part in "${parts[@]}"; do
         echo "-- ps_throughput $shape"
         # shellcheck disable=SC2086
         timeout "${PS_THROUGHPUT_TIMEOUT_S:-90}" "$T/tests/bench/ps_throughput" --rounds=20 $shape
+      done ;;
+    diag)
+      lscpu | grep -E '^(CPU\(s\)|Model name|Thread|Core|Socket|NUMA node\(s\))' || true
+      cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpuset.cpus.effective 2>/dev/null || true
+      ls "$B/lib" | grep -i -E 'blas|gomp|dnnl' || true
+      for spin in default 4; do
+        envs=(); [ "$spin" != default ] && envs=(OPENBLAS_THREAD_TIMEOUT="$spin")
+        echo "-- OPENBLAS_THREAD_TIMEOUT=$spin: MLP compute alone, batch 256 and 128"
+        env "${envs[@]}" "$T/tests/bench/worker_throughput" --models=mlp --devices=cpu --towers=1 \
+          --threads=1,4,8,16 --batch=256 --seconds=1 | grep -E '^cpu'
+        env "${envs[@]}" "$T/tests/bench/worker_throughput" --models=mlp --devices=cpu --towers=1 \
+          --threads=1,4,8 --batch=128 --seconds=1 | grep -E '^cpu'
+        for w in 1 2; do
+          echo "-- OPENBLAS_THREAD_TIMEOUT=$spin: MLP, $w worker(s), sync, 2 ps: threads while it trains"
+          d=/tmp/diag-$spin-$w; rm -rf "$d"; mkdir -p "$d"
+          env "${envs[@]}" TOWERPS_LOG_DIR="$d" timeout 120 deploy/local_cluster.sh --ps=2 --workers=$w \
+            --mode=sync --model=mlp -- --epochs=$((24 / w)) >"$d/launcher.log" 2>&1 &
+          lc=$!
+          deadline=$((SECONDS + 60))
+          until grep -q 'step 100/' "$d/worker0.log" 2>/dev/null || [ $SECONDS -ge $deadline ]; do sleep 0.2; done
+          python3 tests/bench/thread_cpu.py --seconds=2
+          wait $lc; grep -h -E 'per step|final:' "$d"/worker*.log "$d/launcher.log" | tail -n 3
+        done
+        echo "-- OPENBLAS_THREAD_TIMEOUT=$spin: step breakdown"
+        env "${envs[@]}" timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh --models=mlp \
+          --shapes=1:sync,2:sync --epochs="${EPOCHS:-2}" --out=/tmp/sb_spin_$spin
       done ;;
     *) echo "bench.sh: unknown part \"$part\"" >&2; exit 2 ;;
   esac

@@ -8,6 +8,7 @@
 #include "common/grpc_status.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "common/thread_name.h"
 #include "grpcpp/client_context.h"
 #include "proto/ps_wire.h"
 
@@ -18,7 +19,7 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
     : options_(std::move(options)), vars_(std::move(vars)), placement_(std::move(placement)) {
   const int n = static_cast<int>(options_.ps_addresses.size());
   for (int s = 0; s < n; ++s) {
-    auto server = std::make_unique<Server>();
+    auto server = std::make_unique<Server>(s);
     server->channel = common::NewChannel(options_.ps_addresses[s], options_.security.get());
     server->stub = v1::ParameterService::NewStub(server->channel);
     server->push = std::make_unique<grpc::internal::RpcMethod>(
@@ -102,7 +103,12 @@ absl::Status PsPeers::Combine(const std::vector<absl::Status>& results) {
 }
 
 void PsPeers::StartHeartbeats() {
-  if (!heartbeats_.joinable()) heartbeats_ = std::thread([this] { HeartbeatLoop(); });
+  if (!heartbeats_.joinable()) {
+    heartbeats_ = std::thread([this] {
+      common::SetCurrentThreadName("ps heartbeats");
+      HeartbeatLoop();
+    });
+  }
 }
 
 void PsPeers::HeartbeatLoop() {

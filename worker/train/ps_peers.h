@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/retry.h"
@@ -89,6 +90,8 @@ class PsPeers {
 
  private:
   struct Server {
+    explicit Server(int s)
+        : push_executor(absl::StrCat("push ps", s)), pull_executor(absl::StrCat("pull ps", s)) {}
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::ParameterService::Stub> stub;
     std::unique_ptr<grpc::internal::RpcMethod> push, pull;

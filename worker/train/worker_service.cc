@@ -5,6 +5,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/thread_name.h"
 
 namespace towerps::worker {
 
@@ -51,6 +52,7 @@ absl::Status WorkerRuntime::Start(const v1::StartJobRequest& request, JobHooks h
   status_.set_error_code(0);
   status_.set_towers(request.job().towers());
   thread_ = std::thread([this, request, hooks]() mutable {
+    common::SetCurrentThreadName("job");
     Run(std::move(request), std::move(hooks));
   });
   TLOG(INFO) << "worker " << env_.cluster.task_index << ": starting job \""
