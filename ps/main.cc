@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/blas_kernels.h"
 #include "common/cluster_flags.h"
 #include "common/logging.h"
 #include "common/metrics.h"
@@ -61,6 +62,10 @@ ABSL_FLAG(double, drain_s, 0,
           "(for load balancers and readiness probes) before shutting the server down.");
 
 int main(int argc, char** argv) {
+  // First of all: where OpenBLAS picked kernels older than this CPU, start
+  // again with the right ones (common/blas_kernels.h; the server's update
+  // math is BLAS too).
+  towerps::common::RestartWithBetterBlasKernels("ps", argv);
   // First: a real handler, so that SIGTERM/SIGINT landing on any thread
   // (OpenBLAS's start before main) is caught, never the default action.
   auto stop = towerps::common::ShutdownSignal::Install();
@@ -160,6 +165,7 @@ int main(int argc, char** argv) {
   TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
              << address << " (port " << port << "); checkpoints only under "
              << state_roots->roots()[0];
+  TLOG(INFO) << "ps " << spec->task_index << ": " << towerps::common::BlasDescription();
   TLOG(INFO) << "ps " << spec->task_index << ": memory budget " << budget
              << " bytes for all jobs, at most " << absl::GetFlag(FLAGS_max_job_bytes)
              << " per job";

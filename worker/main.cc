@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/blas_kernels.h"
 #include "common/cancellation.h"
 #include "common/cluster_flags.h"
 #include "common/job_spec.h"
@@ -313,6 +314,9 @@ int Serve(const towerps::common::ClusterSpec& spec, const towerps::worker::Worke
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First of all: where OpenBLAS picked kernels older than this CPU, start
+  // again with the right ones (common/blas_kernels.h).
+  towerps::common::RestartWithBetterBlasKernels("worker", argv);
   // One heap, as in the ps: a worker's big buffers (weights, gradients,
   // pulled and pushed messages) are allocated on gRPC's, the towers' and the
   // training thread, and with a heap per thread each kept its own copy of the

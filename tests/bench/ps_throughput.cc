@@ -46,6 +46,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/barrier.h"
+#include "common/blas_kernels.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
 #include "common/rpc_security.h"
@@ -519,7 +520,8 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
             << ")\n"
             << "  cores: " << cores << "; warm-up rounds: " << opt.warmup
             << " (untimed); timed rounds: " << opt.rounds << "; malloc tuning: "
-            << (opt.malloc_tuning ? "on" : "off") << "\n\n";
+            << (opt.malloc_tuning ? "on" : "off") << "; " << towerps::common::BlasDescription()
+            << "\n\n";
   auto line = [](const std::string& a, const std::string& b, const std::string& c,
                  const std::string& d, const std::string& e, const std::string& f,
                  const std::string& g, const std::string& h) {
@@ -586,6 +588,8 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
 }  // namespace towerps::bench
 
 int main(int argc, char** argv) {
+  // The kernels the worker and ps run with (common/blas_kernels.h).
+  towerps::common::RestartWithBetterBlasKernels("ps_throughput", argv);
   absl::SetProgramUsageMessage(
       "Throughput of the ps push/pull path vs plain gRPC and TCP on 127.0.0.1.");
   absl::ParseCommandLine(argc, argv);

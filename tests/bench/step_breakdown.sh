@@ -6,7 +6,6 @@
 #   tests/bench/step_breakdown.sh [--models=mlp,dense_stack] [--ps=2]
 #       [--shapes=1:sync,2:sync,1:async,2:async] [--epochs=1] [--max_steps=0]
 #       [--out=DIR] [--worker_flags="--virtual_devices=GPU:0=8000x1"]
-#       [--alone_devices=cpu|gpu]
 #
 # Per run it prints one row from the logs the processes write:
 #   - each worker's step breakdown (worker/train/trainer: compute = forward,
@@ -18,16 +17,17 @@
 #     of the whole step over examples/s of that compute;
 #   - alone: the same worker's compute with no cluster around it
 #     (tests/bench/worker_throughput at the worker's batch and CPU math
-#     threads, run right after the cluster, in the same window), and
+#     threads, on the device its towers ran on, as the chief's log says:
+#     column "dev"; run right after the cluster, in the same window), and
 #     step/alone = ms/step over it: what overlapping communication with
 #     compute is measured against (inside a step, the compute shares the
 #     cores with the communication, so it is slower than alone);
 #   - each ps's peak resident memory (VmHWM, logged at exit) against the
 #     bytes of values and optimizer slots it held (logged at register), raw
 #     and net of the memory the same ps had with no job (gRPC, libraries).
-# --worker_flags go to every worker (devices, BLAS threads; word-split);
-# --alone_devices is the backend the compute alone is measured on (gpu when
-# the workers' towers are on virtual GPUs).
+# --worker_flags go to every worker (devices, BLAS threads; word-split).
+# Where a GPU is present the towers run on it unless the worker is told
+# otherwise (CUDA_VISIBLE_DEVICES= hides it: CPU towers on a GPU machine).
 # Not a test: nothing is asserted; numbers are reported. The binaries are
 # built with -c opt unless TOWERPS_BIN_DIR names them.
 set -euo pipefail
@@ -40,7 +40,6 @@ EPOCHS=1
 MAX_STEPS=0
 OUT=""
 WORKER_FLAGS=""
-ALONE_DEVICES=cpu
 for arg in "$@"; do
   case "$arg" in
     --models=*) MODELS="${arg#*=}" ;;
@@ -50,7 +49,6 @@ for arg in "$@"; do
     --max_steps=*) MAX_STEPS="${arg#*=}" ;;
     --out=*) OUT="${arg#*=}" ;;
     --worker_flags=*) WORKER_FLAGS="${arg#*=}" ;;
-    --alone_devices=*) ALONE_DEVICES="${arg#*=}" ;;
     -h|--help) usage 0 ;;
     *) echo "step_breakdown: unknown argument \"$arg\"" >&2; usage ;;
   esac
@@ -87,19 +85,20 @@ for model in "${models[@]}"; do
       tail -n 5 "$run/launcher.log" >&2
       exit 1
     fi
-    # The compute alone, at what each worker of the run computed: its batch
-    # and its CPU math threads (from the chief's log line).
+    # The compute alone, at what each worker of the run computed: its batch,
+    # its CPU math threads and the device of its towers (from the chief's
+    # log lines: "N CPU math thread(s)", "reduction: ... (1 on cuda:0)").
     wt="$TOWERPS_BIN_DIR/tests/bench/worker_throughput"
     threads=$(grep -m1 -oE '[0-9]+ CPU math thread' "$run/worker0.log" | cut -d' ' -f1 || true)
+    dev=cpu
+    grep -m1 'reduction: ' "$run/worker0.log" | grep -q ' on cuda:' && dev=gpu
     global_batch=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("global_batch_size", 256))' \
       "$run/job.json" 2>/dev/null || echo 0)
-    # (A GPU worker logs no CPU math threads; a GPU row has none.)
-    [ -z "$threads" ] && [ "$ALONE_DEVICES" = gpu ] && threads=0
     if [ -x "$wt" ] && [ -n "$threads" ] && [ "$global_batch" -gt 0 ]; then
-      "$wt" --models="$model" --towers=1 --devices="$ALONE_DEVICES" --threads="$threads" \
+      "$wt" --models="$model" --towers=1 --devices="$dev" --threads="$threads" \
         --batch=$((global_batch / workers)) --seconds=2 >"$run/alone.txt" 2>&1 || true
     fi
-    printf '%s\t%s\t%s\t%s\n' "$model" "$workers" "$mode" "$run" >>"$rows"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$model" "$workers" "$mode" "$run" "$dev" >>"$rows"
   done
 done
 
@@ -116,12 +115,12 @@ STEP = re.compile(r"worker (\d+): (\d+) steps, per step ([\d.]+) ms: compute ([\
 LOOP = re.compile(r"worker \d+: (\d+) steps, per step ([\d.]+) ms")
 CPU = re.compile(r"cpu time user ([\d.e+-]+) s, system ([\d.e+-]+) s")
 ALONE = re.compile(r"^(?:cpu|gpu)\S*\s+(\S+)\s+1\s+\d+\s+(\d+)\s+([\d.]+)", re.M)
-print("%-11s %2s %-5s %6s %7s %7s %13s %6s %6s %6s %6s %6s %7s %5s %7s %6s | %8s %8s %5s %5s | %8s" % (
-    "model", "W", "mode", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
+print("%-11s %2s %-5s %3s %6s %7s %7s %13s %6s %6s %6s %6s %6s %7s %5s %7s %6s | %8s %8s %5s %5s | %8s" % (
+    "model", "W", "mode", "dev", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
     "step/c", "c/step", "alone", "st/alone", "cores", "wall_s", "acc", "ps MB", "held MB", "x",
     "x net", "worker MB"))
 for line in open(sys.argv[1]):
-    model, workers, mode, run = line.rstrip("\n").split("\t")
+    model, workers, mode, run, dev = line.rstrip("\n").split("\t")
     final = re.search(r"final: test_accuracy=(\S+) test_loss=\S+ steps=\d+ wall_s=([\d.]+)",
                       read(os.path.join(run, "launcher.log")))
     acc, wall = (final.group(1), float(final.group(2))) if final else ("?", float("nan"))
@@ -163,8 +162,8 @@ for line in open(sys.argv[1]):
         m = ALONE.search(read(alone_path))
         if m and float(m.group(3)) > 0:
             alone = 1e3 * int(m.group(2)) / float(m.group(3))
-    print("%-11s %2s %-5s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %5.2f %7.1f %6s | %8.1f %8.1f %5.1f %5.1f | %8.1f" % (
-        model, workers, mode, steps, step_ms, comp, pull, wait, push, other,
+    print("%-11s %2s %-5s %3s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %5.2f %7.1f %6s | %8.1f %8.1f %5.1f %5.1f | %8.1f" % (
+        model, workers, mode, dev, steps, step_ms, comp, pull, wait, push, other,
         step_ms / comp if comp else float("nan"), comp / step_ms if step_ms else float("nan"),
         alone, step_ms / alone, cores,
         wall, acc, worst[0] / 1e6, worst[1] / 1e6, worst[0] / max(1, worst[1]),
@@ -174,7 +173,8 @@ print("ms/step, compute, pull (wait), push, other: per step, of the slowest work
 print("count only the time the step was blocked on them (they overlap the compute); wait: the")
 print("servers' hold for the step, hidden or not. step/c: step time over the compute inside it;")
 print("c/step: its inverse. alone: ms per step of the same worker's compute with no cluster")
-print("(worker_throughput, same batch and threads, same window); st/alone: ms/step over alone.")
+print("(worker_throughput, same batch, threads and device: dev, where the chief's towers ran;")
+print("same window); st/alone: ms/step over alone.")
 print("cores: CPU seconds of every worker and ps process over the loop's seconds (of %d cores)."
       % os.cpu_count())
 print("ps MB: peak resident (VmHWM) of the ps with the highest ratio; held MB: its values + slots;")

@@ -37,6 +37,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/blas_kernels.h"
 #include "common/job_spec.h"
 #include "proto/job.pb.h"
 #include "worker/device/backend.h"
@@ -253,6 +254,8 @@ Row Measure(const std::string& device, const BackendMaker& make, const std::stri
 }  // namespace towerps::worker
 
 int main(int argc, char** argv) {
+  // The kernels the worker and ps run with (common/blas_kernels.h).
+  towerps::common::RestartWithBetterBlasKernels("worker_throughput", argv);
   absl::ParseCommandLine(argc, argv);
   std::vector<int> tower_counts;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_towers), ',')) {
@@ -274,8 +277,9 @@ int main(int argc, char** argv) {
   }
   std::printf("worker_throughput: ComputeGradients (forward + loss + backward), no ps\n");
   std::printf("  cores: %u; CPU: BLAS and oneDNN threads per tower = --threads, or cores / towers;\n"
-              "  %.1f s timed per row after 3 warm-up steps\n",
-              std::thread::hardware_concurrency(), absl::GetFlag(FLAGS_seconds));
+              "  %.1f s timed per row after 3 warm-up steps; %s\n",
+              std::thread::hardware_concurrency(), absl::GetFlag(FLAGS_seconds),
+              towerps::common::BlasDescription().c_str());
   std::printf("  gemm GFLOP/s counts forward, dW and dx GEMMs; ref = the same GEMMs through the backend's plain\n"
               "  SGEMM (cblas_sgemm with all cores; cublasSgemm), measured now; wrong = gradient elements that\n"
               "  differ from the CPU's first row of the model (rel 1e-4; n/a with batch norm or dropout,\n"

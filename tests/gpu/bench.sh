@@ -6,15 +6,21 @@
 # README's shapes. Reports numbers; asserts nothing.
 #
 #   bash tests/gpu/bench.sh [cpu_breakdown] [gpu_breakdown] [ps_throughput]
-#       [threads] [cpu_breakdown_blas4] [resnet18] [diag]
+#       [threads] [cpu_breakdown_blas4] [resnet18] [diag] [grpc] [blas_core]
 # threads: the compute alone at each CPU math thread count (what the
 # breakdown's "alone" column should be read against); cpu_breakdown_blas4:
 # the MLP breakdown with 4 BLAS threads per worker; resnet18: ResNet-18 on
 # Fashion-MNIST on the GPU, one ps and one worker (RESNET_EPOCHS, default 10);
-# diag: the machine's CPUs, the MLP's compute alone at each thread count, and
-# where the cores go, by thread (tests/bench/thread_cpu.py), while 1- and
-# 2-worker SYNC MLP clusters train, each with OpenBLAS's default idle spin
-# and with OPENBLAS_THREAD_TIMEOUT=4 (its pool threads sleep almost at once).
+# diag: the machine's CPUs and where the cores go, by thread
+# (tests/bench/thread_cpu.py), while 1- and 2-worker SYNC MLP clusters train
+# on CPU towers, then their breakdown with OPENBLAS_THREAD_TIMEOUT=4 (its
+# pool threads sleep almost at once); grpc: the MLP breakdown and the ps path
+# under gRPC's own experiments (GRPC_EXPERIMENTS); blas_core: the kernels
+# OpenBLAS chose for the CPU, and the MLP with each core type forced.
+#
+# The cpu_* parts hide the GPU from the workers (CUDA_VISIBLE_DEVICES=):
+# where a GPU is present a worker puts its towers on it, so without that a
+# "CPU" breakdown on this machine measures GPU towers.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # Under the device tool, the whole output also in $OUT (see run.sh).
@@ -28,17 +34,16 @@ for part in "${parts[@]}"; do
   echo "== $part"
   case "$part" in
     cpu_breakdown)
-      timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh \
+      CUDA_VISIBLE_DEVICES= timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh \
         --epochs="${EPOCHS:-2}" --out=/tmp/sb_cpu ;;
     gpu_breakdown)
       timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh \
         --epochs="${EPOCHS:-2}" --shapes="${SHAPES:-1:sync,2:sync,1:async,2:async}" \
-        --worker_flags="--virtual_devices=GPU:0=8000x1 --log_device_placement" \
-        --alone_devices=gpu --out=/tmp/sb_gpu
+        --worker_flags="--virtual_devices=GPU:0=8000x1 --log_device_placement" --out=/tmp/sb_gpu
       # Where the towers ran and how they were reduced.
       grep -h -E "tower|reduction" /tmp/sb_gpu/*/worker0.log | sort | uniq -c ;;
     cpu_breakdown_blas4)
-      timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh --models=mlp \
+      CUDA_VISIBLE_DEVICES= timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh --models=mlp \
         --shapes=1:sync,2:sync,1:async --epochs="${EPOCHS:-2}" --worker_flags="--blas_threads=4" \
         --out=/tmp/sb_blas4 ;;
     threads)
@@ -64,30 +69,51 @@ for part in "${parts[@]}"; do
         timeout "${PS_THROUGHPUT_TIMEOUT_S:-90}" "$T/tests/bench/ps_throughput" --rounds=20 $shape
       done ;;
     diag)
+      # CPU towers (CUDA_VISIBLE_DEVICES= hides the GPU from the workers).
       lscpu | grep -E '^(CPU\(s\)|Model name|Thread|Core|Socket|NUMA node\(s\))' || true
-      cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpuset.cpus.effective 2>/dev/null || true
-      ls "$B/lib" | grep -i -E 'blas|gomp|dnnl' || true
-      for spin in default 4; do
-        envs=(); [ "$spin" != default ] && envs=(OPENBLAS_THREAD_TIMEOUT="$spin")
-        echo "-- OPENBLAS_THREAD_TIMEOUT=$spin: MLP compute alone, batch 256 and 128"
-        env "${envs[@]}" "$T/tests/bench/worker_throughput" --models=mlp --devices=cpu --towers=1 \
-          --threads=1,4,8,16 --batch=256 --seconds=1 | grep -E '^cpu'
-        env "${envs[@]}" "$T/tests/bench/worker_throughput" --models=mlp --devices=cpu --towers=1 \
-          --threads=1,4,8 --batch=128 --seconds=1 | grep -E '^cpu'
-        for w in 1 2; do
-          echo "-- OPENBLAS_THREAD_TIMEOUT=$spin: MLP, $w worker(s), sync, 2 ps: threads while it trains"
-          d=/tmp/diag-$spin-$w; rm -rf "$d"; mkdir -p "$d"
-          env "${envs[@]}" TOWERPS_LOG_DIR="$d" timeout 120 deploy/local_cluster.sh --ps=2 --workers=$w \
-            --mode=sync --model=mlp -- --epochs=$((24 / w)) >"$d/launcher.log" 2>&1 &
-          lc=$!
-          deadline=$((SECONDS + 60))
-          until grep -q 'step 100/' "$d/worker0.log" 2>/dev/null || [ $SECONDS -ge $deadline ]; do sleep 0.2; done
-          python3 tests/bench/thread_cpu.py --seconds=2
-          wait $lc; grep -h -E 'per step|final:' "$d"/worker*.log "$d/launcher.log" | tail -n 3
-        done
-        echo "-- OPENBLAS_THREAD_TIMEOUT=$spin: step breakdown"
-        env "${envs[@]}" timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh --models=mlp \
-          --shapes=1:sync,2:sync --epochs="${EPOCHS:-2}" --out=/tmp/sb_spin_$spin
+      for w in 1 2; do
+        echo "-- MLP, $w worker(s), sync, 2 ps, CPU towers: threads while it trains"
+        d=/tmp/diag-$w; rm -rf "$d"; mkdir -p "$d"
+        CUDA_VISIBLE_DEVICES= TOWERPS_LOG_DIR="$d" timeout 120 deploy/local_cluster.sh --ps=2 \
+          --workers=$w --mode=sync --model=mlp -- --epochs=$((16 / w)) >"$d/launcher.log" 2>&1 &
+        lc=$!
+        deadline=$((SECONDS + 60))
+        until grep -q 'step 100/' "$d/worker0.log" 2>/dev/null || [ $SECONDS -ge $deadline ]; do sleep 0.2; done
+        python3 tests/bench/thread_cpu.py --seconds=2
+        wait $lc; grep -h -E 'CPU math|per step|final:' "$d"/worker*.log "$d/launcher.log" | tail -n 4
+      done
+      echo "-- OPENBLAS_THREAD_TIMEOUT=4 (OpenBLAS's pool sleeps almost at once), CPU towers"
+      OPENBLAS_THREAD_TIMEOUT=4 CUDA_VISIBLE_DEVICES= timeout "${BREAKDOWN_TIMEOUT_S:-240}" \
+        tests/bench/step_breakdown.sh --models=mlp --shapes=1:sync,2:sync --epochs="${EPOCHS:-2}" \
+        --out=/tmp/sb_spin4 ;;
+    blas_core)
+      # Which kernels OpenBLAS picked for this CPU (it reads CPUID; a VM's
+      # masked model can make it fall back to an older core's kernels), and
+      # the MLP's compute alone and CPU-tower breakdown with each core forced.
+      grep -o -w -E 'avx512f|avx512bw|avx512vl|avx2|fma|avx' /proc/cpuinfo | sort | uniq -c
+      cores=(default Haswell); grep -q -w avx512f /proc/cpuinfo && cores+=(SkylakeX)
+      grep -q -w avx512_bf16 /proc/cpuinfo && cores+=(Cooperlake)
+      for core in "${cores[@]}"; do
+        envs=(OPENBLAS_VERBOSE=2); [ "$core" != default ] && envs+=(OPENBLAS_CORETYPE="$core")
+        echo "-- OPENBLAS_CORETYPE=$core"
+        env "${envs[@]}" "$T/tests/bench/worker_throughput" --models=mlp,dense_stack --devices=cpu \
+          --towers=1 --threads=1,16 --seconds=1 2>&1 | grep -E '^(cpu|Core)' 
+        [ "$core" = default ] && continue
+        env "${envs[@]}" CUDA_VISIBLE_DEVICES= timeout "${BREAKDOWN_TIMEOUT_S:-240}" \
+          tests/bench/step_breakdown.sh --models=mlp --shapes=1:sync,2:sync --epochs="${EPOCHS:-2}" \
+          --out=/tmp/sb_core_$core 2>&1 | grep -E '^(model|mlp)'
+      done ;;
+    grpc)
+      # gRPC's own experiments (GRPC_EXPERIMENTS, read by the library) on
+      # the MLP's step (towers where the worker puts them) and on the ps path.
+      for exps in none tcp_frame_size_tuning,tcp_rcv_lowat,peer_state_based_framing,flow_control_fixes \
+                  tcp_rcv_lowat,tcp_read_chunks; do
+        e=$exps; [ "$e" = none ] && e=
+        echo "-- GRPC_EXPERIMENTS=$exps"
+        GRPC_EXPERIMENTS=$e timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh \
+          --models=mlp --shapes=1:sync,2:sync --epochs="${EPOCHS:-2}" --out=/tmp/sb_grpc | grep -E '^(model|mlp)'
+        GRPC_EXPERIMENTS=$e timeout "${PS_THROUGHPUT_TIMEOUT_S:-90}" "$T/tests/bench/ps_throughput" \
+          --rounds=20 --servers=1 --workers=1 --model_bytes=16777216 | grep -E '^(path|tcp|grpc_|ps) '
       done ;;
     *) echo "bench.sh: unknown part \"$part\"" >&2; exit 2 ;;
   esac

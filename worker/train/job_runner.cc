@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/blas_kernels.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -169,6 +170,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                             env.blas_threads > 0 ? " (--blas_threads)"
                                                  : absl::StrCat(" (", on_host,
                                                                 " worker(s) on this host)"),
+                            ", OpenBLAS kernels ", common::BlasCoreName(),
                             "; reduction: ", towers->reducer().Name()));
   }
 

@@ -1,0 +1,79 @@
+#include "common/blas_kernels.h"
+
+#include <cblas.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace towerps::common {
+
+CpuVectorFeatures DetectCpuVectorFeatures() {
+  // libgcc's (and clang's) checks include the OS's support for the AVX and
+  // AVX-512 register state (XGETBV), not only CPUID's bits.
+  __builtin_cpu_init();
+  CpuVectorFeatures f;
+  f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  f.avx512 = f.avx2_fma && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  return f;
+}
+
+std::string BetterBlasCore(absl::string_view corename, CpuVectorFeatures cpu,
+                           const char* coretype_env) {
+  if (coretype_env != nullptr && *coretype_env != '\0') return "";  // the user's choice
+  if (!cpu.avx2_fma) return "";
+  // Cores whose kernels use AVX2 and FMA or more; any other choice (Prescott,
+  // Nehalem, Sandybridge, "Unknown", ...) on a CPU with AVX2 and FMA is the
+  // library not knowing the CPU.
+  const std::string core = absl::AsciiStrToLower(corename);
+  for (const char* modern : {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids",
+                             "excavator"}) {
+    if (core == modern) return "";
+  }
+  return cpu.avx512 ? "SkylakeX" : "Haswell";
+}
+
+std::string BlasCoreName() {
+  const char* core = openblas_get_corename();
+  return core != nullptr ? core : "Unknown";
+}
+
+std::string BlasDescription() {
+  const char* config = openblas_get_config();
+  return config != nullptr ? config : "OpenBLAS (no description)";
+}
+
+namespace internal {
+
+void RestartIfBetter(absl::string_view program, absl::string_view corename, char** argv) {
+  const std::string better =
+      BetterBlasCore(corename, DetectCpuVectorFeatures(), std::getenv("OPENBLAS_CORETYPE"));
+  if (better.empty()) return;
+  TLOG(WARNING) << program << ": OpenBLAS picked the " << corename
+                << " kernels for this CPU, which has "
+                << (better == "SkylakeX" ? "AVX-512" : "AVX2 and FMA")
+                << "; starting again with OPENBLAS_CORETYPE=" << better
+                << " (set OPENBLAS_CORETYPE to choose the kernels yourself)";
+  // Set, the variable also keeps the new run from restarting again.
+  if (setenv("OPENBLAS_CORETYPE", better.c_str(), 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  const int err = errno;
+  TLOG(WARNING) << program << ": could not start again (" << std::strerror(err)
+                << "); going on with the " << corename << " kernels";
+}
+
+}  // namespace internal
+
+void RestartWithBetterBlasKernels(absl::string_view program, char** argv) {
+  internal::RestartIfBetter(program, BlasCoreName(), argv);
+}
+
+}  // namespace towerps::common
