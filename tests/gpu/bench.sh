@@ -87,17 +87,19 @@ for part in "${parts[@]}"; do
         tests/bench/step_breakdown.sh --models=mlp --shapes=1:sync,2:sync --epochs="${EPOCHS:-2}" \
         --out=/tmp/sb_spin4 ;;
     blas_core)
-      # Which kernels OpenBLAS picked for this CPU (it reads CPUID; a VM's
-      # masked model can make it fall back to an older core's kernels), and
-      # the MLP's compute alone and CPU-tower breakdown with each core forced.
+      # Which kernels OpenBLAS picks for this CPU (by family and model: a
+      # model it does not know falls back to Prescott's), and the MLP's
+      # compute alone and CPU-tower breakdown with each kind forced. "default"
+      # is what the binaries run: they start again with better kernels where
+      # the library's choice is older than the CPU (common/blas_kernels.h;
+      # OPENBLAS_VERBOSE=2 then prints "Core:" twice).
       grep -o -w -E 'avx512f|avx512bw|avx512vl|avx2|fma|avx' /proc/cpuinfo | sort | uniq -c
-      cores=(default Haswell); grep -q -w avx512f /proc/cpuinfo && cores+=(SkylakeX)
-      grep -q -w avx512_bf16 /proc/cpuinfo && cores+=(Cooperlake)
+      cores=(default Prescott Haswell); grep -q -w avx512f /proc/cpuinfo && cores+=(SkylakeX)
       for core in "${cores[@]}"; do
         envs=(OPENBLAS_VERBOSE=2); [ "$core" != default ] && envs+=(OPENBLAS_CORETYPE="$core")
         echo "-- OPENBLAS_CORETYPE=$core"
         env "${envs[@]}" "$T/tests/bench/worker_throughput" --models=mlp,dense_stack --devices=cpu \
-          --towers=1 --threads=1,16 --seconds=1 2>&1 | grep -E '^(cpu|Core)' 
+          --towers=1 --threads=1,16 --seconds=1 2>&1 | grep -E '^(cpu|Core)'
         [ "$core" = default ] && continue
         env "${envs[@]}" CUDA_VISIBLE_DEVICES= timeout "${BREAKDOWN_TIMEOUT_S:-240}" \
           tests/bench/step_breakdown.sh --models=mlp --shapes=1:sync,2:sync --epochs="${EPOCHS:-2}" \
