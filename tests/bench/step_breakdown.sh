@@ -180,4 +180,9 @@ print("cores: CPU seconds of every worker and ps process over the loop's seconds
 print("ps MB: peak resident (VmHWM) of the ps with the highest ratio; held MB: its values + slots;")
 print("x = ps MB / held MB; x net = (ps MB - that ps's resident MB with no job) / held MB.")
 PY
-echo "step_breakdown: logs in $OUT"
+# The CPU math kernels the runs used (the worker logs them; see
+# common/blas_kernels.h): CPU rows are only comparable on the same ones.
+kernels=$(cut -f4 "$rows" | while read -r run; do
+  grep -m1 -oE 'OpenBLAS kernels [A-Za-z0-9]+' "$run/worker0.log" || true
+done | sort | uniq -c | sed 's/^ *//' | paste -sd, -)
+echo "step_breakdown: ${kernels:-OpenBLAS kernels not logged}; logs in $OUT"
