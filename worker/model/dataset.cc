@@ -675,9 +675,23 @@ void GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices,
   out->features.Resize({k, width});
   if (!dataset.pixels.empty()) {
     // byte * scale, exactly as a float set's loader would have stored it.
+    // The rows are scattered over the set (a shuffled epoch): each one's
+    // first bytes miss the caches, and the conversion waits on memory. So
+    // the rows a few ahead are fetched while this one is converted
+    // (gather_batch_benchmark measures it).
+    constexpr int64_t kAhead = 4;
+    constexpr int64_t kLine = 64;
     const float scale = dataset.pixel_scale;
+    const uint8_t* pixels = dataset.pixels.data();
+    for (int64_t i = 0; i < std::min(k, kAhead); ++i) {
+      for (int64_t b = 0; b < width; b += kLine) __builtin_prefetch(pixels + indices[i] * width + b);
+    }
     for (int64_t i = 0; i < k; ++i) {
-      const uint8_t* src = dataset.pixels.data() + indices[i] * width;
+      if (i + kAhead < k) {
+        const uint8_t* next = pixels + indices[i + kAhead] * width;
+        for (int64_t b = 0; b < width; b += kLine) __builtin_prefetch(next + b);
+      }
+      const uint8_t* src = pixels + indices[i] * width;
       float* dst = out->features.data() + i * width;
       for (int64_t j = 0; j < width; ++j) dst[j] = src[j] * scale;
     }

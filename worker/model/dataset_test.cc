@@ -514,6 +514,35 @@ TEST(BatchingTest, GatherBatchOfBytesGivesByteTimesScale) {
   EXPECT_EQ(batch.labels, (std::vector<int32_t>{4, 3, 4}));
 }
 
+// Batches longer than the rows GatherBatch fetches ahead, rows whose width
+// is no multiple of a cache line, rows repeated and out of order: every
+// value is its byte times the scale.
+TEST(BatchingTest, GatherBatchOfManyScatteredByteRows) {
+  Dataset ds;
+  ds.image = ImageShape{1, 10, 10};
+  ds.pixel_scale = 1.0f / 255.0f;
+  const int rows = 37;
+  for (int r = 0; r < rows; ++r) {
+    for (int b = 0; b < 100; ++b) ds.pixels.push_back(static_cast<uint8_t>((r * 31 + b * 7) % 256));
+  }
+  ds.labels.assign(rows, 0);
+  std::vector<int64_t> indices;
+  for (int i = 0; i < 29; ++i) indices.push_back((i * 17 + 5) % rows);
+  indices.push_back(indices.front());
+  for (size_t n : {size_t{1}, size_t{4}, size_t{5}, indices.size()}) {
+    const std::vector<int64_t> some(indices.begin(), indices.begin() + n);
+    Batch batch;
+    GatherBatch(ds, some, &batch);
+    ASSERT_EQ(batch.features.shape(), (std::vector<int64_t>{static_cast<int64_t>(n), 100}));
+    for (size_t i = 0; i < n; ++i) {
+      for (int b = 0; b < 100; ++b) {
+        const float want = static_cast<float>((some[i] * 31 + b * 7) % 256) * (1.0f / 255.0f);
+        ASSERT_EQ(batch.features[i * 100 + b], want) << "batch of " << n << ", row " << i;
+      }
+    }
+  }
+}
+
 TEST(BatchingTest, GatherBatchCopiesRowsAndReusesBuffers) {
   Dataset ds;
   ds.features = common::Tensor({4, 2}, {0, 1, 10, 11, 20, 21, 30, 31});
