@@ -178,6 +178,12 @@ void AppendVarintField(int field, uint64_t value, std::string* out) {
   AppendVarint(value, out);
 }
 
+void AppendBytesField(int field, absl::string_view bytes, std::string* out) {
+  AppendVarint(Tag(field, kLen), out);
+  AppendVarint(bytes.size(), out);
+  out->append(bytes.data(), bytes.size());
+}
+
 TensorWireWriter::TensorWireWriter(int slices_field, int64_t chunk_bytes,
                                    std::function<bool(const grpc::ByteBuffer&)> flush)
     : slices_tag_(Tag(slices_field, kLen)),

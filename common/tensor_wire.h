@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 
@@ -112,6 +113,8 @@ absl::Status ReadTensorMessage(const grpc::ByteBuffer& buffer, int slices_field,
 
 // Encodes a varint field (for writers' prefixes).
 void AppendVarintField(int field, uint64_t value, std::string* out);
+// Encodes a length-delimited field (a string or bytes).
+void AppendBytesField(int field, absl::string_view bytes, std::string* out);
 
 }  // namespace towerps::common
 

@@ -18,8 +18,9 @@ inline constexpr int kPushMethodIndex = 1, kPullMethodIndex = 2;
 
 // PushRequest.header, PushRequest.slices, PushRequest.commit.
 inline constexpr int kPushHeaderField = 1, kPushSlicesField = 2, kPushCommitField = 3;
-// PullResponse.global_step, PullResponse.slices.
-inline constexpr int kPullStepField = 1, kPullSlicesField = 2, kPullWaitedField = 3;
+// PullResponse.global_step, .slices, .waited_us, .segment_vars, .segment_error.
+inline constexpr int kPullStepField = 1, kPullSlicesField = 2, kPullWaitedField = 3,
+                     kPullSegmentVarField = 4, kPullSegmentErrorField = 5;
 
 // "/towerps.v1.ParameterService/Push"; alive for the process.
 inline const char* PushMethod() {

@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, bind_address, "",
 ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
           "Default payload bytes per streamed pull message.");
 ABSL_FLAG(double, max_pull_wait_s, 30, "Longest a pull waits server-side.");
+ABSL_FLAG(bool, shared_memory, true,
+          "Write pulls of workers on this host into their shared memory segments (pwrite) "
+          "instead of streaming them over gRPC; false: always over gRPC.");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics at http://<bind host>:<port>/metrics. Default 0: off.");
 ABSL_FLAG(double, wait_log_interval_s, 5,
@@ -151,7 +154,8 @@ int main(int argc, char** argv) {
         metrics_server->registry(), absl::StrCat("ps:", spec->task_index));
     TLOG(INFO) << "ps " << spec->task_index << ": metrics on port " << metrics_server->port();
   }
-  towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes), metrics.get());
+  towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes), metrics.get(),
+                                            absl::GetFlag(FLAGS_shared_memory));
   int port = 0;
   auto server = towerps::common::StartServer(
       address, {&service}, &port, {towerps::v1::ParameterService::service_full_name()},

@@ -1,6 +1,7 @@
 #include "ps/ps_service.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -23,8 +24,12 @@ using v1::ps_wire::kPushHeaderField;
 using v1::ps_wire::kPushSlicesField;
 
 ParameterServiceImpl::ParameterServiceImpl(ParameterServer& ps,
-                                           int64_t default_chunk_bytes, PsMetrics* metrics)
-    : ps_(ps), default_chunk_bytes_(default_chunk_bytes), metrics_(metrics) {
+                                           int64_t default_chunk_bytes, PsMetrics* metrics,
+                                           bool shared_memory)
+    : ps_(ps),
+      default_chunk_bytes_(default_chunk_bytes),
+      metrics_(metrics),
+      shared_memory_(shared_memory) {
   // Push and Pull get handlers on byte buffers in place of the generated ones.
   MarkMethodStreamed(v1::ps_wire::kPushMethodIndex,
                      new grpc::internal::BidiStreamingHandler<ParameterServiceImpl,
@@ -172,6 +177,49 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
   return grpc::Status::OK;
 }
 
+std::shared_ptr<ParameterServiceImpl::SegmentGate> ParameterServiceImpl::GateFor(
+    const std::string& nonce) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&gates_mu_);
+  std::shared_ptr<SegmentGate>& gate = gates_[nonce];
+  if (gate == nullptr) {
+    gate = std::make_shared<SegmentGate>();
+    if (gates_.size() > 256) {  // workers come and go: forget the quiet ones
+      for (auto it = gates_.begin(); it != gates_.end();) {
+        bool quiet = false;
+        if (it->second.use_count() == 1) {
+          absl::MutexLock l(&it->second->mu);
+          quiet = now - it->second->used > absl::Minutes(1);
+        }
+        it = quiet ? gates_.erase(it) : std::next(it);
+      }
+    }
+  }
+  return gate;
+}
+
+absl::StatusOr<common::SegmentFile> OpenPullSegment(const v1::SharedSegment& segment,
+                                                    const WeightsSnapshot& w) {
+  if (segment.offsets_size() != static_cast<int>(w.values.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("the segment names ", segment.offsets_size(),
+                                                   " offsets for ", w.values.size(),
+                                                   " variables"));
+  }
+  if (segment.pull_id() == 0) return absl::InvalidArgumentError("the segment's pull_id is 0");
+  TOWERPS_ASSIGN_OR_RETURN(
+      common::SegmentFile file,
+      common::SegmentFile::Open(segment.pid(), segment.fd(), segment.nonce(), segment.size()));
+  for (size_t v = 0; v < w.values.size(); ++v) {
+    const int64_t bytes = static_cast<int64_t>(w.values[v].size() * sizeof(float));
+    if (!file.Fits(segment.offsets(static_cast<int>(v)), bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("variable ", v, "'s ", bytes,
+                                                     " bytes at offset ", segment.offsets(v),
+                                                     " do not fit the segment's ", file.size()));
+    }
+  }
+  return file;
+}
+
 grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
                                           const v1::PullRequest& request, TensorStream* stream) {
   const absl::Time deadline = absl::FromChrono(context->deadline());
@@ -183,16 +231,87 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
   const int64_t chunk = std::clamp<int64_t>(
       request.chunk_bytes() > 0 ? request.chunk_bytes() : default_chunk_bytes_,
       4096, int64_t{32} << 20) / 4 * 4;
-  // The messages point into the snapshot (no copy) and hold it until sent.
+  std::string prefix;
+  common::AppendVarintField(kPullStepField, static_cast<uint64_t>(w.global_step), &prefix);
+  common::AppendVarintField(v1::ps_wire::kPullWaitedField,
+                            static_cast<uint64_t>(absl::ToInt64Microseconds(start - asked)),
+                            &prefix);
+  // Same host: write into the worker's segment what it can take; say which.
+  size_t in_segment = 0;  // variables [0, in_segment) went there
+  std::string segment_error;
+  if (request.has_segment()) {
+    const v1::SharedSegment& seg = request.segment();
+    absl::StatusOr<common::SegmentFile> file =
+        shared_memory_
+            ? OpenPullSegment(seg, w)
+            : absl::FailedPreconditionError("this server runs with --shared_memory=false");
+    std::shared_ptr<SegmentGate> gate;
+    if (file.ok()) {
+      gate = GateFor(seg.nonce());
+      absl::MutexLock lock(&gate->mu);
+      gate->used = absl::Now();
+      if (seg.pull_id() <= gate->latest) {
+        // A call the worker has given up on (a later one came first): it
+        // gets slices, and no word that would turn the segment off.
+        file = absl::CancelledError();
+      } else {
+        gate->latest = seg.pull_id();
+      }
+    }
+    if (!file.ok() && !absl::IsCancelled(file.status())) {
+      segment_error = std::string(file.status().message());
+    }
+    std::string message = prefix;
+    int64_t pending = 0;  // bytes written since `message` was last sent
+    while (file.ok() && in_segment < w.values.size()) {
+      if (context->IsCancelled()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
+      }
+      const absl::Span<const float> values = w.values[in_segment];
+      const int64_t bytes = static_cast<int64_t>(values.size() * sizeof(float));
+      {
+        absl::MutexLock lock(&gate->mu);
+        // Replaced by a later call (this one's worker has gone): the rest go
+        // as slices.
+        if (gate->latest != seg.pull_id()) break;
+        absl::Status st = file->Write(seg.offsets(static_cast<int>(in_segment)), values.data(),
+                                      bytes);
+        if (!st.ok()) {
+          segment_error = std::string(st.message());
+          break;
+        }
+      }
+      common::AppendVarintField(v1::ps_wire::kPullSegmentVarField, in_segment, &message);
+      pending += bytes;
+      ++in_segment;
+      // Say what is in place once a chunk's worth is (so that the worker
+      // starts on the first layers), and at the end.
+      if (pending >= chunk || in_segment == w.values.size()) {
+        grpc::Slice slice(message);
+        if (!stream->Write(grpc::ByteBuffer(&slice, 1))) {
+          return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
+        }
+        message = prefix;
+        pending = 0;
+      }
+    }
+    if (message.size() > prefix.size()) {  // stopped part way: say what is there
+      grpc::Slice slice(message);
+      if (!stream->Write(grpc::ByteBuffer(&slice, 1))) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
+      }
+    }
+    if (!segment_error.empty()) {
+      common::AppendBytesField(v1::ps_wire::kPullSegmentErrorField, segment_error, &prefix);
+    }
+  }
+  // The rest as slices: the messages point into the snapshot (no copy) and
+  // hold it until sent.
   common::TensorWireWriter out(kPullSlicesField, chunk,
                                [stream](const grpc::ByteBuffer& m) { return stream->Write(m); });
-  std::string step;
-  common::AppendVarintField(kPullStepField, static_cast<uint64_t>(w.global_step), &step);
-  common::AppendVarintField(v1::ps_wire::kPullWaitedField,
-                            static_cast<uint64_t>(absl::ToInt64Microseconds(start - asked)), &step);
-  out.set_prefix(std::move(step));
+  out.set_prefix(std::move(prefix));
   const std::shared_ptr<const void> keep_alive = *snap;
-  for (size_t v = 0; v < w.values.size(); ++v) {
+  for (size_t v = in_segment; v < w.values.size(); ++v) {
     out.Add(static_cast<uint32_t>(v), w.values[v].data(),
             static_cast<int64_t>(w.values[v].size()), 0, keep_alive);
   }

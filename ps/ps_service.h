@@ -7,15 +7,26 @@
 // gRPC's receive buffers into the push's staging buffer. On the wire they are
 // the protobuf messages of proto/ps.proto, so any protobuf client works.
 //
+// Same host: a pull that names the worker's shared segment
+// (PullRequest.segment, common/shared_segment.h) gets the values written
+// there with pwrite, and messages that say which variables are in place;
+// where the segment cannot be opened (another host, another pid namespace,
+// another user, --shared_memory=false) the values go as slices as always,
+// and the first message says why (segment_error).
+//
 // Thread-safe (gRPC calls handlers concurrently).
 #ifndef TOWERPS_PS_PS_SERVICE_H_
 #define TOWERPS_PS_PS_SERVICE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/shared_segment.h"
 #include "common/tensor_wire.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
@@ -53,13 +64,22 @@ class PushStreamDecoder {
   bool committed_ = false;  // The commit message came.
 };
 
+// Opens the segment a pull names (PullRequest.segment) to write the snapshot
+// `w` into: one offset per variable, each variable's bytes inside the
+// payload, pull_id set, and the segment itself (common::SegmentFile::Open).
+// InvalidArgument / FailedPrecondition say what was wrong. Used by the
+// service; public for the fuzzer.
+absl::StatusOr<common::SegmentFile> OpenPullSegment(const v1::SharedSegment& segment,
+                                                    const WeightsSnapshot& w);
+
 class ParameterServiceImpl final : public v1::ParameterService::Service {
  public:
   // `ps` is not owned and must outlive this service. `metrics` (not owned;
   // may be null) gets Push and Pull bytes, times and codes, and must outlive
   // this service too.
+  // `shared_memory`: whether pulls may be written into workers' segments.
   ParameterServiceImpl(ParameterServer& ps, int64_t default_chunk_bytes,
-                       PsMetrics* metrics = nullptr);
+                       PsMetrics* metrics = nullptr, bool shared_memory = true);
 
   grpc::Status RegisterVariables(grpc::ServerContext* context,
                                  const v1::RegisterRequest* request,
@@ -87,9 +107,25 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   // Counts one finished RPC that started at `start` (no-op without metrics).
   void RecordRpc(const char* method, const grpc::Status& status, absl::Time start);
 
+  // Who may write into one worker segment: only the latest pull that named
+  // it (the highest pull_id). A call the worker abandoned may still be
+  // running here; it must not write over the values of the pull that
+  // replaced it, so every write holds `mu` and checks `latest` first.
+  struct SegmentGate {
+    absl::Mutex mu;
+    uint64_t latest ABSL_GUARDED_BY(mu) = 0;
+    absl::Time used ABSL_GUARDED_BY(mu);
+  };
+  // The gate of the segment with this nonce (created on first use; gates
+  // unused for a minute are dropped once there are many).
+  std::shared_ptr<SegmentGate> GateFor(const std::string& nonce) ABSL_LOCKS_EXCLUDED(gates_mu_);
+
   ParameterServer& ps_;
   const int64_t default_chunk_bytes_;
   PsMetrics* const metrics_;  // Not owned; may be null.
+  const bool shared_memory_;
+  absl::Mutex gates_mu_;
+  std::map<std::string, std::shared_ptr<SegmentGate>> gates_ ABSL_GUARDED_BY(gates_mu_);
 };
 
 }  // namespace towerps::ps

@@ -3,12 +3,14 @@
 #include "ps/ps_service.h"
 
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/rpc.h"
+#include "common/shared_segment.h"
 #include "common/tensor_wire.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/impl/rpc_method.h"
@@ -333,6 +335,193 @@ TEST_F(PsServiceTest, BadMovingAverageDecayIsInvalidArgument) {
   EXPECT_EQ(st.jobs(0).job_id(), "j");
 }
 
+// What a pull that names a shared segment got back.
+struct SegmentPull {
+  std::vector<uint32_t> in_segment;  // segment_vars, in order
+  std::vector<float> sliced;         // values that came as slices (-99: none)
+  std::string error;                 // segment_error
+  int messages = 0;
+  int64_t step = -1;
+};
+
+class PsServiceSegmentTest : public PsServiceTest {
+ protected:
+  void SetUp() override {
+    PsServiceTest::SetUp();
+    auto seg = common::SharedSegment::Create(64 + 5000 * 4);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    segment_ = std::move(*seg);
+    // The variable's values after one push of 2 with lr 1: -2.
+    v1::PushResponse resp;
+    ASSERT_TRUE(Push(1, 2.0f, &resp).ok());
+    std::memset(segment_->mutable_at(common::kSegmentHeaderBytes), 0x7f, 64 + 5000 * 4);
+  }
+  v1::SharedSegment Segment(uint64_t pull_id) const {
+    v1::SharedSegment s;
+    s.set_pid(segment_->pid());
+    s.set_fd(segment_->fd());
+    s.set_nonce(segment_->nonce());
+    s.set_size(segment_->size());
+    s.add_offsets(kAt);
+    s.set_pull_id(pull_id);
+    return s;
+  }
+  SegmentPull PullInto(const v1::SharedSegment& segment) {
+    grpc::ClientContext ctx;
+    v1::PullRequest req;
+    req.set_job_id("j");
+    *req.mutable_segment() = segment;
+    auto r = stub_->Pull(&ctx, req);
+    SegmentPull out;
+    out.sliced.assign(5000, -99.0f);
+    v1::PullResponse m;
+    while (r->Read(&m)) {
+      if (out.messages++ == 0) {
+        out.step = m.global_step();
+        out.error = m.segment_error();
+      }
+      for (uint32_t v : m.segment_vars()) out.in_segment.push_back(v);
+      for (const auto& s : m.slices()) {
+        std::memcpy(out.sliced.data() + s.offset(), s.data().data(), s.data().size());
+      }
+    }
+    EXPECT_TRUE(r->Finish().ok());
+    return out;
+  }
+  // The variable as it stands in the segment.
+  std::vector<float> InSegment() const {
+    std::vector<float> v(5000);
+    std::memcpy(v.data(), segment_->at(kAt), v.size() * 4);
+    return v;
+  }
+  bool SegmentUntouched() const {
+    const char* p = segment_->at(common::kSegmentHeaderBytes);
+    for (int i = 0; i < 64 + 5000 * 4; ++i) {
+      if (p[i] != 0x7f) return false;
+    }
+    return true;
+  }
+
+  static constexpr int64_t kAt = common::kSegmentHeaderBytes + 64;
+  std::unique_ptr<common::SharedSegment> segment_;
+};
+
+TEST_F(PsServiceSegmentTest, PullWritesIntoTheWorkersSegment) {
+  const SegmentPull p = PullInto(Segment(1));
+  EXPECT_EQ(p.error, "");
+  EXPECT_EQ(p.in_segment, std::vector<uint32_t>{0});
+  EXPECT_EQ(p.step, 1);
+  for (float x : p.sliced) ASSERT_EQ(x, -99.0f);  // no slices at all
+  for (float x : InSegment()) ASSERT_EQ(x, -2.0f);
+  // The bytes before the variable's offset were not written.
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_EQ(segment_->at(common::kSegmentHeaderBytes)[i], 0x7f) << i;
+  }
+  // And again, after another update, with the next pull_id.
+  v1::PushResponse resp;
+  ASSERT_TRUE(Push(2, 1.0f, &resp).ok());
+  const SegmentPull q = PullInto(Segment(2));
+  EXPECT_EQ(q.in_segment, std::vector<uint32_t>{0});
+  for (float x : InSegment()) ASSERT_EQ(x, -3.0f);
+}
+
+TEST_F(PsServiceSegmentTest, ASegmentThatCannotBeUsedGetsSlicesAndWhy) {
+  struct Case {
+    const char* what;
+    std::function<void(v1::SharedSegment*)> spoil;
+    const char* error;
+  };
+  const std::vector<Case> cases = {
+      {"another nonce", [](v1::SharedSegment* s) { s->set_nonce(std::string(16, 'x')); },
+       "another nonce"},
+      {"a short nonce", [](v1::SharedSegment* s) { s->set_nonce("x"); }, "nonce has 1 bytes"},
+      {"another size", [](v1::SharedSegment* s) { s->set_size(s->size() + 4096); },
+       "is not a segment of"},
+      {"two offsets", [](v1::SharedSegment* s) { s->add_offsets(kAt); }, "2 offsets for 1"},
+      {"an offset in the header", [](v1::SharedSegment* s) { s->set_offsets(0, 16); },
+       "do not fit"},
+      {"an offset past the end", [](v1::SharedSegment* s) { s->set_offsets(0, kAt + 128); },
+       "do not fit"},
+      {"a huge offset", [](v1::SharedSegment* s) { s->set_offsets(0, INT64_MAX - 8); },
+       "do not fit"},
+      {"pull_id 0", [](v1::SharedSegment* s) { s->set_pull_id(0); }, "pull_id is 0"},
+      {"no such descriptor", [](v1::SharedSegment* s) { s->set_fd(1 << 20); }, "/fd/"},
+      {"a negative pid", [](v1::SharedSegment* s) { s->set_pid(-1); }, "out of range"},
+  };
+  uint64_t id = 1;
+  for (const Case& c : cases) {
+    v1::SharedSegment seg = Segment(id++);
+    c.spoil(&seg);
+    const SegmentPull p = PullInto(seg);
+    EXPECT_NE(p.error.find(c.error), std::string::npos) << c.what << ": " << p.error;
+    EXPECT_TRUE(p.in_segment.empty()) << c.what;
+    for (float x : p.sliced) ASSERT_EQ(x, -2.0f) << c.what;
+    EXPECT_TRUE(SegmentUntouched()) << c.what;
+  }
+  // The server is fine: a good request still gets the segment.
+  const SegmentPull ok = PullInto(Segment(id++));
+  EXPECT_EQ(ok.in_segment, std::vector<uint32_t>{0});
+  for (float x : InSegment()) ASSERT_EQ(x, -2.0f);
+}
+
+// A call the worker abandoned can reach the server after the one that
+// replaced it: it must not write over the newer call's values.
+TEST_F(PsServiceSegmentTest, AnOlderPullOfTheSameSegmentDoesNotWrite) {
+  const SegmentPull newer = PullInto(Segment(7));
+  ASSERT_EQ(newer.in_segment, std::vector<uint32_t>{0});
+  std::memset(segment_->mutable_at(common::kSegmentHeaderBytes), 0x7f, 64 + 5000 * 4);
+  for (uint64_t old : {uint64_t{6}, uint64_t{7}}) {
+    const SegmentPull p = PullInto(Segment(old));
+    EXPECT_TRUE(p.in_segment.empty()) << old;
+    EXPECT_EQ(p.error, "") << old;  // nothing that would turn the segment off
+    for (float x : p.sliced) ASSERT_EQ(x, -2.0f);
+    EXPECT_TRUE(SegmentUntouched()) << old;
+  }
+}
+
+TEST(PsServiceSharedMemoryOffTest, SaysSoAndSendsSlices) {
+  ParameterServer ps{{}};
+  ParameterServiceImpl service(ps, 4096, nullptr, /*shared_memory=*/false);
+  int port = 0;
+  auto server = common::StartServer("127.0.0.1:0", {&service}, &port);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::ParameterService::NewStub(common::NewChannel("127.0.0.1:" + std::to_string(port)));
+  v1::RegisterRequest r;
+  r.set_job_id("j");
+  r.mutable_config()->set_num_workers(1);
+  auto* v = r.add_variables();
+  v->set_name("w");
+  v->add_shape(10);
+  v->set_dtype(v1::DT_FLOAT32);
+  v1::RegisterResponse resp;
+  grpc::ClientContext rctx;
+  ASSERT_TRUE(stub->RegisterVariables(&rctx, r, &resp).ok());
+  auto seg = common::SharedSegment::Create(40);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  v1::PullRequest req;
+  req.set_job_id("j");
+  req.mutable_segment()->set_pid((*seg)->pid());
+  req.mutable_segment()->set_fd((*seg)->fd());
+  req.mutable_segment()->set_nonce((*seg)->nonce());
+  req.mutable_segment()->set_size((*seg)->size());
+  req.mutable_segment()->add_offsets(common::kSegmentHeaderBytes);
+  req.mutable_segment()->set_pull_id(1);
+  grpc::ClientContext ctx;
+  auto reader = stub->Pull(&ctx, req);
+  v1::PullResponse m;
+  int elements = 0, messages = 0;
+  std::string error;
+  while (reader->Read(&m)) {
+    if (messages++ == 0) error = m.segment_error();
+    EXPECT_EQ(m.segment_vars_size(), 0);
+    for (const auto& s : m.slices()) elements += static_cast<int>(s.data().size() / 4);
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(elements, 10);
+  EXPECT_NE(error.find("--shared_memory=false"), std::string::npos) << error;
+  (*server)->Shutdown();
+}
+
 TEST_F(PsServiceTest, UnknownJobIsNotFound) {
   grpc::ClientContext ctx;
   v1::PullRequest req;
@@ -367,6 +556,10 @@ TEST(PsWireTest, MethodIndicesAndNamesMatchTheProto) {
             v1::ps_wire::kPullWaitedField);
   EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("slices")->number(),
             v1::ps_wire::kPullSlicesField);
+  EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("segment_vars")->number(),
+            v1::ps_wire::kPullSegmentVarField);
+  EXPECT_EQ(v1::PullResponse::descriptor()->FindFieldByName("segment_error")->number(),
+            v1::ps_wire::kPullSegmentErrorField);
 }
 
 }  // namespace

@@ -79,6 +79,9 @@ ABSL_FLAG(bool, shard_data, false,
           "(DataSpec.shard).");
 ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
           "Payload bytes per streamed message.");
+ABSL_FLAG(bool, shared_memory, true,
+          "Offer parameter servers on this host a shared memory segment to write pulls "
+          "into (they stream them where they cannot); false: always over gRPC.");
 ABSL_FLAG(int, log_every_steps, 50, "Progress line every N steps.");
 ABSL_FLAG(int, towers, 0, "Override: data-parallel towers in this worker.");
 ABSL_FLAG(std::string, tower_devices, "",
@@ -370,6 +373,7 @@ int main(int argc, char** argv) {
   env.security = *security;
   env.devices = devices->get();
   env.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  env.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   env.wait_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s));
   env.blas_threads = absl::GetFlag(FLAGS_blas_threads);
   env.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);

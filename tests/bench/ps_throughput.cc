@@ -267,10 +267,11 @@ absl::StatusOr<Row> RunEcho(const BenchOptions& opt, Payload payload, int64_t ch
 absl::StatusOr<Row> RunPs(const BenchOptions& opt, int64_t chunk,
                           const std::vector<std::string>& addresses,
                           const std::vector<v1::VariableDef>& vars, int64_t moved_bytes,
+                          bool shared_memory,
                           std::shared_ptr<const common::RpcSecurity> security = nullptr) {
   const int W = opt.workers;
-  const std::string job_id =
-      absl::StrCat("bench_chunk_", chunk, security != nullptr ? "_tls" : "");
+  const std::string job_id = absl::StrCat("bench_chunk_", chunk, security != nullptr ? "_tls" : "",
+                                          shared_memory ? "_shm" : "");
   std::vector<std::unique_ptr<worker::ParameterClient>> clients;
   for (int w = 0; w < W; ++w) {
     worker::ParameterClientOptions co;
@@ -279,6 +280,7 @@ absl::StatusOr<Row> RunPs(const BenchOptions& opt, int64_t chunk,
     co.job_id = job_id;
     co.worker_task = w;
     co.chunk_bytes = chunk;
+    co.shared_memory = shared_memory;
     TOWERPS_ASSIGN_OR_RETURN(auto client,
                              worker::NewGrpcParameterClient(co, vars, v1::GREEDY_BYTES));
     clients.push_back(std::move(client));
@@ -344,6 +346,12 @@ absl::StatusOr<Row> RunPs(const BenchOptions& opt, int64_t chunk,
     t1[w] = std::chrono::steady_clock::now();
     return st;
   }));
+  for (int w = 0; w < W && shared_memory; ++w) {
+    if (clients[w]->bytes_pulled_in_place() == 0) {
+      return absl::InternalError(
+          absl::StrCat("ps_shm: no pull of worker ", w, " was written into its shared memory"));
+    }
+  }
   const std::chrono::duration<double> elapsed = *std::max_element(t1.begin(), t1.end()) - t0;
   const double sec = elapsed.count() / opt.rounds;
   TOWERPS_RETURN_IF_ERROR(
@@ -364,7 +372,8 @@ absl::StatusOr<Row> RunPs(const BenchOptions& opt, int64_t chunk,
       if (!std::isfinite(got) || std::fabs(got - expected) > tol) ++wrong;
     }
   }
-  return MakeRow(security != nullptr ? "ps_tls" : "ps", chunk, sec, moved_bytes, wrong);
+  return MakeRow(security != nullptr ? "ps_tls" : shared_memory ? "ps_shm" : "ps", chunk, sec,
+                 moved_bytes, wrong);
 }
 
 // The variables moved: a built-in model's, or --model_bytes as --variables
@@ -507,7 +516,10 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
   for (int s = 0; s < opt.servers; ++s) std::cout << (s ? ", " : "") << placement.bytes[s];
   std::cout << " bytes\n"
             << "  paths: ps = GrpcParameterClient -> ParameterServiceImpl ("
-            << (opt.sync ? "SYNC" : "ASYNC") << ", SGD, common/rpc's channels);\n"
+            << (opt.sync ? "SYNC" : "ASYNC") << ", SGD, common/rpc's channels), "
+               "everything over gRPC;\n"
+            << "         ps_shm = the same, pulls written into the client's shared memory "
+               "segment (common/shared_segment.h), pushes over gRPC;\n"
             << "         grpc_echo_{bytes,floats} = plain gRPC (its default settings) "
                "client-stream up + server-stream down, payload `bytes` / packed `repeated "
                "float`;\n"
@@ -551,15 +563,19 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
         Row ef, RunEcho(opt, Payload::kFloats, chunk, echo_stubs, placement, moved_bytes));
     ef.vs_tcp = ef.gbps_moved / tcp.gbps_moved;
     ef.vs_echo_bytes = ef.gbps_moved / eb.gbps_moved;
-    TOWERPS_ASSIGN_OR_RETURN(Row p, RunPs(opt, chunk, ps_addresses, vars, moved_bytes));
+    TOWERPS_ASSIGN_OR_RETURN(Row p, RunPs(opt, chunk, ps_addresses, vars, moved_bytes, false));
     p.vs_tcp = p.gbps_moved / tcp.gbps_moved;
     p.vs_echo_bytes = p.gbps_moved / eb.gbps_moved;
-    for (const Row* r : {&eb, &ef, &p}) {
+    TOWERPS_ASSIGN_OR_RETURN(Row m, RunPs(opt, chunk, ps_addresses, vars, moved_bytes, true));
+    m.vs_tcp = m.gbps_moved / tcp.gbps_moved;
+    m.vs_echo_bytes = m.gbps_moved / eb.gbps_moved;
+    for (const Row* r : {&eb, &ef, &p, &m}) {
       print(*r);
       rows.push_back(*r);
     }
     if (tls != nullptr) {
-      TOWERPS_ASSIGN_OR_RETURN(Row t, RunPs(opt, chunk, tls_addresses, vars, moved_bytes, tls));
+      TOWERPS_ASSIGN_OR_RETURN(Row t,
+                               RunPs(opt, chunk, tls_addresses, vars, moved_bytes, false, tls));
       t.vs_tcp = t.gbps_moved / tcp.gbps_moved;
       t.vs_echo_bytes = t.gbps_moved / eb.gbps_moved;
       print(t);

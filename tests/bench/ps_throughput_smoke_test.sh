@@ -18,7 +18,7 @@ import json, sys
 d = json.load(open(sys.argv[1]))
 args = dict(a[2:].split("=", 1) for a in sys.argv[2:])
 paths = [r["path"] for r in d["rows"]]
-assert paths == ["tcp", "grpc_echo_bytes", "grpc_echo_floats", "ps"], paths
+assert paths == ["tcp", "grpc_echo_bytes", "grpc_echo_floats", "ps", "ps_shm"], paths
 assert all(r["wrong"] == 0 for r in d["rows"]), d["rows"]
 assert d["servers"] == int(args.get("servers", 2)), d
 assert d["workers"] == int(args.get("workers", 1)), d

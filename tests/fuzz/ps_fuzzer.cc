@@ -10,7 +10,9 @@
 //                       decoded too: seed-compressed)
 //   2 PullRequest      (ParameterServer::Pull with no wait, then the service's
 //                       TensorWireWriter chunking, read back by the client's
-//                       ReadTensorMessage)
+//                       ReadTensorMessage; a named shared segment opened and
+//                       written as the service would: pid 1 stands for this
+//                       process's own segment)
 //   3 HeartbeatRequest 4 StatusRequest 5 DeleteJobRequest
 //   6 SaveRequest      (SaveCheckpoint)
 // A payload that does not parse is skipped. Every directory a request names
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/shared_segment.h"
 #include "common/tensor_wire.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpcpp/grpcpp.h"
@@ -60,6 +63,39 @@ void DoPush(ParameterServer& ps, const uint8_t* data, size_t size) {
   if (!s.ok()) return CheckError(s, "PushStreamDecoder::Add");
   auto r = decoder.Finish();
   CheckError(r.status(), "FinishPush");
+}
+
+// A pull that names a shared segment: pid 1 stands for this process's own
+// segment (its pid, fd and nonce put in; size and offsets as fuzzed), so
+// that the checks on size and offsets are reached. Whatever passes them is
+// written; the segment's header must come out unchanged.
+void PullIntoSegment(v1::SharedSegment segment, const towerps::ps::WeightsSnapshot& w) {
+  static towerps::common::SharedSegment* const own = [] {
+    auto s = towerps::common::SharedSegment::Create(int64_t{1} << 20);
+    FUZZ_CHECK(s.ok(), "no segment: %s", s.status().ToString().c_str());
+    return s->release();
+  }();
+  if (segment.pid() == 1) {
+    segment.set_pid(own->pid());
+    segment.set_fd(own->fd());
+    segment.set_nonce(own->nonce());
+  }
+  const std::string header(own->at(0), 64);
+  auto file = towerps::ps::OpenPullSegment(segment, w);
+  if (!file.ok()) {
+    const auto code = file.status().code();
+    FUZZ_CHECK(code == absl::StatusCode::kInvalidArgument ||
+                   code == absl::StatusCode::kFailedPrecondition,
+               "OpenPullSegment: %s", file.status().ToString().c_str());
+    return;
+  }
+  for (size_t v = 0; v < w.values.size(); ++v) {
+    const absl::Status s =
+        file->Write(segment.offsets(static_cast<int>(v)), w.values[v].data(),
+                    static_cast<int64_t>(w.values[v].size() * sizeof(float)));
+    FUZZ_CHECK(s.ok(), "an accepted offset did not fit: %s", s.ToString().c_str());
+  }
+  FUZZ_CHECK(std::string(own->at(0), 64) == header, "the segment's header was written");
 }
 
 void DoPull(ParameterServer& ps, const v1::PullRequest& request) {
@@ -97,6 +133,7 @@ void DoPull(ParameterServer& ps, const v1::PullRequest& request) {
             0, *snap);
   }
   FUZZ_CHECK(out.Finish(/*even_if_empty=*/w.values.empty()), "pull chunks not written");
+  if (request.has_segment()) PullIntoSegment(request.segment(), w);
   for (size_t v = 0; v < w.values.size(); ++v) {
     FUZZ_CHECK(covered[v] == static_cast<int64_t>(w.values[v].size()) &&
                    (seen[v].empty() ||

@@ -289,6 +289,14 @@ void PsRequests() {
     Op(&seq, 5, del);
     Op(&seq, 0, restore);
     Op(&seq, 2, pull);
+    // The same pull into a shared segment (pid 1: the fuzzer's own).
+    auto* seg = pull.mutable_segment();
+    seg->set_pid(1);
+    seg->set_size(4096 + 4096);
+    seg->add_offsets(4096);
+    seg->add_offsets(4096 + 64);
+    seg->set_pull_id(1);
+    Op(&seq, 2, pull);
     Write("ps_fuzzer", mode == v1::SYNC ? "sync" : "async", seq);
   }
 }

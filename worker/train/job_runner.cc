@@ -213,6 +213,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   copts.job_id = job.job_id();
   copts.worker_task = spec.task_index;
   copts.chunk_bytes = env.chunk_bytes;
+  copts.shared_memory = env.shared_memory;
   copts.wait_timeout = env.wait_timeout;
   copts.peer_timeout = absl::Seconds(job.peer_timeout_s() > 0 ? job.peer_timeout_s()
                                                               : kDefaultPeerTimeoutS);

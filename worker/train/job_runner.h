@@ -34,6 +34,7 @@ struct WorkerEnv {
   common::ClusterSpec cluster;                  // REQUIRED.
   DeviceManager* devices = nullptr;     // REQUIRED.
   int64_t chunk_bytes = 1 << 20;
+  bool shared_memory = true;     // ParameterClientOptions.shared_memory
   absl::Duration wait_timeout = absl::Minutes(10);
   int blas_threads = 0;          // CPU math threads per tower; 0: cores / (towers x workers on this host).
   bool log_device_placement = false;

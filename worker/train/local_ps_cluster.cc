@@ -10,7 +10,8 @@
 
 namespace towerps::worker {
 
-LocalPsCluster::LocalPsCluster(int num_ps, bool start) : servers_(num_ps) {
+LocalPsCluster::LocalPsCluster(int num_ps, bool start, bool shared_memory)
+    : shared_memory_(shared_memory), servers_(num_ps) {
   if (start) {
     // Each server binds port 0 itself and keeps the port it got: no window
     // in which another process (a client's ephemeral port, a test running
@@ -43,7 +44,8 @@ absl::Status LocalPsCluster::Start(int i) {
   ps::ParameterServerOptions options;
   options.task_index = i;
   s.ps = std::make_unique<ps::ParameterServer>(options);
-  s.service = std::make_unique<ps::ParameterServiceImpl>(*s.ps, 1 << 16);
+  s.service =
+      std::make_unique<ps::ParameterServiceImpl>(*s.ps, 1 << 16, nullptr, shared_memory_);
   int port = 0;
   auto server = common::StartServer(addresses_[i], {s.service.get()}, &port);
   if (!server.ok()) return server.status();

@@ -29,7 +29,9 @@ class LocalPsCluster {
   // the ports that Start(i) will use, so a client can be pointed at a server
   // that is not up yet (another process may take a reserved port meanwhile:
   // Start then fails with Unavailable).
-  explicit LocalPsCluster(int num_ps, bool start = true);
+  // `shared_memory`: whether the servers write pulls into clients' shared
+  // memory segments (ps --shared_memory).
+  explicit LocalPsCluster(int num_ps, bool start = true, bool shared_memory = true);
   ~LocalPsCluster();
   LocalPsCluster(const LocalPsCluster&) = delete;
   LocalPsCluster& operator=(const LocalPsCluster&) = delete;
@@ -54,6 +56,7 @@ class LocalPsCluster {
     std::unique_ptr<grpc::Server> grpc;
   };
   std::vector<std::string> addresses_;
+  bool shared_memory_ = true;
   std::vector<int> ports_;
   std::vector<Server> servers_;
 };

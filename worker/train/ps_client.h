@@ -46,6 +46,9 @@ struct ParameterClientOptions {
   // Default 0: chosen at random.
   uint64_t incarnation = 0;
   int64_t chunk_bytes = 1 << 20;          // Payload per streamed message.
+  // Offer servers on this host a shared memory segment to write pulls into
+  // (common/shared_segment.h); a server that cannot use it streams them.
+  bool shared_memory = true;
   absl::Duration rpc_timeout = absl::Seconds(60);   // Per attempt.
   // How long a Pull waits for its step (while logging) before giving up,
   // while every peer is alive. Default: 10 minutes.
@@ -165,6 +168,10 @@ class ParameterClient {
 
   virtual v1::StatusResponse Status(int ps_task) = 0;
   virtual const Placement& placement() const = 0;
+  // Bytes of pulled values that servers on this host wrote straight into
+  // this client's shared memory (ParameterClientOptions.shared_memory),
+  // since it was made.
+  virtual int64_t bytes_pulled_in_place() const { return 0; }
 
  private:
   absl::Duration last_pull_wait_;

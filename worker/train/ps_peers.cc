@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status.h"
 #include "common/thread_name.h"
@@ -30,6 +31,55 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
     servers_.push_back(std::move(server));
   }
   health_.resize(n);
+  if (!options_.shared_memory) return;
+  // One segment per server, its parts one after another on cache lines.
+  for (int s = 0; s < n; ++s) {
+    Server& server = *servers_[s];
+    if (server.parts.empty()) continue;
+    int64_t end = common::kSegmentHeaderBytes;
+    for (const VariablePart& part : server.parts) {
+      server.segment_offsets.push_back(end);
+      end += (part.count * static_cast<int64_t>(sizeof(float)) + 63) / 64 * 64;
+    }
+    auto segment = common::SharedSegment::Create(end - common::kSegmentHeaderBytes);
+    if (!segment.ok()) {
+      TLOG(INFO) << "worker " << options_.worker_task << ": no shared memory for pulls ("
+                 << segment.status().message() << "); they travel over gRPC";
+      for (auto& other : servers_) {
+        other->segment.reset();
+        other->segment_offsets.clear();
+      }
+      return;
+    }
+    server.segment = std::move(*segment);
+  }
+}
+
+bool PsPeers::SegmentFor(int s, v1::SharedSegment* request) {
+  Server& server = *servers_[s];
+  if (server.segment == nullptr || server.segment_refused.load()) return false;
+  request->set_pid(server.segment->pid());
+  request->set_fd(server.segment->fd());
+  request->set_nonce(server.segment->nonce());
+  request->set_size(server.segment->size());
+  *request->mutable_offsets() = {server.segment_offsets.begin(), server.segment_offsets.end()};
+  request->set_pull_id(server.pull_ids.fetch_add(1) + 1);
+  return true;
+}
+
+void PsPeers::NoteInPlace(int s, int64_t bytes) {
+  bytes_in_place_.fetch_add(bytes, std::memory_order_relaxed);
+  if (!servers_[s]->segment_used.exchange(true)) {
+    TLOG(INFO) << "worker " << options_.worker_task << ": " << ServerName(s)
+               << " writes its pulls into this worker's shared memory";
+  }
+}
+
+void PsPeers::NoteSegmentRefused(int s, absl::string_view why) {
+  if (servers_[s]->segment_refused.exchange(true)) return;
+  TLOG(INFO) << "worker " << options_.worker_task << ": " << ServerName(s)
+             << " cannot write into this worker's shared memory (" << why
+             << "); its pulls travel over gRPC";
 }
 
 PsPeers::~PsPeers() {

@@ -10,6 +10,8 @@
 #ifndef TOWERPS_WORKER_TRAIN_PS_PEERS_H_
 #define TOWERPS_WORKER_TRAIN_PS_PEERS_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,12 +19,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/retry.h"
 #include "common/serial_executor.h"
+#include "common/shared_segment.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/impl/rpc_method.h"
 #include "proto/ps.grpc.pb.h"
@@ -71,6 +75,22 @@ class PsPeers {
   // How often a waiting loop logs: peer_timeout / 2 within [1 s, 5 s].
   absl::Duration LogInterval() const;
 
+  // --- Same host (common/shared_segment.h). ---
+  // Where server `s` may write its pulls: the segment (with the offset of
+  // each of its parts, by its var_index) for the caller's next call, which
+  // gets `pull_id` (increasing). False when shared memory is off
+  // (options.shared_memory), unavailable, or refused by that server. Only
+  // the server's pull executor calls it and reads the segment.
+  bool SegmentFor(int s, v1::SharedSegment* request);
+  const common::SharedSegment& segment(int s) const { return *servers_[s]->segment; }
+  int64_t segment_offset(int s, size_t k) const { return servers_[s]->segment_offsets[k]; }
+  // The server wrote `bytes` in place (the first time is logged) / said why
+  // it could not (then no later pull offers it the segment; logged once).
+  void NoteInPlace(int s, int64_t bytes);
+  void NoteSegmentRefused(int s, absl::string_view why);
+  // Bytes of pulled values the servers wrote in place, since the start.
+  int64_t bytes_in_place() const { return bytes_in_place_.load(std::memory_order_relaxed); }
+
   // --- Liveness (ps_client.h). ---
   void NoteReachable(int s) ABSL_LOCKS_EXCLUDED(mu_);
   void NoteUnreachable(int s, const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
@@ -97,6 +117,12 @@ class PsPeers {
     std::unique_ptr<grpc::internal::RpcMethod> push, pull;
     std::vector<VariablePart> parts;
     common::SerialExecutor push_executor, pull_executor;
+    // Same host: null when not in use.
+    std::unique_ptr<common::SharedSegment> segment;
+    std::vector<int64_t> segment_offsets;  // by the server's var_index
+    std::atomic<bool> segment_refused{false};
+    std::atomic<bool> segment_used{false};  // logged once
+    std::atomic<uint64_t> pull_ids{0};
   };
   struct Health {
     bool registered = false;   // The job is registered there.
@@ -115,6 +141,7 @@ class PsPeers {
   const Placement placement_;
   const common::RetryPolicy retry_ = common::RetryPolicy::Transport();
   std::vector<std::unique_ptr<Server>> servers_;
+  std::atomic<int64_t> bytes_in_place_{0};
 
   absl::Mutex mu_;
   std::vector<Health> health_ ABSL_GUARDED_BY(mu_);

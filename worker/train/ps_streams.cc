@@ -1,6 +1,7 @@
 #include "worker/train/ps_streams.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -24,6 +25,8 @@ namespace towerps::worker::internal {
 namespace {
 
 using common::FromGrpcStatus;
+using v1::ps_wire::kPullSegmentErrorField;
+using v1::ps_wire::kPullSegmentVarField;
 using v1::ps_wire::kPullSlicesField;
 using v1::ps_wire::kPullStepField;
 using v1::ps_wire::kPullWaitedField;
@@ -206,10 +209,15 @@ class GrpcPullStream final : public PullStream, private StreamBase {
     // between them.
     req.set_max_wait_ms(absl::ToInt64Milliseconds(
         std::clamp(o.peer_timeout / 4, absl::Milliseconds(250), absl::Seconds(5))));
+    // Same host: the server may write the values into our segment instead.
+    v1::SharedSegment segment;
+    const bool offered = peers_.SegmentFor(s, &segment);
+    if (offered) *req.mutable_segment() = std::move(segment);
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
     const common::ScopedCancellationCallback cancel_call(&abandon_, [&ctx] { ctx.TryCancel(); });
-    // Payload goes from gRPC's receive buffers straight into the tensors.
+    // Payload goes from gRPC's receive buffers (or the segment) straight
+    // into the tensors.
     std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
         grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
             &peers_.channel(s), peers_.pull_method(s), &ctx, req));
@@ -221,11 +229,34 @@ class GrpcPullStream final : public PullStream, private StreamBase {
     bool first = true;
     int64_t step = -1;
     absl::Duration wait;
-    handler.on_varint = [&](int field, uint64_t value) {
+    int64_t in_place = 0;       // bytes the server wrote into the segment
+    std::string segment_error;  // why it did not
+    handler.on_varint = [&](int field, uint64_t value) -> absl::Status {
       if (field == kPullStepField && first) step = static_cast<int64_t>(value);
       if (field == kPullWaitedField && first) {
         wait = absl::Microseconds(static_cast<int64_t>(value));
       }
+      if (field == kPullSegmentVarField) {
+        if (!offered || value >= parts.size() || got[value] != 0) {
+          return absl::DataLossError(
+              absl::StrCat("pull: the server says it wrote variable ", value,
+                           offered ? " into the segment out of turn" : " into no segment"));
+        }
+        const size_t k = static_cast<size_t>(value);
+        const VariablePart& part = parts[k];
+        const int64_t bytes = part.count * static_cast<int64_t>(sizeof(float));
+        if (!me.part_done[k]) {
+          std::memcpy(weights_[part.var]->data() + part.offset,
+                      peers_.segment(s).at(peers_.segment_offset(s, k)), bytes);
+        }
+        got[k] = part.count;
+        touched.push_back(static_cast<uint32_t>(k));
+        in_place += bytes;
+      }
+      return absl::OkStatus();
+    };
+    handler.on_bytes = [&](int field, std::string bytes) {
+      if (field == kPullSegmentErrorField) segment_error = std::move(bytes);
       return absl::OkStatus();
     };
     handler.on_slice = [&](uint32_t k, uint64_t offset, uint64_t bytes) -> absl::StatusOr<char*> {
@@ -272,6 +303,10 @@ class GrpcPullStream final : public PullStream, private StreamBase {
     }
     TOWERPS_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish(), peers_.Call("Pull", s)));
     TOWERPS_RETURN_IF_ERROR(bad);
+    if (in_place > 0) peers_.NoteInPlace(s, in_place);
+    // A server that cannot use the segment is not offered it again (one
+    // that ignores the field, from before it, sends slices without a word).
+    if (!segment_error.empty()) peers_.NoteSegmentRefused(s, segment_error);
     *server_wait = wait;
     for (size_t k = 0; k < parts.size(); ++k) {
       if (got[k] != parts[k].count) {

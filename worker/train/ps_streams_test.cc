@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
@@ -246,6 +247,42 @@ TEST(PsStreamsTest, AGradientThatCannotBeEncodedAbandonsThePush) {
   for (int s = 0; s < 2; ++s) {
     EXPECT_EQ(JobOn(cluster, s).global_step(), 0) << "ps " << s;
     EXPECT_EQ(JobOn(cluster, s).pushes_applied(), 0) << "ps " << s;
+  }
+}
+
+// Same host: the servers write pulls into the client's shared memory; with
+// it off on either side the same values come over gRPC. Every case pulls
+// the initial values, pushes once, and pulls the update.
+TEST(PsStreamsTest, PullsGoThroughSharedMemoryWhereBothSidesAllowIt) {
+  int64_t total_bytes = 0;
+  for (const auto& v : Vars()) {
+    int64_t n = 1;
+    for (int64_t d : v.shape()) n *= d;
+    total_bytes += n * 4;
+  }
+  struct Case {
+    bool client, servers;
+  };
+  for (const Case c : {Case{true, true}, Case{false, true}, Case{true, false}}) {
+    SCOPED_TRACE(absl::StrCat("client ", c.client, ", servers ", c.servers));
+    LocalPsCluster cluster(2, /*start=*/true, /*shared_memory=*/c.servers);
+    ParameterClientOptions o = Options(cluster, "j");
+    o.shared_memory = c.client;
+    auto client = NewClient(o);
+    ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+    Buffers w(Vars());
+    ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());
+    ExpectUpdated(w, false);
+    Buffers g = Grads();
+    auto pushed = client->Push(0, 1, g.const_ptrs);
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    Buffers again(Vars());
+    auto step = client->Pull(1, 1, again.ptrs);
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(*step, 1);
+    ExpectUpdated(again, true);
+    // Both pulls whole through the segments, or not at all.
+    EXPECT_EQ(client->bytes_pulled_in_place(), c.client && c.servers ? 2 * total_bytes : 0);
   }
 }
 
