@@ -16,8 +16,12 @@ namespace towerps::v1::ps_wire {
 // indices, in proto order; ps_service_test checks them).
 inline constexpr int kPushMethodIndex = 1, kPullMethodIndex = 2;
 
-// PushRequest.header, PushRequest.slices, PushRequest.commit.
-inline constexpr int kPushHeaderField = 1, kPushSlicesField = 2, kPushCommitField = 3;
+// PushRequest.header, .slices, .commit, .segment_vars.
+inline constexpr int kPushHeaderField = 1, kPushSlicesField = 2, kPushCommitField = 3,
+                     kPushSegmentVarField = 4;
+// How a push's error message begins when the server cannot use the push's
+// shared segment (PushHeader.segment): the worker sends it again as slices.
+inline constexpr char kPushSegmentRefused[] = "push: shared segment: ";
 // PullResponse.global_step, .slices, .waited_us, .segment_vars, .segment_error.
 inline constexpr int kPullStepField = 1, kPullSlicesField = 2, kPullWaitedField = 3,
                      kPullSegmentVarField = 4, kPullSegmentErrorField = 5;

@@ -153,6 +153,9 @@ class PushSession {
   // naming the variable and worker.
   absl::Status CheckFinite();
   const v1::PushHeader& header() const { return header_; }
+  // The job's variables on this server: how many, and each one's elements.
+  size_t num_variables() const { return covered_.size(); }
+  int64_t num_elements(size_t var) const { return static_cast<int64_t>(grads_[var].size()); }
 
  private:
   friend class ParameterServer;

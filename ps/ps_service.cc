@@ -97,7 +97,8 @@ grpc::Status ParameterServiceImpl::RegisterVariables(
   return grpc::Status::OK;
 }
 
-PushStreamDecoder::PushStreamDecoder(ParameterServer& ps) : ps_(ps) {
+PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory)
+    : ps_(ps), shared_memory_(shared_memory) {
   handler_.on_bytes = [this](int field, std::string encoded) -> absl::Status {
     if (field != kPushHeaderField) return absl::OkStatus();
     if (session_ != nullptr) return absl::InvalidArgumentError("push: a second header");
@@ -107,6 +108,22 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps) : ps_(ps) {
     }
     job_id_ = header.job_id();
     TOWERPS_ASSIGN_OR_RETURN(session_, ps_.BeginPush(header));
+    if (header.has_segment()) {
+      if (header.slice_encoding() != v1::SLICE_FLOAT32) {
+        return absl::InvalidArgumentError("push: a compressed push names a shared segment");
+      }
+      absl::StatusOr<common::SegmentFile> file =
+          shared_memory_
+              ? OpenPushSegment(header.segment(), *session_)
+              : absl::FailedPreconditionError("this server runs with --shared_memory=false");
+      if (!file.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(v1::ps_wire::kPushSegmentRefused, file.status().message()));
+      }
+      segment_ = std::move(*file);
+      segment_offsets_.assign(header.segment().offsets().begin(),
+                              header.segment().offsets().end());
+    }
     return absl::OkStatus();
   };
   handler_.on_slice = [this](uint32_t var, uint64_t offset,
@@ -121,6 +138,28 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps) : ps_(ps) {
   // that there is a session).
   handler_.on_slice_end = [this]() { return session_->FinishSlice(); };
   handler_.on_varint = [this](int field, uint64_t value) -> absl::Status {
+    if (field == v1::ps_wire::kPushSegmentVarField) {
+      if (session_ == nullptr) {
+        return absl::InvalidArgumentError("push: the first message must carry the header");
+      }
+      if (!segment_.has_value()) {
+        return absl::InvalidArgumentError("push: segment_vars in a push that names no segment");
+      }
+      if (value >= session_->num_variables()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("push: segment_vars names variable ", value, " of ",
+                         session_->num_variables()));
+      }
+      const size_t v = static_cast<size_t>(value);
+      const int64_t bytes = session_->num_elements(v) * static_cast<int64_t>(sizeof(float));
+      // The same checks as a slice of the whole variable (each variable once).
+      TOWERPS_ASSIGN_OR_RETURN(char* to,
+                               session_->Reserve(static_cast<uint32_t>(v), 0,
+                                                 static_cast<uint64_t>(bytes)));
+      TOWERPS_RETURN_IF_ERROR(segment_->Read(segment_offsets_[v], to, bytes));
+      bytes_ += bytes;
+      return session_->FinishSlice();
+    }
     if (field != kPushCommitField || value == 0) return absl::OkStatus();
     if (session_ == nullptr) {
       return absl::InvalidArgumentError("push: the first message must carry the header");
@@ -157,7 +196,7 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: empty stream");
   }
   const absl::Time start = absl::Now();
-  PushStreamDecoder decoder(ps_);
+  PushStreamDecoder decoder(ps_, shared_memory_);
   do {
     absl::Status s = decoder.Add(buffer);
     if (!s.ok()) return ToGrpcStatus(s);
@@ -211,6 +250,27 @@ absl::StatusOr<common::SegmentFile> OpenPullSegment(const v1::SharedSegment& seg
       common::SegmentFile::Open(segment.pid(), segment.fd(), segment.nonce(), segment.size()));
   for (size_t v = 0; v < w.values.size(); ++v) {
     const int64_t bytes = static_cast<int64_t>(w.values[v].size() * sizeof(float));
+    if (!file.Fits(segment.offsets(static_cast<int>(v)), bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("variable ", v, "'s ", bytes,
+                                                     " bytes at offset ", segment.offsets(v),
+                                                     " do not fit the segment's ", file.size()));
+    }
+  }
+  return file;
+}
+
+absl::StatusOr<common::SegmentFile> OpenPushSegment(const v1::SharedSegment& segment,
+                                                    const PushSession& session) {
+  if (segment.offsets_size() != static_cast<int>(session.num_variables())) {
+    return absl::InvalidArgumentError(absl::StrCat("the segment names ", segment.offsets_size(),
+                                                   " offsets for ", session.num_variables(),
+                                                   " variables"));
+  }
+  TOWERPS_ASSIGN_OR_RETURN(
+      common::SegmentFile file,
+      common::SegmentFile::Open(segment.pid(), segment.fd(), segment.nonce(), segment.size()));
+  for (size_t v = 0; v < session.num_variables(); ++v) {
+    const int64_t bytes = session.num_elements(v) * static_cast<int64_t>(sizeof(float));
     if (!file.Fits(segment.offsets(static_cast<int>(v)), bytes)) {
       return absl::InvalidArgumentError(absl::StrCat("variable ", v, "'s ", bytes,
                                                      " bytes at offset ", segment.offsets(v),

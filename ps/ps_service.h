@@ -21,7 +21,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -38,12 +40,16 @@ namespace towerps::ps {
 
 // One Push stream's messages, decoded straight into a PushSession: the first
 // carries the header (BeginPush), every TensorSlice's payload is copied from
-// the message into the session's staging buffer (a compressed one into its
+// the message (or, for the variables a message names in segment_vars, from
+// the worker's shared segment, with pread) into the session's staging buffer (a compressed one into its
 // scratch buffer, then decoded into the staging buffer: PushSession). Used by
 // the service; public for the fuzzer.
 class PushStreamDecoder {
  public:
-  explicit PushStreamDecoder(ParameterServer& ps);  // Not owned.
+  // `ps` is not owned. `shared_memory`: whether a push may name the worker's
+  // shared segment (PushHeader.segment); when false such a push is refused
+  // as ps_wire::kPushSegmentRefused says.
+  explicit PushStreamDecoder(ParameterServer& ps, bool shared_memory = true);
   // Decodes one message. InvalidArgument / NotFound (from BeginPush, AddSlice's
   // checks) name what was wrong; the push is then abandoned, nothing applied.
   absl::Status Add(const grpc::ByteBuffer& message);
@@ -57,8 +63,12 @@ class PushStreamDecoder {
 
  private:
   ParameterServer& ps_;
+  const bool shared_memory_;
   common::TensorWireHandler handler_;
   std::unique_ptr<PushSession> session_;
+  // The header's segment, when it named one.
+  std::optional<common::SegmentFile> segment_;
+  std::vector<int64_t> segment_offsets_;
   std::string job_id_;
   int64_t bytes_ = 0;
   bool committed_ = false;  // The commit message came.
@@ -71,6 +81,10 @@ class PushStreamDecoder {
 // service; public for the fuzzer.
 absl::StatusOr<common::SegmentFile> OpenPullSegment(const v1::SharedSegment& segment,
                                                     const WeightsSnapshot& w);
+// The same for a push's segment (PushHeader.segment): one offset per
+// variable of the job on this server, each variable's gradient inside it.
+absl::StatusOr<common::SegmentFile> OpenPushSegment(const v1::SharedSegment& segment,
+                                                    const PushSession& session);
 
 class ParameterServiceImpl final : public v1::ParameterService::Service {
  public:

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <utility>
@@ -479,6 +480,119 @@ TEST_F(PsServiceSegmentTest, AnOlderPullOfTheSameSegmentDoesNotWrite) {
   }
 }
 
+// A push whose gradient lies in the worker's segment: the header names it,
+// then messages name the variables (raw bytes, as the worker writes them).
+grpc::Status PushFromSegment(v1::ParameterService::Stub& stub, const v1::SharedSegment& segment,
+                             uint64_t seq, const std::vector<std::string>& messages,
+                             v1::PushResponse* resp) {
+  grpc::ClientContext ctx;
+  auto w = stub.Push(&ctx, resp);
+  v1::PushRequest m;
+  auto* h = m.mutable_header();
+  h->set_job_id("j");
+  h->set_incarnation(1);
+  h->set_sequence(seq);
+  h->set_num_examples(1);
+  h->set_ends_with_commit(true);
+  *h->mutable_segment() = segment;
+  w->Write(m);
+  for (const std::string& raw : messages) {
+    v1::PushRequest r;
+    EXPECT_TRUE(r.ParseFromString(raw));
+    w->Write(r);
+  }
+  v1::PushRequest c;
+  c.set_commit(true);
+  w->Write(c);
+  w->WritesDone();
+  return w->Finish();
+}
+
+std::string SegmentVars(std::initializer_list<uint64_t> vars) {
+  std::string out;
+  for (uint64_t v : vars) common::AppendVarintField(v1::ps_wire::kPushSegmentVarField, v, &out);
+  return out;
+}
+
+TEST_F(PsServiceSegmentTest, PushReadsTheGradientFromTheSegment) {
+  std::vector<float> g(5000);
+  for (int i = 0; i < 5000; ++i) g[i] = 0.25f * static_cast<float>(i % 7);
+  std::memcpy(segment_->mutable_at(kAt), g.data(), g.size() * 4);
+  v1::PushResponse resp;
+  const grpc::Status st = PushFromSegment(*stub_, Segment(1), 2, {SegmentVars({0})}, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.outcome(), v1::PushResponse::APPLIED);
+  int messages = 0;
+  const std::vector<float> w = Pull(&messages);
+  for (int i = 0; i < 5000; ++i) ASSERT_EQ(w[i], -2.0f - g[i]) << i;  // lr 1
+}
+
+TEST_F(PsServiceSegmentTest, ABadSegmentPushChangesNothing) {
+  std::vector<float> ones(5000, 1.0f);
+  std::memcpy(segment_->mutable_at(kAt), ones.data(), ones.size() * 4);
+  struct Case {
+    const char* what;
+    std::function<void(v1::SharedSegment*)> spoil;
+    std::vector<std::string> messages;
+    grpc::StatusCode code;
+    const char* error;
+  };
+  const std::vector<Case> cases = {
+      {"another nonce", [](v1::SharedSegment* s) { s->set_nonce(std::string(16, 'x')); },
+       {SegmentVars({0})}, grpc::StatusCode::FAILED_PRECONDITION,
+       "push: shared segment: "},
+      {"an offset past the end", [](v1::SharedSegment* s) { s->set_offsets(0, kAt + 128); },
+       {SegmentVars({0})}, grpc::StatusCode::FAILED_PRECONDITION, "do not fit"},
+      {"two offsets", [](v1::SharedSegment* s) { s->add_offsets(kAt); }, {SegmentVars({0})},
+       grpc::StatusCode::FAILED_PRECONDITION, "2 offsets for 1"},
+      {"a variable it does not hold", [](v1::SharedSegment*) {}, {SegmentVars({1})},
+       grpc::StatusCode::INVALID_ARGUMENT, "names variable 1 of 1"},
+      {"a variable twice", [](v1::SharedSegment*) {}, {SegmentVars({0, 0})},
+       grpc::StatusCode::INVALID_ARGUMENT, ""},
+      {"no variable at all", [](v1::SharedSegment*) {}, {},
+       grpc::StatusCode::INVALID_ARGUMENT, "incomplete"},
+  };
+  uint64_t seq = 10;
+  for (const Case& c : cases) {
+    v1::SharedSegment seg = Segment(1);
+    c.spoil(&seg);
+    v1::PushResponse resp;
+    const grpc::Status st = PushFromSegment(*stub_, seg, seq++, c.messages, &resp);
+    EXPECT_EQ(st.error_code(), c.code) << c.what << ": " << st.error_message();
+    EXPECT_NE(st.error_message().find(c.error), std::string::npos)
+        << c.what << ": " << st.error_message();
+    int messages = 0;
+    for (float x : Pull(&messages)) ASSERT_EQ(x, -2.0f) << c.what;  // nothing applied
+  }
+  // A NaN in the segment is refused like one in a slice.
+  ones[1234] = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(segment_->mutable_at(kAt), ones.data(), ones.size() * 4);
+  v1::PushResponse resp;
+  const grpc::Status nan = PushFromSegment(*stub_, Segment(1), seq++, {SegmentVars({0})}, &resp);
+  EXPECT_EQ(nan.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << nan.error_message();
+  // segment_vars in a push that names no segment.
+  {
+    grpc::ClientContext ctx;
+    auto w = stub_->Push(&ctx, &resp);
+    v1::PushRequest m;
+    m.mutable_header()->set_job_id("j");
+    m.mutable_header()->set_incarnation(1);
+    m.mutable_header()->set_sequence(seq++);
+    m.mutable_header()->set_num_examples(1);
+    w->Write(m);
+    v1::PushRequest r;
+    ASSERT_TRUE(r.ParseFromString(SegmentVars({0})));
+    w->Write(r);
+    w->WritesDone();
+    const grpc::Status st = w->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("names no segment"), std::string::npos)
+        << st.error_message();
+  }
+  int messages = 0;
+  for (float x : Pull(&messages)) ASSERT_EQ(x, -2.0f);
+}
+
 TEST(PsServiceSharedMemoryOffTest, SaysSoAndSendsSlices) {
   ParameterServer ps{{}};
   ParameterServiceImpl service(ps, 4096, nullptr, /*shared_memory=*/false);
@@ -519,6 +633,13 @@ TEST(PsServiceSharedMemoryOffTest, SaysSoAndSendsSlices) {
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(elements, 10);
   EXPECT_NE(error.find("--shared_memory=false"), std::string::npos) << error;
+  // A push that names the segment is refused so that the worker sends slices.
+  v1::PushResponse presp;
+  const grpc::Status pushed =
+      PushFromSegment(*stub, req.segment(), 1, {SegmentVars({0})}, &presp);
+  EXPECT_EQ(pushed.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(pushed.error_message().rfind(v1::ps_wire::kPushSegmentRefused, 0), 0u)
+      << pushed.error_message();
   (*server)->Shutdown();
 }
 

@@ -347,9 +347,9 @@ absl::StatusOr<Row> RunPs(const BenchOptions& opt, int64_t chunk,
     return st;
   }));
   for (int w = 0; w < W && shared_memory; ++w) {
-    if (clients[w]->bytes_pulled_in_place() == 0) {
-      return absl::InternalError(
-          absl::StrCat("ps_shm: no pull of worker ", w, " was written into its shared memory"));
+    if (clients[w]->bytes_pulled_in_place() == 0 || clients[w]->bytes_pushed_in_place() == 0) {
+      return absl::InternalError(absl::StrCat(
+          "ps_shm: worker ", w, " moved no pull or no push through its shared memory"));
     }
   }
   const std::chrono::duration<double> elapsed = *std::max_element(t1.begin(), t1.end()) - t0;
@@ -518,8 +518,8 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
             << "  paths: ps = GrpcParameterClient -> ParameterServiceImpl ("
             << (opt.sync ? "SYNC" : "ASYNC") << ", SGD, common/rpc's channels), "
                "everything over gRPC;\n"
-            << "         ps_shm = the same, pulls written into the client's shared memory "
-               "segment (common/shared_segment.h), pushes over gRPC;\n"
+            << "         ps_shm = the same through the client's shared memory segments "
+               "(common/shared_segment.h): gRPC carries only which variables are there;\n"
             << "         grpc_echo_{bytes,floats} = plain gRPC (its default settings) "
                "client-stream up + server-stream down, payload `bytes` / packed `repeated "
                "float`;\n"

@@ -7,7 +7,9 @@
 //                       into 7-byte gRPC slices, fed to the service's
 //                       PushStreamDecoder: BeginPush/Reserve/FinishSlice/
 //                       FinishPush; compressed pushes, header.slice_encoding,
-//                       decoded too: seed-compressed)
+//                       decoded too: seed-compressed; a header's shared
+//                       segment with pid 1 is this process's own, its
+//                       gradients read from there by segment_vars)
 //   2 PullRequest      (ParameterServer::Pull with no wait, then the service's
 //                       TensorWireWriter chunking, read back by the client's
 //                       ReadTensorMessage; a named shared segment opened and
@@ -55,7 +57,35 @@ void CheckError(const absl::Status& s, const char* what) {
 // Both the request's directories forced under the temp directory.
 std::string CheckpointDir() { return towerps::fuzz::FuzzTempDir() + "/ps/ckpt-0000000001"; }
 
+towerps::common::SharedSegment* OwnSegment() {
+  static towerps::common::SharedSegment* const own = [] {
+    auto s = towerps::common::SharedSegment::Create(int64_t{1} << 20);
+    FUZZ_CHECK(s.ok(), "no segment: %s", s.status().ToString().c_str());
+    return s->release();
+  }();
+  return own;
+}
+
+// pid 1 in a fuzzed segment stands for this process's own segment.
+void UseOwnSegment(v1::SharedSegment* segment) {
+  if (segment->pid() != 1) return;
+  segment->set_pid(OwnSegment()->pid());
+  segment->set_fd(OwnSegment()->fd());
+  segment->set_nonce(OwnSegment()->nonce());
+}
+
 void DoPush(ParameterServer& ps, const uint8_t* data, size_t size) {
+  // A header that names segment pid 1 gets this process's own segment, so
+  // that reading gradients from it (segment_vars) is reached.
+  std::string patched;
+  v1::PushRequest request;
+  if (request.ParseFromArray(data, static_cast<int>(size)) &&
+      request.header().segment().pid() == 1) {
+    UseOwnSegment(request.mutable_header()->mutable_segment());
+    patched = request.SerializeAsString();
+    data = reinterpret_cast<const uint8_t*>(patched.data());
+    size = patched.size();
+  }
   std::vector<grpc::Slice> slices;
   for (size_t i = 0; i < size; i += 7) slices.emplace_back(data + i, std::min<size_t>(7, size - i));
   towerps::ps::PushStreamDecoder decoder(ps);
@@ -70,16 +100,8 @@ void DoPush(ParameterServer& ps, const uint8_t* data, size_t size) {
 // that the checks on size and offsets are reached. Whatever passes them is
 // written; the segment's header must come out unchanged.
 void PullIntoSegment(v1::SharedSegment segment, const towerps::ps::WeightsSnapshot& w) {
-  static towerps::common::SharedSegment* const own = [] {
-    auto s = towerps::common::SharedSegment::Create(int64_t{1} << 20);
-    FUZZ_CHECK(s.ok(), "no segment: %s", s.status().ToString().c_str());
-    return s->release();
-  }();
-  if (segment.pid() == 1) {
-    segment.set_pid(own->pid());
-    segment.set_fd(own->fd());
-    segment.set_nonce(own->nonce());
-  }
+  towerps::common::SharedSegment* const own = OwnSegment();
+  UseOwnSegment(&segment);
   const std::string header(own->at(0), 64);
   auto file = towerps::ps::OpenPullSegment(segment, w);
   if (!file.ok()) {

@@ -289,7 +289,19 @@ void PsRequests() {
     Op(&seq, 5, del);
     Op(&seq, 0, restore);
     Op(&seq, 2, pull);
-    // The same pull into a shared segment (pid 1: the fuzzer's own).
+    // A push whose gradients lie in a shared segment (pid 1: the fuzzer's
+    // own), then the same pull into it.
+    v1::PushRequest from_segment;
+    *from_segment.mutable_header() = *h;
+    from_segment.mutable_header()->set_sequence(3);
+    auto* pseg = from_segment.mutable_header()->mutable_segment();
+    pseg->set_pid(1);
+    pseg->set_size(4096 + 4096);
+    pseg->add_offsets(4096 + 128);
+    pseg->add_offsets(4096 + 256);
+    from_segment.add_segment_vars(0);
+    from_segment.add_segment_vars(1);
+    Op(&seq, 1, from_segment);
     auto* seg = pull.mutable_segment();
     seg->set_pid(1);
     seg->set_size(4096 + 4096);

@@ -141,6 +141,7 @@ class GrpcParameterClient : public ParameterClient {
 
   const Placement& placement() const override { return peers_.placement(); }
   int64_t bytes_pulled_in_place() const override { return peers_.bytes_in_place(); }
+  int64_t bytes_pushed_in_place() const override { return peers_.bytes_pushed_in_place(); }
 
  private:
   static ParameterClientOptions WithIncarnation(ParameterClientOptions options) {

@@ -172,6 +172,9 @@ class ParameterClient {
   // this client's shared memory (ParameterClientOptions.shared_memory),
   // since it was made.
   virtual int64_t bytes_pulled_in_place() const { return 0; }
+  // Bytes of gradients such servers read from there (once each server has
+  // written a pull in place), since it was made.
+  virtual int64_t bytes_pushed_in_place() const { return 0; }
 
  private:
   absl::Duration last_pull_wait_;

@@ -32,14 +32,18 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
   }
   health_.resize(n);
   if (!options_.shared_memory) return;
-  // One segment per server, its parts one after another on cache lines.
+  // One segment per server: its parts one after another on cache lines,
+  // the pulled values, then the pushed gradients (a push and the next pull
+  // overlap).
   for (int s = 0; s < n; ++s) {
     Server& server = *servers_[s];
     if (server.parts.empty()) continue;
     int64_t end = common::kSegmentHeaderBytes;
-    for (const VariablePart& part : server.parts) {
-      server.segment_offsets.push_back(end);
-      end += (part.count * static_cast<int64_t>(sizeof(float)) + 63) / 64 * 64;
+    for (std::vector<int64_t>* offsets : {&server.segment_offsets, &server.push_offsets}) {
+      for (const VariablePart& part : server.parts) {
+        offsets->push_back(end);
+        end += (part.count * static_cast<int64_t>(sizeof(float)) + 63) / 64 * 64;
+      }
     }
     auto segment = common::SharedSegment::Create(end - common::kSegmentHeaderBytes);
     if (!segment.ok()) {
@@ -48,6 +52,7 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
       for (auto& other : servers_) {
         other->segment.reset();
         other->segment_offsets.clear();
+        other->push_offsets.clear();
       }
       return;
     }
@@ -67,6 +72,20 @@ bool PsPeers::SegmentFor(int s, v1::SharedSegment* request) {
   return true;
 }
 
+bool PsPeers::PushSegmentFor(int s, v1::SharedSegment* request) {
+  Server& server = *servers_[s];
+  if (server.segment == nullptr || server.segment_refused.load() ||
+      !server.segment_used.load()) {
+    return false;
+  }
+  request->set_pid(server.segment->pid());
+  request->set_fd(server.segment->fd());
+  request->set_nonce(server.segment->nonce());
+  request->set_size(server.segment->size());
+  *request->mutable_offsets() = {server.push_offsets.begin(), server.push_offsets.end()};
+  return true;
+}
+
 void PsPeers::NoteInPlace(int s, int64_t bytes) {
   bytes_in_place_.fetch_add(bytes, std::memory_order_relaxed);
   if (!servers_[s]->segment_used.exchange(true)) {
@@ -79,7 +98,7 @@ void PsPeers::NoteSegmentRefused(int s, absl::string_view why) {
   if (servers_[s]->segment_refused.exchange(true)) return;
   TLOG(INFO) << "worker " << options_.worker_task << ": " << ServerName(s)
              << " cannot write into this worker's shared memory (" << why
-             << "); its pulls travel over gRPC";
+             << "); its pulls and pushes travel over gRPC";
 }
 
 PsPeers::~PsPeers() {

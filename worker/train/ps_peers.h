@@ -82,14 +82,30 @@ class PsPeers {
   // (options.shared_memory), unavailable, or refused by that server. Only
   // the server's pull executor calls it and reads the segment.
   bool SegmentFor(int s, v1::SharedSegment* request);
+  // The same for a push to server `s` (where each part's gradient goes):
+  // only once that server has written a pull in place (so it can open the
+  // segment). Only the server's push executor calls it and writes there.
+  bool PushSegmentFor(int s, v1::SharedSegment* request);
   const common::SharedSegment& segment(int s) const { return *servers_[s]->segment; }
+  common::SharedSegment& mutable_segment(int s) { return *servers_[s]->segment; }
+  // Where part `k` of server `s` lies in its segment: pulled values, and
+  // the gradient pushed.
   int64_t segment_offset(int s, size_t k) const { return servers_[s]->segment_offsets[k]; }
+  int64_t push_offset(int s, size_t k) const { return servers_[s]->push_offsets[k]; }
   // The server wrote `bytes` in place (the first time is logged) / said why
   // it could not (then no later pull offers it the segment; logged once).
   void NoteInPlace(int s, int64_t bytes);
   void NoteSegmentRefused(int s, absl::string_view why);
-  // Bytes of pulled values the servers wrote in place, since the start.
+  // A push's `bytes` of gradient that server `s` read from the segment.
+  void NotePushedInPlace(int64_t bytes) {
+    bytes_pushed_in_place_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  // Bytes of pulled values the servers wrote in place, and of gradients
+  // they read from there, since the start.
   int64_t bytes_in_place() const { return bytes_in_place_.load(std::memory_order_relaxed); }
+  int64_t bytes_pushed_in_place() const {
+    return bytes_pushed_in_place_.load(std::memory_order_relaxed);
+  }
 
   // --- Liveness (ps_client.h). ---
   void NoteReachable(int s) ABSL_LOCKS_EXCLUDED(mu_);
@@ -119,7 +135,8 @@ class PsPeers {
     common::SerialExecutor push_executor, pull_executor;
     // Same host: null when not in use.
     std::unique_ptr<common::SharedSegment> segment;
-    std::vector<int64_t> segment_offsets;  // by the server's var_index
+    std::vector<int64_t> segment_offsets;  // pulled values, by the server's var_index
+    std::vector<int64_t> push_offsets;     // pushed gradients, likewise
     std::atomic<bool> segment_refused{false};
     std::atomic<bool> segment_used{false};  // logged once
     std::atomic<uint64_t> pull_ids{0};
@@ -142,6 +159,7 @@ class PsPeers {
   const common::RetryPolicy retry_ = common::RetryPolicy::Transport();
   std::vector<std::unique_ptr<Server>> servers_;
   std::atomic<int64_t> bytes_in_place_{0};
+  std::atomic<int64_t> bytes_pushed_in_place_{0};
 
   absl::Mutex mu_;
   std::vector<Health> health_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -443,10 +444,16 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     TOWERPS_RETURN_IF_ERROR(peers_.LostServer());
     common::Backoff backoff(peers_.retry(), &abandon_);
     int timeouts = 0;
+    bool segment_refused = false;
     while (true) {
       absl::Status st = PushOnce(s, &responses_[s]);
       if (st.ok()) peers_.NoteReachable(s);
       if (st.ok()) return st;
+      if (!segment_refused && absl::IsFailedPrecondition(st) &&
+          absl::StrContains(st.message(), v1::ps_wire::kPushSegmentRefused)) {
+        segment_refused = true;  // PushOnce noted it: the next call sends slices
+        continue;
+      }
       if (abandon_.cancelled()) return abandon_.Check("push");
       if (absl::IsNotFound(st)) peers_.NoteGone(s, st);
       if (absl::IsUnavailable(st)) peers_.NoteUnreachable(s, st);
@@ -522,6 +529,15 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     // whole push was announced: a push abandoned part way is applied nowhere,
     // not on the servers whose parts happened to be complete.
     h->set_ends_with_commit(true);
+    // Same host, uncompressed: the gradients go into the segment (copied
+    // here, on this server's push executor) and the messages name them.
+    // Only this call writes the push region: the next push's call starts
+    // after this one ended, and a call of this push abandoned part way
+    // commits nowhere.
+    v1::SharedSegment segment;
+    const bool in_place = compressor_ == nullptr && peers_.PushSegmentFor(s, &segment);
+    if (in_place) *h->mutable_segment() = std::move(segment);
+    int64_t bytes_in_place = 0;
     bool ok = writer->Write(common::ToByteBuffer(msg));
     // The messages point into the gradients (or their encoding, which they
     // hold), which stay unchanged until the stream finished: gRPC is done
@@ -535,6 +551,24 @@ class GrpcPushStream final : public PushStream, private StreamBase {
         for (int v : b.vars) left -= parts_of[v].size();
         if (compressor_ != nullptr) {
           for (const auto& piece : b.pieces) ok = ok && EncodedPush::WriteTo(piece, s, &out);
+          continue;
+        }
+        if (in_place) {
+          std::string named;
+          for (int v : b.vars) {
+            for (int k : parts_of[v]) {
+              const int64_t bytes = parts[k].count * static_cast<int64_t>(sizeof(float));
+              std::memcpy(peers_.mutable_segment(s).mutable_at(peers_.push_offset(s, k)),
+                          grads_[v]->data() + parts[k].offset, bytes);
+              common::AppendVarintField(v1::ps_wire::kPushSegmentVarField,
+                                        static_cast<uint64_t>(k), &named);
+              bytes_in_place += bytes;
+            }
+          }
+          if (!named.empty() && ok) {
+            grpc::Slice slice(named);
+            ok = writer->Write(grpc::ByteBuffer(&slice, 1));
+          }
           continue;
         }
         for (int v : b.vars) {
@@ -559,7 +593,15 @@ class GrpcPushStream final : public PushStream, private StreamBase {
       ok = writer->Write(common::ToByteBuffer(commit));
     }
     if (ok) writer->WritesDone();
-    return FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
+    absl::Status st = FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
+    if (st.ok() && in_place) peers_.NotePushedInPlace(bytes_in_place);
+    if (in_place && absl::IsFailedPrecondition(st) &&
+        absl::StrContains(st.message(), v1::ps_wire::kPushSegmentRefused)) {
+      // The server cannot open the segment (after all): never again (the
+      // caller sends this push again at once, as slices).
+      peers_.NoteSegmentRefused(s, st.message());
+    }
+    return st;
   }
 
   // Constant after construction.
