@@ -196,7 +196,7 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: empty stream");
   }
   const absl::Time start = absl::Now();
-  PushStreamDecoder decoder(ps_, shared_memory_);
+  PushStreamDecoder decoder(ps_, shared_memory_.load());
   do {
     absl::Status s = decoder.Add(buffer);
     if (!s.ok()) return ToGrpcStatus(s);
@@ -302,7 +302,7 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
   if (request.has_segment()) {
     const v1::SharedSegment& seg = request.segment();
     absl::StatusOr<common::SegmentFile> file =
-        shared_memory_
+        shared_memory_.load()
             ? OpenPullSegment(seg, w)
             : absl::FailedPreconditionError("this server runs with --shared_memory=false");
     std::shared_ptr<SegmentGate> gate;

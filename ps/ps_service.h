@@ -18,6 +18,7 @@
 #ifndef TOWERPS_PS_PS_SERVICE_H_
 #define TOWERPS_PS_PS_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -114,6 +115,10 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
 
+  // Turns shared memory off (or on) for the calls that start from now on,
+  // as if the server had been started so.
+  void set_shared_memory(bool on) { shared_memory_.store(on); }
+
  private:
   grpc::Status DoPush(TensorStream* stream, v1::PushResponse* response);
   grpc::Status DoPull(grpc::ServerContext* context, const v1::PullRequest& request,
@@ -137,7 +142,7 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   ParameterServer& ps_;
   const int64_t default_chunk_bytes_;
   PsMetrics* const metrics_;  // Not owned; may be null.
-  const bool shared_memory_;
+  std::atomic<bool> shared_memory_;
   absl::Mutex gates_mu_;
   std::map<std::string, std::shared_ptr<SegmentGate>> gates_ ABSL_GUARDED_BY(gates_mu_);
 };

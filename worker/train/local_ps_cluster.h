@@ -47,6 +47,7 @@ class LocalPsCluster {
   const std::vector<std::string>& addresses() const { return addresses_; }
   // REQUIRES: ps `i` running.
   ps::ParameterServer& server(int i) { return *servers_[i].ps; }
+  ps::ParameterServiceImpl& service(int i) { return *servers_[i].service; }
   bool running(int i) const { return servers_[i].grpc != nullptr; }
 
  private:

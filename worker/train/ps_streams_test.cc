@@ -290,5 +290,32 @@ TEST(PsStreamsTest, PullsGoThroughSharedMemoryWhereBothSidesAllowIt) {
   }
 }
 
+// A server that wrote pulls into the segment but then cannot read a push
+// from it: the push goes again as slices, applied once, and that server is
+// not offered the segment again.
+TEST(PsStreamsTest, APushTheServerCannotReadFromTheSegmentGoesAsSlices) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+  Buffers w(Vars());
+  ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());
+  const int64_t pulled = client->bytes_pulled_in_place();
+  ASSERT_GT(pulled, 0);
+  cluster.service(0).set_shared_memory(false);
+  cluster.service(1).set_shared_memory(false);
+  Buffers g = Grads();
+  auto pushed = client->Push(0, 1, g.const_ptrs);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(pushed->applied, 2);
+  EXPECT_EQ(client->bytes_pushed_in_place(), 0);
+  EXPECT_EQ(JobOn(cluster, 0).pushes_applied(), 1);
+  EXPECT_EQ(JobOn(cluster, 1).pushes_applied(), 1);
+  Buffers again(Vars());
+  auto step = client->Pull(1, 1, again.ptrs);
+  ASSERT_TRUE(step.ok()) << step.status();
+  ExpectUpdated(again, true);  // applied exactly once
+  EXPECT_EQ(client->bytes_pulled_in_place(), pulled);  // not offered again
+}
+
 }  // namespace
 }  // namespace towerps::worker
