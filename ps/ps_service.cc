@@ -237,48 +237,49 @@ std::shared_ptr<ParameterServiceImpl::SegmentGate> ParameterServiceImpl::GateFor
   return gate;
 }
 
-absl::StatusOr<common::SegmentFile> OpenPullSegment(const v1::SharedSegment& segment,
-                                                    const WeightsSnapshot& w) {
-  if (segment.offsets_size() != static_cast<int>(w.values.size())) {
+namespace {
+
+// The segment named in a request, for variables of `elements` floats each:
+// one offset per variable, each variable's bytes inside the payload.
+absl::StatusOr<common::SegmentFile> OpenSegmentFor(const v1::SharedSegment& segment,
+                                                   const std::vector<int64_t>& elements) {
+  if (segment.offsets_size() != static_cast<int>(elements.size())) {
     return absl::InvalidArgumentError(absl::StrCat("the segment names ", segment.offsets_size(),
-                                                   " offsets for ", w.values.size(),
+                                                   " offsets for ", elements.size(),
                                                    " variables"));
   }
-  if (segment.pull_id() == 0) return absl::InvalidArgumentError("the segment's pull_id is 0");
   TOWERPS_ASSIGN_OR_RETURN(
       common::SegmentFile file,
       common::SegmentFile::Open(segment.pid(), segment.fd(), segment.nonce(), segment.size()));
-  for (size_t v = 0; v < w.values.size(); ++v) {
-    const int64_t bytes = static_cast<int64_t>(w.values[v].size() * sizeof(float));
-    if (!file.Fits(segment.offsets(static_cast<int>(v)), bytes)) {
+  for (size_t v = 0; v < elements.size(); ++v) {
+    const int64_t bytes = elements[v] * static_cast<int64_t>(sizeof(float));
+    const int64_t offset = segment.offsets(static_cast<int>(v));
+    if (!file.Fits(offset, bytes)) {
       return absl::InvalidArgumentError(absl::StrCat("variable ", v, "'s ", bytes,
-                                                     " bytes at offset ", segment.offsets(v),
+                                                     " bytes at offset ", offset,
                                                      " do not fit the segment's ", file.size()));
     }
   }
   return file;
 }
 
+}  // namespace
+
+absl::StatusOr<common::SegmentFile> OpenPullSegment(const v1::SharedSegment& segment,
+                                                    const WeightsSnapshot& w) {
+  if (segment.pull_id() == 0) return absl::InvalidArgumentError("the segment's pull_id is 0");
+  std::vector<int64_t> elements;
+  for (const auto& values : w.values) elements.push_back(static_cast<int64_t>(values.size()));
+  return OpenSegmentFor(segment, elements);
+}
+
 absl::StatusOr<common::SegmentFile> OpenPushSegment(const v1::SharedSegment& segment,
                                                     const PushSession& session) {
-  if (segment.offsets_size() != static_cast<int>(session.num_variables())) {
-    return absl::InvalidArgumentError(absl::StrCat("the segment names ", segment.offsets_size(),
-                                                   " offsets for ", session.num_variables(),
-                                                   " variables"));
-  }
-  TOWERPS_ASSIGN_OR_RETURN(
-      common::SegmentFile file,
-      common::SegmentFile::Open(segment.pid(), segment.fd(), segment.nonce(), segment.size()));
-  for (size_t v = 0; v < session.num_variables(); ++v) {
-    const int64_t bytes = session.num_elements(v) * static_cast<int64_t>(sizeof(float));
-    if (!file.Fits(segment.offsets(static_cast<int>(v)), bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat("variable ", v, "'s ", bytes,
-                                                     " bytes at offset ", segment.offsets(v),
-                                                     " do not fit the segment's ", file.size()));
-    }
-  }
-  return file;
+  std::vector<int64_t> elements;
+  for (size_t v = 0; v < session.num_variables(); ++v) elements.push_back(session.num_elements(v));
+  return OpenSegmentFor(segment, elements);
 }
+
 
 grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
                                           const v1::PullRequest& request, TensorStream* stream) {
