@@ -87,6 +87,23 @@ expect_trained() {
 echo "== sync training: 2 ps, 2 workers, workers started before the servers"
 run_cluster sync 2 2 --mode=sync --max_train_examples=4000 --max_test_examples=1000 --epochs=2
 expect_trained sync 32 0.70
+SYNC_FINAL=$(grep '^final: ' "$DIR/worker0.log" | sed 's/ wall_s=.*//')
+# Same host: every server wrote its pulls into each worker's shared memory.
+for i in 0 1; do
+  n=$(grep -c "ps [01] at 127.0.0.1:[0-9]* writes its pulls into this worker's shared memory" "$DIR/worker$i.log")
+  if [ "$n" -eq 2 ]; then pass "worker $i: both servers use its shared memory"
+  else fail "worker $i: $n of 2 servers used its shared memory"; grep -h "shared memory" "$DIR/worker$i.log"; fi
+done
+
+echo "== the same job over gRPC only (--shared_memory=false) ends on the same bits"
+run_cluster sync_grpc 2 2 --mode=sync --max_train_examples=4000 --max_test_examples=1000 --epochs=2 --shared_memory=false
+expect_trained sync_grpc 32 0.70
+GRPC_FINAL=$(grep '^final: ' "$DIR/worker0.log" | sed 's/ wall_s=.*//')
+if [ -n "$SYNC_FINAL" ] && [ "$SYNC_FINAL" = "$GRPC_FINAL" ] && ! grep -q "shared memory" "$DIR"/worker*.log; then
+  pass "over gRPC: $GRPC_FINAL"
+else
+  fail "shared memory: '$SYNC_FINAL', gRPC: '$GRPC_FINAL'"; grep -h "shared memory" "$DIR"/worker*.log | head -n 3
+fi
 
 echo "== async training: every gradient applied (steps = workers x iterations)"
 run_cluster async 2 2 --mode=async --max_train_examples=4000 --max_test_examples=1000 --epochs=2
