@@ -47,7 +47,7 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
     }
     auto segment = common::SharedSegment::Create(end - common::kSegmentHeaderBytes);
     if (!segment.ok()) {
-      TLOG(INFO) << "worker " << options_.worker_task << ": no shared memory for pulls ("
+      TLOG(INFO) << "worker " << options_.worker_task << ": no shared memory for pulls and pushes ("
                  << segment.status().message() << "); they travel over gRPC";
       for (auto& other : servers_) {
         other->segment.reset();
