@@ -858,33 +858,43 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
     }
     response.set_outcome(v1::PushResponse::APPLIED);
     if (static_cast<int>(job.pushed.size()) >= job.replicas) {
-      // sum = w0 g0 (sscal rounds w0 * g0 once, as saxpy onto zeros
-      // would), then + w1 g1, + w2 g2, ... in worker order.
-      std::vector<std::vector<float>> sum;
+      // The weighted mean, in worker order: a0 g0 + a1 g1 + a2 g2 + ...
+      // with a_i = w_i / (w0 + w1 + ...), formed in the first worker's
+      // buffer with one pass per further worker and none for a lone worker
+      // (a0 = w0 / w0 is exactly 1): saxpby makes a1 g1 + a0 g0, saxpy adds
+      // the rest. Each pass reads and writes the whole shard, and on a
+      // server the passes are most of a step's work.
+      std::vector<std::vector<float>> mean;
+      float pending = 1.0f;  // the factor `mean` still needs (a0)
+      const float total = static_cast<float>(job.acc_examples);
       for (auto& [worker, staged] : job.staged) {  // ascending worker order
-        if (sum.empty()) {
-          sum = std::move(staged.second);
-          for (size_t v = 0; v < sum.size(); ++v) {
-            cblas_sscal(static_cast<int>(job.sizes[v]), staged.first, sum[v].data(), 1);
-          }
+        const float a = staged.first / total;
+        if (mean.empty()) {
+          mean = std::move(staged.second);
+          pending = a;
           continue;
         }
-        for (size_t v = 0; v < sum.size(); ++v) {
-          cblas_saxpy(static_cast<int>(job.sizes[v]), staged.first, staged.second[v].data(), 1,
-                      sum[v].data(), 1);
+        for (size_t v = 0; v < mean.size(); ++v) {
+          const int n = static_cast<int>(job.sizes[v]);
+          if (pending != 1.0f) {
+            cblas_saxpby(n, a, staged.second[v].data(), 1, pending, mean[v].data(), 1);
+          } else {
+            cblas_saxpy(n, a, staged.second[v].data(), 1, mean[v].data(), 1);
+          }
         }
+        pending = 1.0f;
         job.free_buffers.push_back(std::move(staged.second));
       }
       job.staged.clear();
-      if (job.acc_examples > 0 && !sum.empty()) {
-        const float inv = 1.0f / static_cast<float>(job.acc_examples);
-        for (size_t v = 0; v < sum.size(); ++v) {
-          cblas_sscal(static_cast<int>(job.sizes[v]), inv, sum[v].data(), 1);
+      if (!mean.empty()) {
+        if (pending != 1.0f) {
+          for (size_t v = 0; v < mean.size(); ++v) {
+            cblas_sscal(static_cast<int>(job.sizes[v]), pending, mean[v].data(), 1);
+          }
         }
-        job.ApplyLocked(sum);
-        job.free_buffers.push_back(std::move(sum));
+        job.ApplyLocked(mean);
+        job.free_buffers.push_back(std::move(mean));
       } else {
-        if (!sum.empty()) job.free_buffers.push_back(std::move(sum));
         job.AdvanceLocked();
       }
       job.acc_examples = 0;

@@ -195,6 +195,78 @@ TEST(ParameterServerTest, SyncAveragesWeightedByExamplesAndAppliesOnce) {
   for (float v : snap->values[1]) EXPECT_FLOAT_EQ(v, -1.0f);
 }
 
+// Pushes a gradient around g for both variables: element i of a is
+// g + 0.1 (i + 1) + 0.001, of b g - 0.1 (i + 1) - 0.001, so that the
+// elements round differently.
+absl::StatusOr<v1::PushResponse> PushRamp(ParameterServer& ps, const v1::PushHeader& h,
+                                          float g) {
+  std::vector<float> a(6), b(2);
+  for (int i = 0; i < 6; ++i) a[i] = g + 0.1f * static_cast<float>(i + 1) + 1e-3f;
+  for (int i = 0; i < 2; ++i) b[i] = g - 0.1f * static_cast<float>(i + 1) - 1e-3f;
+  auto s = ps.BeginPush(h);
+  if (!s.ok()) return s.status();
+  if (auto st = (*s)->AddSlice(Slice(0, 0, a)); !st.ok()) return st;
+  if (auto st = (*s)->AddSlice(Slice(1, 0, b)); !st.ok()) return st;
+  return ps.FinishPush(std::move(*s));
+}
+
+// One worker's gradient reaches the optimizer exactly as pushed, whatever its
+// number of examples (n g / n rounds away from g for some g).
+TEST(ParameterServerTest, SyncLoneWorkersGradientIsAppliedExactly) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 1)).ok());
+  auto p = PushRamp(ps, Header(0, 1, 0, /*n=*/3), 0.0f);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto snap = PullNow(ps, 1);
+  ASSERT_NE(snap, nullptr);
+  for (int i = 0; i < 6; ++i) {
+    const float g = 0.1f * static_cast<float>(i + 1) + 1e-3f;
+    EXPECT_EQ(snap->values[0][i], 1.0f - kLr * g) << "a[" << i << "]";  // kLr * g is exact
+  }
+  for (int i = 0; i < 2; ++i) {
+    const float g = -0.1f * static_cast<float>(i + 1) - 1e-3f;
+    EXPECT_EQ(snap->values[1][i], 0.0f - kLr * g) << "b[" << i << "]";
+  }
+}
+
+// Three workers with 1, 2 and 5 examples: the weighted mean, and the same
+// bits whatever order their pushes arrive in.
+TEST(ParameterServerTest, SyncMeanOfThreeWorkersIsWeightedAndIndependentOfArrivalOrder) {
+  const float g[3] = {0.25f, -1.5f, 3.0f};
+  const int64_t n[3] = {1, 2, 5};
+  std::vector<std::vector<float>> first_a, first_b;
+  for (const std::vector<int>& order : {std::vector<int>{0, 1, 2}, std::vector<int>{2, 0, 1},
+                                        std::vector<int>{1, 2, 0}}) {
+    ParameterServer ps({});
+    ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 3)).ok());
+    for (int w : order) ASSERT_TRUE(PushRamp(ps, Header(w, 1, 0, n[w]), g[w]).ok());
+    auto snap = PullNow(ps, 1);
+    ASSERT_NE(snap, nullptr);
+    ASSERT_EQ(snap->global_step, 1);
+    const std::vector<float> a(snap->values[0].begin(), snap->values[0].end());
+    const std::vector<float> b(snap->values[1].begin(), snap->values[1].end());
+    if (first_a.empty()) {
+      first_a.push_back(a);
+      first_b.push_back(b);
+    } else {
+      EXPECT_EQ(a, first_a[0]) << "arrival order " << order[0] << order[1] << order[2];
+      EXPECT_EQ(b, first_b[0]) << "arrival order " << order[0] << order[1] << order[2];
+    }
+    // Against the mean in double: each of the few float operations on the
+    // way (a_i = n_i / 8, its product and sum, the update) rounds by at most
+    // half an ulp of a value no larger than sum |a_i g_i| + 1 (for b: + 0).
+    for (int i = 0; i < 6; ++i) {
+      double mean = 0, bound = 1;
+      for (int w = 0; w < 3; ++w) {
+        const double gi = static_cast<double>(g[w] + 0.1f * static_cast<float>(i + 1) + 1e-3f);
+        mean += static_cast<double>(n[w]) / 8.0 * gi;
+        bound += std::abs(static_cast<double>(n[w]) / 8.0 * gi);
+      }
+      EXPECT_NEAR(a[i], 1.0 - kLr * mean, 8 * bound * std::ldexp(1.0, -24)) << "a[" << i << "]";
+    }
+  }
+}
+
 // A pull still streaming while the values change keeps its step's values
 // (copy on write); when no pull holds the snapshot, updates are applied in
 // place and pulls stream from the variables themselves, with no copy.

@@ -151,14 +151,22 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory)
                          session_->num_variables()));
       }
       const size_t v = static_cast<size_t>(value);
-      const int64_t bytes = session_->num_elements(v) * static_cast<int64_t>(sizeof(float));
-      // The same checks as a slice of the whole variable (each variable once).
-      TOWERPS_ASSIGN_OR_RETURN(char* to,
-                               session_->Reserve(static_cast<uint32_t>(v), 0,
-                                                 static_cast<uint64_t>(bytes)));
-      TOWERPS_RETURN_IF_ERROR(segment_->Read(segment_offsets_[v], to, bytes));
-      bytes_ += bytes;
-      return session_->FinishSlice();
+      const int64_t n = session_->num_elements(v);
+      // The same checks as slices of the whole variable, in pieces small
+      // enough that each is checked for NaN and Inf while still in cache.
+      for (int64_t first = 0; first == 0 || first < n; first += kSegmentReadElements) {
+        const int64_t bytes =
+            std::min(kSegmentReadElements, n - first) * static_cast<int64_t>(sizeof(float));
+        TOWERPS_ASSIGN_OR_RETURN(
+            char* to, session_->Reserve(static_cast<uint32_t>(v), static_cast<uint64_t>(first),
+                                        static_cast<uint64_t>(bytes)));
+        TOWERPS_RETURN_IF_ERROR(segment_->Read(
+            segment_offsets_[v] + first * static_cast<int64_t>(sizeof(float)), to, bytes));
+        bytes_ += bytes;
+        TOWERPS_RETURN_IF_ERROR(session_->FinishSlice());
+        TOWERPS_RETURN_IF_ERROR(session_->CheckFinite());
+      }
+      return absl::OkStatus();
     }
     if (field != kPushCommitField || value == 0) return absl::OkStatus();
     if (session_ == nullptr) {

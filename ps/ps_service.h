@@ -39,6 +39,10 @@
 
 namespace towerps::ps {
 
+// A push's variable in a shared segment is read this many elements at a time
+// (256 KiB), each piece checked for NaN and Inf while it is still in cache.
+inline constexpr int64_t kSegmentReadElements = int64_t{1} << 16;
+
 // One Push stream's messages, decoded straight into a PushSession: the first
 // carries the header (BeginPush), every TensorSlice's payload is copied from
 // the message (or, for the variables a message names in segment_vars, from

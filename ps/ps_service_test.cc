@@ -484,12 +484,12 @@ TEST_F(PsServiceSegmentTest, AnOlderPullOfTheSameSegmentDoesNotWrite) {
 // then messages name the variables (raw bytes, as the worker writes them).
 grpc::Status PushFromSegment(v1::ParameterService::Stub& stub, const v1::SharedSegment& segment,
                              uint64_t seq, const std::vector<std::string>& messages,
-                             v1::PushResponse* resp) {
+                             v1::PushResponse* resp, const std::string& job_id = "j") {
   grpc::ClientContext ctx;
   auto w = stub.Push(&ctx, resp);
   v1::PushRequest m;
   auto* h = m.mutable_header();
-  h->set_job_id("j");
+  h->set_job_id(job_id);
   h->set_incarnation(1);
   h->set_sequence(seq);
   h->set_num_examples(1);
@@ -525,6 +525,54 @@ TEST_F(PsServiceSegmentTest, PushReadsTheGradientFromTheSegment) {
   int messages = 0;
   const std::vector<float> w = Pull(&messages);
   for (int i = 0; i < 5000; ++i) ASSERT_EQ(w[i], -2.0f - g[i]) << i;  // lr 1
+}
+
+// A variable of several read pieces (kSegmentReadElements) is read whole,
+// and a NaN in its last piece refuses the push.
+TEST_F(PsServiceSegmentTest, ALargeVariableIsReadInPiecesAndCheckedToTheEnd) {
+  const int64_t n = 2 * kSegmentReadElements + 5;
+  v1::RegisterRequest r;
+  r.set_job_id("big");
+  r.mutable_config()->set_mode(v1::ASYNC);
+  r.mutable_config()->set_num_workers(1);
+  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
+  r.mutable_config()->mutable_optimizer()->set_learning_rate(1.0f);
+  auto* var = r.add_variables();
+  var->set_name("w");
+  var->add_shape(n);
+  var->set_dtype(v1::DT_FLOAT32);
+  ASSERT_TRUE(ps_.Register(r).ok());  // zeros
+  auto seg = common::SharedSegment::Create(64 + n * 4);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 1001) * 0.5f;
+  std::memcpy((*seg)->mutable_at(kAt), g.data(), n * 4);
+  v1::SharedSegment where;
+  where.set_pid((*seg)->pid());
+  where.set_fd((*seg)->fd());
+  where.set_nonce((*seg)->nonce());
+  where.set_size((*seg)->size());
+  where.add_offsets(kAt);
+  auto values = [&] {
+    v1::PullRequest req;
+    req.set_job_id("big");
+    auto snap = ps_.Pull(req, absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(snap.ok()) << snap.status();
+    return snap.ok() ? std::vector<float>((*snap)->values[0].begin(), (*snap)->values[0].end())
+                     : std::vector<float>();
+  };
+  v1::PushResponse resp;
+  grpc::Status st = PushFromSegment(*stub_, where, 1, {SegmentVars({0})}, &resp, "big");
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  std::vector<float> w = values();
+  ASSERT_EQ(static_cast<int64_t>(w.size()), n);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], -g[i]) << i;  // lr 1, from 0
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy((*seg)->mutable_at(kAt + (n - 2) * 4), &nan, 4);
+  st = PushFromSegment(*stub_, where, 2, {SegmentVars({0})}, &resp, "big");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("NaN or Inf"), std::string::npos) << st.error_message();
+  EXPECT_EQ(values(), w);  // nothing applied
 }
 
 TEST_F(PsServiceSegmentTest, ABadSegmentPushChangesNothing) {
