@@ -1,6 +1,7 @@
 #include "common/shared_segment.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -145,6 +146,50 @@ TEST(SharedSegmentTest, AnotherProcessWritesIntoIt) {
   for (size_t i = 0; i < (1u << 18); i += 4093) {
     ASSERT_EQ(got[i], static_cast<uint32_t>(i * 2654435761u)) << i;
   }
+}
+
+// A worker killed while a server has its segment open: the server's writes
+// and reads go on into memory that its own descriptor keeps alive (nobody
+// else sees them), and a new open names the dead process instead.
+TEST(SharedSegmentTest, AnOpenedSegmentOutlivesItsWorker) {
+  int to_parent[2];
+  ASSERT_EQ(pipe(to_parent), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto seg = SharedSegment::Create(1 << 20);
+    if (!seg.ok()) _exit(2);
+    const int64_t where[3] = {(*seg)->fd(), (*seg)->size(), 0};
+    if (write(to_parent[1], where, sizeof(where)) != sizeof(where)) _exit(3);
+    if (write(to_parent[1], (*seg)->nonce().data(), (*seg)->nonce().size()) !=
+        static_cast<ssize_t>((*seg)->nonce().size())) {
+      _exit(4);
+    }
+    for (;;) pause();  // killed by the parent
+  }
+  close(to_parent[1]);
+  int64_t where[3];
+  ASSERT_EQ(read(to_parent[0], where, sizeof(where)), static_cast<ssize_t>(sizeof(where)));
+  std::string nonce(16, '\0');
+  ASSERT_EQ(read(to_parent[0], nonce.data(), nonce.size()), 16);
+  close(to_parent[0]);
+  auto file = SegmentFile::Open(child, where[0], nonce, where[1]);
+  if (!file.ok()) kill(child, SIGKILL);
+  ASSERT_TRUE(file.ok()) << file.status();
+
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  std::vector<uint32_t> pattern(1 << 18), back(1 << 18);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint32_t>(i * 40503u);
+  ASSERT_TRUE(file->Write(kSegmentHeaderBytes, pattern.data(), 1 << 20).ok());
+  ASSERT_TRUE(file->Read(kSegmentHeaderBytes, back.data(), 1 << 20).ok());
+  EXPECT_EQ(back, pattern);
+  auto again = SegmentFile::Open(child, where[0], nonce, where[1]);
+  ASSERT_FALSE(again.ok());
+  EXPECT_THAT(again.status().message(), HasSubstr(std::to_string(child)));
 }
 
 }  // namespace
