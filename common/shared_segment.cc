@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace towerps::common {
 namespace {
@@ -26,6 +27,21 @@ constexpr int64_t kMaxSegmentBytes = int64_t{1} << 40;
 // `what`: strerror(e). Callers read errno before building `what`.
 std::string Errno(absl::string_view what, int e) {
   return absl::StrCat(what, ": ", std::strerror(e));
+}
+
+// Calls `io` (pread or pwrite on `fd`) until all `bytes` moved, resuming
+// after EINTR and short transfers. `p`: char* or const char*.
+template <typename Ptr, typename Io>
+absl::Status TransferAll(const char* name, Io io, int fd, Ptr p, int64_t offset, int64_t bytes) {
+  while (bytes > 0) {
+    const ssize_t n = io(fd, p, static_cast<size_t>(bytes), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::InternalError(Errno(absl::StrCat("shared segment: ", name), errno));
+    p += n;
+    offset += n;
+    bytes -= n;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -149,38 +165,20 @@ bool SegmentFile::Fits(int64_t offset, int64_t bytes) const {
   return offset >= kSegmentHeaderBytes && bytes >= 0 && offset <= size_ && bytes <= size_ - offset;
 }
 
+absl::Status SegmentFile::CheckFits(int64_t offset, int64_t bytes) const {
+  if (Fits(offset, bytes)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("shared segment: ", bytes, " bytes at ", offset, " do not fit ", size_));
+}
+
 absl::Status SegmentFile::Write(int64_t offset, const void* data, int64_t bytes) {
-  if (!Fits(offset, bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("shared segment: ", bytes, " bytes at ",
-                                                   offset, " do not fit ", size_));
-  }
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = pwrite(fd_, p, static_cast<size_t>(bytes), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::InternalError(Errno("shared segment: pwrite", errno));
-    p += n;
-    offset += n;
-    bytes -= n;
-  }
-  return absl::OkStatus();
+  TOWERPS_RETURN_IF_ERROR(CheckFits(offset, bytes));
+  return TransferAll("pwrite", pwrite, fd_, static_cast<const char*>(data), offset, bytes);
 }
 
 absl::Status SegmentFile::Read(int64_t offset, void* data, int64_t bytes) {
-  if (!Fits(offset, bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("shared segment: ", bytes, " bytes at ",
-                                                   offset, " do not fit ", size_));
-  }
-  char* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = pread(fd_, p, static_cast<size_t>(bytes), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::InternalError(Errno("shared segment: pread", errno));
-    p += n;
-    offset += n;
-    bytes -= n;
-  }
-  return absl::OkStatus();
+  TOWERPS_RETURN_IF_ERROR(CheckFits(offset, bytes));
+  return TransferAll("pread", pread, fd_, static_cast<char*>(data), offset, bytes);
 }
 
 }  // namespace towerps::common

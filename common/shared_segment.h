@@ -91,6 +91,8 @@ class SegmentFile {
 
  private:
   SegmentFile(int fd, int64_t size) : fd_(fd), size_(size) {}
+  // Fits, or InvalidArgument naming the range and the size.
+  absl::Status CheckFits(int64_t offset, int64_t bytes) const;
   int fd_ = -1;
   int64_t size_ = 0;
 };
