@@ -25,6 +25,17 @@
 namespace towerps::ps {
 namespace {
 
+// The first message of a push from worker 0 (incarnation 1) of one example.
+v1::PushRequest HeaderMessage(uint64_t seq, const std::string& job_id = "j") {
+  v1::PushRequest m;
+  auto* h = m.mutable_header();
+  h->set_job_id(job_id);
+  h->set_incarnation(1);
+  h->set_sequence(seq);
+  h->set_num_examples(1);
+  return m;
+}
+
 class PsServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -60,12 +71,8 @@ class PsServiceTest : public ::testing::Test {
     auto w = stub_->Push(&ctx, resp);
     v1::PushRequest m;
     if (header) {
-      auto* h = m.mutable_header();
-      h->set_job_id("j");
-      h->set_incarnation(1);
-      h->set_sequence(seq);
-      h->set_num_examples(1);
-      h->set_ends_with_commit(commit != Commit::kNone);
+      m = HeaderMessage(seq);
+      m.mutable_header()->set_ends_with_commit(commit != Commit::kNone);
     }
     w->Write(m);
     if (commit == Commit::kSentThenMore) {
@@ -211,13 +218,8 @@ grpc::Status PushEncoded(v1::ParameterService::Stub& stub, v1::SliceEncoding enc
                          v1::PushResponse* resp) {
   grpc::ClientContext ctx;
   auto w = stub.Push(&ctx, resp);
-  v1::PushRequest m;
-  auto* h = m.mutable_header();
-  h->set_job_id("j");
-  h->set_incarnation(1);
-  h->set_sequence(1);
-  h->set_num_examples(1);
-  h->set_slice_encoding(encoding);
+  v1::PushRequest m = HeaderMessage(1);
+  m.mutable_header()->set_slice_encoding(encoding);
   w->Write(m);
   for (const auto& [offset, data] : slices) {
     v1::PushRequest s;
@@ -487,14 +489,9 @@ grpc::Status PushFromSegment(v1::ParameterService::Stub& stub, const v1::SharedS
                              v1::PushResponse* resp, const std::string& job_id = "j") {
   grpc::ClientContext ctx;
   auto w = stub.Push(&ctx, resp);
-  v1::PushRequest m;
-  auto* h = m.mutable_header();
-  h->set_job_id(job_id);
-  h->set_incarnation(1);
-  h->set_sequence(seq);
-  h->set_num_examples(1);
-  h->set_ends_with_commit(true);
-  *h->mutable_segment() = segment;
+  v1::PushRequest m = HeaderMessage(seq, job_id);
+  m.mutable_header()->set_ends_with_commit(true);
+  *m.mutable_header()->mutable_segment() = segment;
   w->Write(m);
   for (const std::string& raw : messages) {
     v1::PushRequest r;
@@ -622,12 +619,7 @@ TEST_F(PsServiceSegmentTest, ABadSegmentPushChangesNothing) {
   {
     grpc::ClientContext ctx;
     auto w = stub_->Push(&ctx, &resp);
-    v1::PushRequest m;
-    m.mutable_header()->set_job_id("j");
-    m.mutable_header()->set_incarnation(1);
-    m.mutable_header()->set_sequence(seq++);
-    m.mutable_header()->set_num_examples(1);
-    w->Write(m);
+    w->Write(HeaderMessage(seq++));
     v1::PushRequest r;
     ASSERT_TRUE(r.ParseFromString(SegmentVars({0})));
     w->Write(r);
