@@ -21,12 +21,52 @@ Tensor::Tensor(std::vector<int64_t> shape, std::vector<float> values)
   data_.resize(NumElements(shape_), 0.0f);
 }
 
-void Tensor::Resize(std::vector<int64_t> shape) {
-  shape_ = std::move(shape);
-  data_.resize(NumElements(shape_));
+Tensor::Tensor(const Tensor& other)
+    : shape_(other.shape_), data_(other.data(), other.data() + other.num_elements()) {}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this == &other) return *this;
+  shape_ = other.shape_;
+  data_.assign(other.data(), other.data() + other.num_elements());
+  external_ = nullptr;
+  external_elements_ = 0;
+  return *this;
 }
 
-void Tensor::Fill(float value) { std::fill(data_.begin(), data_.end(), value); }
+Tensor::Tensor(Tensor&& other) noexcept
+    : shape_(std::move(other.shape_)),
+      data_(std::move(other.data_)),
+      external_(std::exchange(other.external_, nullptr)),
+      external_elements_(std::exchange(other.external_elements_, 0)) {}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  shape_ = std::move(other.shape_);
+  data_ = std::move(other.data_);
+  external_ = std::exchange(other.external_, nullptr);
+  external_elements_ = std::exchange(other.external_elements_, 0);
+  return *this;
+}
+
+void Tensor::Resize(std::vector<int64_t> shape) {
+  shape_ = std::move(shape);
+  const int64_t n = NumElements(shape_);
+  if (external_ != nullptr) {
+    if (n == external_elements_) return;
+    external_ = nullptr;
+    external_elements_ = 0;
+  }
+  data_.resize(n);
+}
+
+void Tensor::MoveTo(float* where) {
+  const int64_t n = num_elements();
+  std::copy(data(), data() + n, where);
+  external_ = where;
+  external_elements_ = n;
+  std::vector<float>().swap(data_);
+}
+
+void Tensor::Fill(float value) { std::fill(data(), data() + num_elements(), value); }
 
 std::string Tensor::ShapeString() const {
   return "[" + absl::StrJoin(shape_, ",") + "]";

@@ -31,5 +31,39 @@ TEST(TensorTest, ValuesConstructorPadsOrTruncatesToShape) {
   EXPECT_EQ(NumElements({}), 1);
 }
 
+TEST(TensorTest, MoveToLivesInTheGivenMemoryAndCopiesOwnTheirs) {
+  Tensor t({2, 3}, {1, 2, 3, 4, 5, 6});
+  std::vector<float> memory(8, -1.0f);
+  t.MoveTo(memory.data() + 1);
+  EXPECT_TRUE(t.external());
+  EXPECT_EQ(t.data(), memory.data() + 1);
+  EXPECT_EQ(memory, (std::vector<float>{-1, 1, 2, 3, 4, 5, 6, -1}));
+  memory[2] = 20.0f;  // the memory is the tensor
+  EXPECT_EQ(t[1], 20.0f);
+  t.Fill(0.5f);
+  EXPECT_EQ(memory, (std::vector<float>{-1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, -1}));
+
+  Tensor copy = t;  // owns its own
+  EXPECT_FALSE(copy.external());
+  EXPECT_NE(copy.data(), t.data());
+  EXPECT_EQ(std::vector<float>(copy.span().begin(), copy.span().end()),
+            std::vector<float>(6, 0.5f));
+  Tensor assigned;
+  assigned = t;
+  EXPECT_FALSE(assigned.external());
+  EXPECT_EQ(assigned.num_elements(), 6);
+
+  Tensor moved = std::move(t);  // takes the memory along
+  EXPECT_TRUE(moved.external());
+  EXPECT_EQ(moved.data(), memory.data() + 1);
+  moved.Resize({3, 2});  // same elements: stays
+  EXPECT_EQ(moved.data(), memory.data() + 1);
+  moved.Resize({4, 2});  // more: its own allocation, the memory left alone
+  EXPECT_FALSE(moved.external());
+  EXPECT_EQ(moved.num_elements(), 8);
+  moved.Fill(9.0f);
+  EXPECT_EQ(memory, (std::vector<float>{-1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, -1}));
+}
+
 }  // namespace
 }  // namespace towerps::common

@@ -32,41 +32,61 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
   }
   health_.resize(n);
   if (!options_.shared_memory) return;
-  // One segment per server: its parts one after another on cache lines,
-  // the pulled values, then the pushed gradients (a push and the next pull
-  // overlap).
-  for (int s = 0; s < n; ++s) {
-    Server& server = *servers_[s];
-    if (server.parts.empty()) continue;
-    int64_t end = common::kSegmentHeaderBytes;
-    for (std::vector<int64_t>* offsets : {&server.segment_offsets, &server.push_offsets}) {
-      for (const VariablePart& part : server.parts) {
-        offsets->push_back(end);
-        end += (part.count * static_cast<int64_t>(sizeof(float)) + 63) / 64 * 64;
-      }
+  // One segment for the whole model, offered to every server that holds a
+  // part of it: each variable whole on cache lines, the pulled values, then
+  // the pushed gradients (a push and the next pull overlap). A server's part
+  // lies where its elements do, so a variable split across servers is still
+  // one run of memory.
+  std::vector<int64_t> value_at(vars_.size()), grad_at(vars_.size());
+  int64_t end = common::kSegmentHeaderBytes;
+  for (std::vector<int64_t>* at : {&value_at, &grad_at}) {
+    for (size_t v = 0; v < vars_.size(); ++v) {
+      (*at)[v] = end;
+      int64_t elements = 1;
+      for (int64_t d : vars_[v].shape()) elements *= d;
+      end += (elements * static_cast<int64_t>(sizeof(float)) + 63) / 64 * 64;
     }
-    auto segment = common::SharedSegment::Create(end - common::kSegmentHeaderBytes);
-    if (!segment.ok()) {
-      TLOG(INFO) << "worker " << options_.worker_task << ": no shared memory for pulls and pushes ("
-                 << segment.status().message() << "); they travel over gRPC";
-      for (auto& other : servers_) {
-        other->segment.reset();
-        other->segment_offsets.clear();
-        other->push_offsets.clear();
-      }
-      return;
-    }
-    server.segment = std::move(*segment);
   }
+  if (vars_.empty()) return;
+  auto segment = common::SharedSegment::Create(end - common::kSegmentHeaderBytes);
+  if (!segment.ok()) {
+    TLOG(INFO) << "worker " << options_.worker_task << ": no shared memory for pulls and pushes ("
+               << segment.status().message() << "); they travel over gRPC";
+    return;
+  }
+  segment_ = std::move(*segment);
+  value_at_ = std::move(value_at);
+  grad_at_ = std::move(grad_at);
+  for (auto& server : servers_) {
+    for (const VariablePart& part : server->parts) {
+      const int64_t skip = part.offset * static_cast<int64_t>(sizeof(float));
+      server->segment_offsets.push_back(value_at_[part.var] + skip);
+      server->push_offsets.push_back(grad_at_[part.var] + skip);
+    }
+  }
+}
+
+float* PsPeers::SegmentValues(int var) {
+  if (segment_ == nullptr) return nullptr;
+  return reinterpret_cast<float*>(segment_->mutable_at(value_at_[var]));
+}
+
+float* PsPeers::SegmentGradients(int var) {
+  if (segment_ == nullptr) return nullptr;
+  return reinterpret_cast<float*>(segment_->mutable_at(grad_at_[var]));
+}
+
+void PsPeers::DescribeSegment(v1::SharedSegment* request) const {
+  request->set_pid(segment_->pid());
+  request->set_fd(segment_->fd());
+  request->set_nonce(segment_->nonce());
+  request->set_size(segment_->size());
 }
 
 bool PsPeers::SegmentFor(int s, v1::SharedSegment* request) {
   Server& server = *servers_[s];
-  if (server.segment == nullptr || server.segment_refused.load()) return false;
-  request->set_pid(server.segment->pid());
-  request->set_fd(server.segment->fd());
-  request->set_nonce(server.segment->nonce());
-  request->set_size(server.segment->size());
+  if (segment_ == nullptr || server.parts.empty() || server.segment_refused.load()) return false;
+  DescribeSegment(request);
   *request->mutable_offsets() = {server.segment_offsets.begin(), server.segment_offsets.end()};
   request->set_pull_id(server.pull_ids.fetch_add(1) + 1);
   return true;
@@ -74,14 +94,11 @@ bool PsPeers::SegmentFor(int s, v1::SharedSegment* request) {
 
 bool PsPeers::PushSegmentFor(int s, v1::SharedSegment* request) {
   Server& server = *servers_[s];
-  if (server.segment == nullptr || server.segment_refused.load() ||
+  if (segment_ == nullptr || server.parts.empty() || server.segment_refused.load() ||
       !server.segment_used.load()) {
     return false;
   }
-  request->set_pid(server.segment->pid());
-  request->set_fd(server.segment->fd());
-  request->set_nonce(server.segment->nonce());
-  request->set_size(server.segment->size());
+  DescribeSegment(request);
   *request->mutable_offsets() = {server.push_offsets.begin(), server.push_offsets.end()};
   return true;
 }

@@ -86,8 +86,16 @@ class PsPeers {
   // only once that server has written a pull in place (so it can open the
   // segment). Only the server's push executor calls it and writes there.
   bool PushSegmentFor(int s, v1::SharedSegment* request);
-  const common::SharedSegment& segment(int s) const { return *servers_[s]->segment; }
-  common::SharedSegment& mutable_segment(int s) { return *servers_[s]->segment; }
+  // The segment (one for every server). REQUIRES: SegmentFor or
+  // PushSegmentFor returned true.
+  const common::SharedSegment& segment() const { return *segment_; }
+  common::SharedSegment& mutable_segment() { return *segment_; }
+  // Where variable `var`'s pulled values / pushed gradient lie in the
+  // segment, whole (a variable split across servers too); null without one.
+  // The worker's tensors may live there: the copies to and from the segment
+  // are skipped for a tensor that does.
+  float* SegmentValues(int var);
+  float* SegmentGradients(int var);
   // Where part `k` of server `s` lies in its segment: pulled values, and
   // the gradient pushed.
   int64_t segment_offset(int s, size_t k) const { return servers_[s]->segment_offsets[k]; }
@@ -133,8 +141,7 @@ class PsPeers {
     std::unique_ptr<grpc::internal::RpcMethod> push, pull;
     std::vector<VariablePart> parts;
     common::SerialExecutor push_executor, pull_executor;
-    // Same host: null when not in use.
-    std::unique_ptr<common::SharedSegment> segment;
+    // Same host (when segment_ is set): where each of its parts lies in it.
     std::vector<int64_t> segment_offsets;  // pulled values, by the server's var_index
     std::vector<int64_t> push_offsets;     // pushed gradients, likewise
     std::atomic<bool> segment_refused{false};
@@ -149,6 +156,8 @@ class PsPeers {
     std::string gone;          // Set: it restarted and lost the job (why).
   };
 
+  // The segment's pid, descriptor, nonce and size into `request`.
+  void DescribeSegment(v1::SharedSegment* request) const;
   // Every peer_timeout / 6: one Heartbeat to each server that holds the job.
   void HeartbeatLoop();
 
@@ -158,6 +167,10 @@ class PsPeers {
   const Placement placement_;
   const common::RetryPolicy retry_ = common::RetryPolicy::Transport();
   std::vector<std::unique_ptr<Server>> servers_;
+  // Same host: null when not in use. Each variable's values and gradient,
+  // by variable.
+  std::unique_ptr<common::SharedSegment> segment_;
+  std::vector<int64_t> value_at_, grad_at_;
   std::atomic<int64_t> bytes_in_place_{0};
   std::atomic<int64_t> bytes_pushed_in_place_{0};
 

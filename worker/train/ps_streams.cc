@@ -248,7 +248,7 @@ class GrpcPullStream final : public PullStream, private StreamBase {
         const int64_t bytes = part.count * static_cast<int64_t>(sizeof(float));
         if (!me.part_done[k]) {
           std::memcpy(weights_[part.var]->data() + part.offset,
-                      peers_.segment(s).at(peers_.segment_offset(s, k)), bytes);
+                      peers_.segment().at(peers_.segment_offset(s, k)), bytes);
         }
         got[k] = part.count;
         touched.push_back(static_cast<uint32_t>(k));
@@ -558,7 +558,7 @@ class GrpcPushStream final : public PushStream, private StreamBase {
           for (int v : b.vars) {
             for (int k : parts_of[v]) {
               const int64_t bytes = parts[k].count * static_cast<int64_t>(sizeof(float));
-              std::memcpy(peers_.mutable_segment(s).mutable_at(peers_.push_offset(s, k)),
+              std::memcpy(peers_.mutable_segment().mutable_at(peers_.push_offset(s, k)),
                           grads_[v]->data() + parts[k].offset, bytes);
               common::AppendVarintField(v1::ps_wire::kPushSegmentVarField,
                                         static_cast<uint64_t>(k), &named);
