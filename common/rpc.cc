@@ -157,6 +157,8 @@ void TuneAllocatorForLargeMessages(int max_arenas) {
   if (max_arenas > 0) mallopt(M_ARENA_MAX, max_arenas);
 }
 
+void ReleaseFreeMemory() { malloc_trim(0); }
+
 std::string AnyAddressWithPortOf(const std::string& address) {
   size_t colon = address.rfind(':');
   return absl::StrCat("0.0.0.0", colon == std::string::npos ? ":0" : address.substr(colon));

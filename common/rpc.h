@@ -81,6 +81,10 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address,
 // tests/bench/step_breakdown.sh, dense stack, 1 worker). Call once at the top
 // of main(), before any thread starts.
 void TuneAllocatorForLargeMessages(int max_arenas = 0);
+// With those thresholds, memory freed stays in the heap: this gives the
+// heap's free pages back to the kernel now (malloc_trim), for a large buffer
+// that is gone for good.
+void ReleaseFreeMemory();
 
 // "0.0.0.0:<port>" for a "host:port" (or "[v6]:port") address.
 std::string AnyAddressWithPortOf(const std::string& address);

@@ -59,7 +59,15 @@ void Tensor::Resize(std::vector<int64_t> shape) {
 }
 
 void Tensor::MoveTo(float* where) {
+  if (where == data()) return;
   const int64_t n = num_elements();
+  if (where == nullptr) {
+    if (external_ == nullptr) return;
+    data_.assign(external_, external_ + n);
+    external_ = nullptr;
+    external_elements_ = 0;
+    return;
+  }
   std::copy(data(), data() + n, where);
   external_ = where;
   external_elements_ = n;

@@ -47,9 +47,10 @@ class Tensor {
   // unchanged, and otherwise owns a new allocation.
   void Resize(std::vector<int64_t> shape);
   // Copies the values to `where` and lives there from now on, freeing its
-  // own allocation. REQUIRES: `where` holds num_elements() floats, does not
-  // overlap data(), and outlives the tensor (or its next Resize to another
-  // size).
+  // own allocation; MoveTo(nullptr) moves them back into an allocation of
+  // its own. REQUIRES: `where` holds num_elements() floats, does not
+  // overlap data(), and outlives the tensor (or its next MoveTo or Resize to
+  // another size).
   void MoveTo(float* where);
   // Whether it lives in memory it does not own (MoveTo).
   bool external() const { return external_ != nullptr; }

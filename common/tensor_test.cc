@@ -56,6 +56,11 @@ TEST(TensorTest, MoveToLivesInTheGivenMemoryAndCopiesOwnTheirs) {
   Tensor moved = std::move(t);  // takes the memory along
   EXPECT_TRUE(moved.external());
   EXPECT_EQ(moved.data(), memory.data() + 1);
+  moved.MoveTo(nullptr);  // back into its own allocation
+  EXPECT_FALSE(moved.external());
+  EXPECT_NE(moved.data(), memory.data() + 1);
+  EXPECT_EQ(moved[5], 0.5f);
+  moved.MoveTo(memory.data() + 1);
   moved.Resize({3, 2});  // same elements: stays
   EXPECT_EQ(moved.data(), memory.data() + 1);
   moved.Resize({4, 2});  // more: its own allocation, the memory left alone

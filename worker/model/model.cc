@@ -455,6 +455,18 @@ std::vector<common::Tensor*> Model::gradients() {
   return out;
 }
 
+void Model::PlaceHostTensors(size_t v, float* weight, float* grad) {
+  host_weights_[v].MoveTo(weight);
+  host_grads_[v].MoveTo(grad);
+  // Views of the old buffers follow (the weights' also at the next
+  // LoadWeights or OwnWeight; the gradients' only here).
+  DeviceTensor* w = device_weights_[v];
+  if (w->backend()->host_memory()) {
+    w->ViewHost(host_weights_[v].shape(), host_weights_[v].data());
+    device_grads_[v]->ViewHost(host_grads_[v].shape(), host_grads_[v].data());
+  }
+}
+
 std::vector<DeviceTensor*> Model::device_gradients() { return device_grads_; }
 
 void Model::InitializeWeights() {

@@ -109,6 +109,14 @@ class Model {
   // (ComputeGradients uploads weights() first and downloads the gradients).
   std::vector<common::Tensor*> weights();
   std::vector<common::Tensor*> gradients();
+  // Moves host weight and gradient `v` to `weight` and `grad` (Tensor::MoveTo:
+  // each holds the variable's elements and outlives its use here; null: back
+  // into the tensor's own allocation), keeping their values; layers on host
+  // memory then compute on them there. For a worker's shared memory
+  // (ParameterClient::SharedValues), where the servers' pulls land and
+  // pushes are read, so that neither is copied on the worker. Between steps
+  // only.
+  void PlaceHostTensors(size_t v, float* weight, float* grad);
 
   // Splits every ComputeGradients batch into `m` micro-batches (sizes differ
   // by at most one). When the layers sit on several devices, each run of

@@ -142,6 +142,9 @@ class GrpcParameterClient : public ParameterClient {
   const Placement& placement() const override { return peers_.placement(); }
   int64_t bytes_pulled_in_place() const override { return peers_.bytes_in_place(); }
   int64_t bytes_pushed_in_place() const override { return peers_.bytes_pushed_in_place(); }
+  float* SharedValues(int var) override { return peers_.SegmentValues(var); }
+  float* SharedGradients(int var) override { return peers_.SegmentGradients(var); }
+  void ReleaseShared(int var) override { peers_.ReleaseSegmentMemory(var); }
 
  private:
   static ParameterClientOptions WithIncarnation(ParameterClientOptions options) {

@@ -175,6 +175,18 @@ class ParameterClient {
   // Bytes of gradients such servers read from there (once each server has
   // written a pull in place), since it was made.
   virtual int64_t bytes_pushed_in_place() const { return 0; }
+  // Same host: where variable `var`'s pulled values and pushed gradient lie
+  // in this client's shared memory (its elements, whole, valid as long as
+  // the client), or null without it. The caller's weight and gradient
+  // tensors may live there (Model::PlaceHostTensors): pulls written in
+  // place and pushes read from there then copy nothing on this side. Such
+  // a tensor must not be written while a pull is under way, nor changed
+  // while a push is.
+  virtual float* SharedValues(int /*var*/) { return nullptr; }
+  virtual float* SharedGradients(int /*var*/) { return nullptr; }
+  // Gives that memory of variable `var` back to the system once the caller
+  // moved its tensors out (the contents are lost).
+  virtual void ReleaseShared(int /*var*/) {}
 
  private:
   absl::Duration last_pull_wait_;

@@ -1,5 +1,7 @@
 #include "worker/train/ps_peers.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -33,18 +35,24 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
   health_.resize(n);
   if (!options_.shared_memory) return;
   // One segment for the whole model, offered to every server that holds a
-  // part of it: each variable whole on cache lines, the pulled values, then
-  // the pushed gradients (a push and the next pull overlap). A server's part
-  // lies where its elements do, so a variable split across servers is still
-  // one run of memory.
-  std::vector<int64_t> value_at(vars_.size()), grad_at(vars_.size());
+  // part of it: each variable whole on cache lines, the pulled values, the
+  // pushed gradients (a push and the next pull overlap), then where retried
+  // pulls land (pages that only a retry touches). A server's part lies where
+  // its elements do, so a variable split across servers is still one run of
+  // memory.
+  // Each variable's room is whole pages, so that its pages can be given
+  // back on their own (ReleaseSegmentMemory).
+  std::vector<int64_t> value_at(vars_.size()), grad_at(vars_.size()), landing_at(vars_.size());
+  region_bytes_.resize(vars_.size());
   int64_t end = common::kSegmentHeaderBytes;
-  for (std::vector<int64_t>* at : {&value_at, &grad_at}) {
+  for (std::vector<int64_t>* at : {&value_at, &grad_at, &landing_at}) {
     for (size_t v = 0; v < vars_.size(); ++v) {
       (*at)[v] = end;
       int64_t elements = 1;
       for (int64_t d : vars_[v].shape()) elements *= d;
-      end += (elements * static_cast<int64_t>(sizeof(float)) + 63) / 64 * 64;
+      region_bytes_[v] = (elements * static_cast<int64_t>(sizeof(float)) + kPageBytes - 1) /
+                         kPageBytes * kPageBytes;
+      end += region_bytes_[v];
     }
   }
   if (vars_.empty()) return;
@@ -62,6 +70,7 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
       const int64_t skip = part.offset * static_cast<int64_t>(sizeof(float));
       server->segment_offsets.push_back(value_at_[part.var] + skip);
       server->push_offsets.push_back(grad_at_[part.var] + skip);
+      server->landing_offsets.push_back(landing_at[part.var] + skip);
     }
   }
 }
@@ -76,6 +85,14 @@ float* PsPeers::SegmentGradients(int var) {
   return reinterpret_cast<float*>(segment_->mutable_at(grad_at_[var]));
 }
 
+void PsPeers::ReleaseSegmentMemory(int var) {
+  if (segment_ == nullptr) return;
+  for (int64_t at : {value_at_[var], grad_at_[var]}) {
+    // Best effort: the pages come back (zero) if anyone writes them again.
+    (void)madvise(segment_->mutable_at(at), static_cast<size_t>(region_bytes_[var]), MADV_REMOVE);
+  }
+}
+
 void PsPeers::DescribeSegment(v1::SharedSegment* request) const {
   request->set_pid(segment_->pid());
   request->set_fd(segment_->fd());
@@ -83,11 +100,12 @@ void PsPeers::DescribeSegment(v1::SharedSegment* request) const {
   request->set_size(segment_->size());
 }
 
-bool PsPeers::SegmentFor(int s, v1::SharedSegment* request) {
+bool PsPeers::SegmentFor(int s, bool landing, v1::SharedSegment* request) {
   Server& server = *servers_[s];
   if (segment_ == nullptr || server.parts.empty() || server.segment_refused.load()) return false;
   DescribeSegment(request);
-  *request->mutable_offsets() = {server.segment_offsets.begin(), server.segment_offsets.end()};
+  const std::vector<int64_t>& at = landing ? server.landing_offsets : server.segment_offsets;
+  *request->mutable_offsets() = {at.begin(), at.end()};
   request->set_pull_id(server.pull_ids.fetch_add(1) + 1);
   return true;
 }

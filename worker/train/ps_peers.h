@@ -78,10 +78,13 @@ class PsPeers {
   // --- Same host (common/shared_segment.h). ---
   // Where server `s` may write its pulls: the segment (with the offset of
   // each of its parts, by its var_index) for the caller's next call, which
-  // gets `pull_id` (increasing). False when shared memory is off
+  // gets `pull_id` (increasing). With `landing`, the parts' offsets are in
+  // the landing region rather than where the values live (SegmentValues):
+  // for a retried pull, whose server must not write parts that are complete
+  // (someone may be reading them there). False when shared memory is off
   // (options.shared_memory), unavailable, or refused by that server. Only
   // the server's pull executor calls it and reads the segment.
-  bool SegmentFor(int s, v1::SharedSegment* request);
+  bool SegmentFor(int s, bool landing, v1::SharedSegment* request);
   // The same for a push to server `s` (where each part's gradient goes):
   // only once that server has written a pull in place (so it can open the
   // segment). Only the server's push executor calls it and writes there.
@@ -96,9 +99,10 @@ class PsPeers {
   // are skipped for a tensor that does.
   float* SegmentValues(int var);
   float* SegmentGradients(int var);
-  // Where part `k` of server `s` lies in its segment: pulled values, and
-  // the gradient pushed.
-  int64_t segment_offset(int s, size_t k) const { return servers_[s]->segment_offsets[k]; }
+  // Gives the pages of variable `var`'s values and gradient back to the
+  // system (their contents are lost; they come back as zeros if written).
+  void ReleaseSegmentMemory(int var);
+  // Where part `k` of server `s` lies in the segment: the gradient pushed.
   int64_t push_offset(int s, size_t k) const { return servers_[s]->push_offsets[k]; }
   // The server wrote `bytes` in place (the first time is logged) / said why
   // it could not (then no later pull offers it the segment; logged once).
@@ -144,6 +148,7 @@ class PsPeers {
     // Same host (when segment_ is set): where each of its parts lies in it.
     std::vector<int64_t> segment_offsets;  // pulled values, by the server's var_index
     std::vector<int64_t> push_offsets;     // pushed gradients, likewise
+    std::vector<int64_t> landing_offsets;  // retried pulls, likewise
     std::atomic<bool> segment_refused{false};
     std::atomic<bool> segment_used{false};  // logged once
     std::atomic<uint64_t> pull_ids{0};
@@ -171,6 +176,8 @@ class PsPeers {
   // by variable.
   std::unique_ptr<common::SharedSegment> segment_;
   std::vector<int64_t> value_at_, grad_at_;
+  std::vector<int64_t> region_bytes_;  // each variable's room in a region, whole pages
+  static constexpr int64_t kPageBytes = 4096;
   std::atomic<int64_t> bytes_in_place_{0};
   std::atomic<int64_t> bytes_pushed_in_place_{0};
 

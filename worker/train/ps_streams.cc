@@ -210,9 +210,15 @@ class GrpcPullStream final : public PullStream, private StreamBase {
     // between them.
     req.set_max_wait_ms(absl::ToInt64Milliseconds(
         std::clamp(o.peer_timeout / 4, absl::Milliseconds(250), absl::Seconds(5))));
-    // Same host: the server may write the values into our segment instead.
+    // Same host: the server may write the values into our segment instead:
+    // where the weights may live, or, once parts are complete (a retry), in
+    // the landing region, from which the rest is copied.
+    const std::vector<VariablePart>& parts = peers_.parts_on(s);
+    PerServer& me = servers_[s];
+    const bool retry = std::find(me.part_done.begin(), me.part_done.end(), true) !=
+                       me.part_done.end();
     v1::SharedSegment segment;
-    const bool offered = peers_.SegmentFor(s, &segment);
+    const bool offered = peers_.SegmentFor(s, retry, &segment);
     if (offered) *req.mutable_segment() = std::move(segment);
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
@@ -222,8 +228,6 @@ class GrpcPullStream final : public PullStream, private StreamBase {
     std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
         grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
             &peers_.channel(s), peers_.pull_method(s), &ctx, req));
-    const std::vector<VariablePart>& parts = peers_.parts_on(s);
-    PerServer& me = servers_[s];
     std::vector<int64_t> got(parts.size(), 0);  // elements this call delivered, by part
     std::vector<uint32_t> touched;              // parts the current message reached
     common::TensorWireHandler handler;
@@ -246,9 +250,11 @@ class GrpcPullStream final : public PullStream, private StreamBase {
         const size_t k = static_cast<size_t>(value);
         const VariablePart& part = parts[k];
         const int64_t bytes = part.count * static_cast<int64_t>(sizeof(float));
-        if (!me.part_done[k]) {
-          std::memcpy(weights_[part.var]->data() + part.offset,
-                      peers_.segment().at(peers_.segment_offset(s, k)), bytes);
+        float* to = weights_[part.var]->data() + part.offset;
+        const char* from = peers_.segment().at(req.segment().offsets(static_cast<int>(k)));
+        // No copy when the weight lives in the segment (PlaceHostTensors).
+        if (!me.part_done[k] && reinterpret_cast<const char*>(to) != from) {
+          std::memcpy(to, from, bytes);
         }
         got[k] = part.count;
         touched.push_back(static_cast<uint32_t>(k));
@@ -558,8 +564,9 @@ class GrpcPushStream final : public PushStream, private StreamBase {
           for (int v : b.vars) {
             for (int k : parts_of[v]) {
               const int64_t bytes = parts[k].count * static_cast<int64_t>(sizeof(float));
-              std::memcpy(peers_.mutable_segment().mutable_at(peers_.push_offset(s, k)),
-                          grads_[v]->data() + parts[k].offset, bytes);
+              char* to = peers_.mutable_segment().mutable_at(peers_.push_offset(s, k));
+              const float* from = grads_[v]->data() + parts[k].offset;
+              if (to != reinterpret_cast<const char*>(from)) std::memcpy(to, from, bytes);
               common::AppendVarintField(v1::ps_wire::kPushSegmentVarField,
                                         static_cast<uint64_t>(k), &named);
               bytes_in_place += bytes;

@@ -290,6 +290,60 @@ TEST(PsStreamsTest, PullsGoThroughSharedMemoryWhereBothSidesAllowIt) {
   }
 }
 
+
+// Weights and gradients living in the client's shared memory (as the trainer
+// places them): the servers' pulls land in the weights themselves and pushes
+// are read from the gradients, nothing copied on the worker, with the same
+// values as through buffers of their own.
+TEST(PsStreamsTest, TensorsLivingInTheSegmentArePulledAndPushedInPlace) {
+  LocalPsCluster cluster(2, /*start=*/true, /*shared_memory=*/true);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+  Buffers w(Vars());
+  Buffers g = Grads();
+  // Every variable's values and gradient: its own room, apart from the rest.
+  std::vector<std::pair<const char*, const char*>> rooms;
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    float* values = client->SharedValues(static_cast<int>(v));
+    float* grads = client->SharedGradients(static_cast<int>(v));
+    ASSERT_NE(values, nullptr);
+    ASSERT_NE(grads, nullptr);
+    const int64_t bytes = w.tensors[v].num_bytes();
+    rooms.emplace_back(reinterpret_cast<const char*>(values),
+                       reinterpret_cast<const char*>(values) + bytes);
+    rooms.emplace_back(reinterpret_cast<const char*>(grads),
+                       reinterpret_cast<const char*>(grads) + bytes);
+    w.tensors[v].MoveTo(values);
+    g.tensors[v].MoveTo(grads);
+  }
+  for (size_t a = 0; a < rooms.size(); ++a) {
+    for (size_t b = a + 1; b < rooms.size(); ++b) {
+      EXPECT_TRUE(rooms[a].second <= rooms[b].first || rooms[b].second <= rooms[a].first)
+          << "rooms " << a << " and " << b << " overlap";
+    }
+  }
+  ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());
+  ExpectUpdated(w, false);
+  auto pushed = client->Push(0, 1, g.const_ptrs);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  const Buffers reference = Grads();
+  for (size_t v = 0; v < g.tensors.size(); ++v) {  // read, not changed
+    ASSERT_EQ(std::vector<float>(g.tensors[v].span().begin(), g.tensors[v].span().end()),
+              std::vector<float>(reference.tensors[v].span().begin(),
+                                 reference.tensors[v].span().end()))
+        << "gradient " << v;
+  }
+  auto step = client->Pull(1, 1, w.ptrs);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 1);
+  ExpectUpdated(w, true);
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    EXPECT_EQ(w.tensors[v].data(), client->SharedValues(static_cast<int>(v)));
+  }
+  EXPECT_GT(client->bytes_pulled_in_place(), 0);
+  EXPECT_GT(client->bytes_pushed_in_place(), 0);
+}
+
 // A server that wrote pulls into the segment but then cannot read a push
 // from it: the push goes again as slices, applied once, and that server is
 // not offered the segment again.

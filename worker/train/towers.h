@@ -84,6 +84,10 @@ class Towers {
   std::vector<common::Tensor*> weights() { return models_[0]->weights(); }
   // The reduced gradient after ComputeGradients (tower 0's tensors).
   std::vector<common::Tensor*> gradients() { return models_[0]->gradients(); }
+  // Where those live (Model::PlaceHostTensors of tower 0).
+  void PlaceHostTensors(size_t v, float* weight, float* grad) {
+    models_[0]->PlaceHostTensors(v, weight, grad);
+  }
 
   // Splits `batch` into num_towers contiguous parts (sizes differ by at most
   // one), runs every tower on its own thread (towers on host memory read

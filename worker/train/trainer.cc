@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -13,6 +14,7 @@
 #include "common/lr_schedule.h"
 #include "common/optimizer_spec.h"
 #include "common/process_cpu.h"
+#include "common/rpc.h"
 #include "common/status.h"
 
 namespace towerps::worker {
@@ -133,6 +135,28 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   optimizer_ = config.optimizer();
   TOWERPS_ASSIGN_OR_RETURN(int64_t step, client_.Register(config));
   const int64_t start_step = step;
+  // Same host: the weights and gradients live in the client's shared memory
+  // while training, where the servers write pulls and read pushes, so that
+  // neither is copied on this side; back in their own memory when Run
+  // returns (the client's may go before the towers). Each variable's old
+  // memory goes back to the system as it moves, either way, so that the
+  // worker never holds the model twice.
+  const size_t num_vars = towers_.weights().size();
+  bool shared = false;
+  for (size_t v = 0; v < num_vars; ++v) {
+    float* values = client_.SharedValues(static_cast<int>(v));
+    if (values == nullptr) continue;
+    towers_.PlaceHostTensors(v, values, client_.SharedGradients(static_cast<int>(v)));
+    common::ReleaseFreeMemory();
+    shared = true;
+  }
+  absl::Cleanup own_memory = [&] {
+    if (!shared) return;
+    for (size_t v = 0; v < num_vars; ++v) {
+      towers_.PlaceHostTensors(v, nullptr, nullptr);
+      client_.ReleaseShared(static_cast<int>(v));
+    }
+  };
 
   std::vector<common::Tensor*> weights = towers_.weights();
   std::vector<const common::Tensor*> grads;
