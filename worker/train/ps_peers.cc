@@ -35,13 +35,12 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
   health_.resize(n);
   if (!options_.shared_memory) return;
   // One segment for the whole model, offered to every server that holds a
-  // part of it: each variable whole on cache lines, the pulled values, the
-  // pushed gradients (a push and the next pull overlap), then where retried
-  // pulls land (pages that only a retry touches). A server's part lies where
-  // its elements do, so a variable split across servers is still one run of
+  // part of it: each variable whole, in pages of its own (given back on
+  // their own: ReleaseSegmentMemory), the pulled values, the pushed
+  // gradients (a push and the next pull overlap), then where retried pulls
+  // land (pages that only a retry touches). A server's part lies where its
+  // elements do, so a variable split across servers is still one run of
   // memory.
-  // Each variable's room is whole pages, so that its pages can be given
-  // back on their own (ReleaseSegmentMemory).
   std::vector<int64_t> value_at(vars_.size()), grad_at(vars_.size()), landing_at(vars_.size());
   region_bytes_.resize(vars_.size());
   int64_t end = common::kSegmentHeaderBytes;
