@@ -303,6 +303,12 @@ absl::StatusOr<Row> RunPs(const BenchOptions& opt, int64_t chunk,
       grads[w].emplace_back(shape);
       grads[w].back().Fill(kGradient);
     }
+    // ps_shm: they live in the client's shared memory, as a trainer's do
+    // (worker::Model::PlaceHostTensors), so the client copies nothing.
+    for (size_t v = 0; v < vars.size() && shared_memory; ++v) {
+      weights[w][v].MoveTo(clients[w]->SharedValues(static_cast<int>(v)));
+      grads[w][v].MoveTo(clients[w]->SharedGradients(static_cast<int>(v)));
+    }
     for (auto& t : weights[w]) wptrs[w].push_back(&t);
     for (auto& g : grads[w]) gptrs[w].push_back(&g);
   }
@@ -518,8 +524,9 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
             << "  paths: ps = GrpcParameterClient -> ParameterServiceImpl ("
             << (opt.sync ? "SYNC" : "ASYNC") << ", SGD, common/rpc's channels), "
                "everything over gRPC;\n"
-            << "         ps_shm = the same through the client's shared memory segments "
-               "(common/shared_segment.h): gRPC carries only which variables are there;\n"
+            << "         ps_shm = the same through the client's shared memory segment "
+               "(common/shared_segment.h), where its weights and gradients live as a "
+               "trainer's do: gRPC carries only which variables are there;\n"
             << "         grpc_echo_{bytes,floats} = plain gRPC (its default settings) "
                "client-stream up + server-stream down, payload `bytes` / packed `repeated "
                "float`;\n"
