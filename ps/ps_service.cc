@@ -362,6 +362,10 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
         }
         message = prefix;
         pending = 0;
+        if (pull_fault_for_testing_) {
+          grpc::Status fault = pull_fault_for_testing_(request, in_segment);
+          if (!fault.ok()) return fault;
+        }
       }
     }
     if (message.size() > prefix.size()) {  // stopped part way: say what is there

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -122,6 +123,14 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   // Turns shared memory off (or on) for the calls that start from now on,
   // as if the server had been started so.
   void set_shared_memory(bool on) { shared_memory_.store(on); }
+  // Tests only, set before any call: in a pull written into a worker's
+  // segment, called each time the server has told the worker of more
+  // variables in place, with the request and how many are; a status other
+  // than OK ends the call with it there (a transport failure part way).
+  void set_pull_fault_for_testing(
+      std::function<grpc::Status(const v1::PullRequest&, size_t in_segment)> fault) {
+    pull_fault_for_testing_ = std::move(fault);
+  }
 
  private:
   grpc::Status DoPush(TensorStream* stream, v1::PushResponse* response);
@@ -147,6 +156,7 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   const int64_t default_chunk_bytes_;
   PsMetrics* const metrics_;  // Not owned; may be null.
   std::atomic<bool> shared_memory_;
+  std::function<grpc::Status(const v1::PullRequest&, size_t)> pull_fault_for_testing_;
   absl::Mutex gates_mu_;
   std::map<std::string, std::shared_ptr<SegmentGate>> gates_ ABSL_GUARDED_BY(gates_mu_);
 };

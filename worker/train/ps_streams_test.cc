@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
@@ -342,6 +343,72 @@ TEST(PsStreamsTest, TensorsLivingInTheSegmentArePulledAndPushedInPlace) {
   }
   EXPECT_GT(client->bytes_pulled_in_place(), 0);
   EXPECT_GT(client->bytes_pushed_in_place(), 0);
+}
+
+
+// A pull that fails part way, after a variable was written in place, is
+// retried into the segment's landing region: the variable the first call
+// completed (which the compute may already be reading, in the tensor that
+// lives there) keeps what that call wrote, although the values changed on
+// the server in between; the others arrive from the retry.
+TEST(PsStreamsTest, ARetriedPullDoesNotWriteAVariableAlreadyInPlace) {
+  LocalPsCluster cluster(1, /*start=*/true, /*shared_memory=*/true);
+  ParameterClientOptions o = Options(cluster, "j");
+  o.chunk_bytes = 4096;  // "big" (10240 bytes) is told in place on its own
+  auto client = NewClient(o);
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+  Buffers w(Vars());
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    w.tensors[v].MoveTo(client->SharedValues(static_cast<int>(v)));
+  }
+  absl::Mutex mu;
+  std::vector<v1::SharedSegment> calls;  // the segment of each call, by pull_id
+  bool failed = false;
+  cluster.service(0).set_pull_fault_for_testing(
+      [&](const v1::PullRequest& r, size_t in_segment) -> grpc::Status {
+        absl::MutexLock lock(&mu);
+        if (calls.empty() || calls.back().pull_id() != r.segment().pull_id()) {
+          calls.push_back(r.segment());
+        }
+        if (failed || in_segment != 1) return grpc::Status::OK;
+        failed = true;
+        // The values change before the retry: a push applied on the server.
+        v1::PushHeader h;
+        h.set_job_id("j");
+        h.set_worker_task(0);
+        h.set_incarnation(99);
+        h.set_sequence(1);
+        h.set_num_examples(1);
+        auto session = cluster.server(0).BeginPush(h);
+        EXPECT_TRUE(session.ok()) << session.status();
+        if (!session.ok()) return grpc::Status::OK;
+        const Buffers g = Grads();
+        for (size_t v = 0; v < g.tensors.size(); ++v) {
+          v1::TensorSlice slice;
+          slice.set_var_index(static_cast<uint32_t>(v));
+          slice.set_data(g.tensors[v].data(), g.tensors[v].num_bytes());
+          EXPECT_TRUE((*session)->AddSlice(slice).ok());
+        }
+        EXPECT_TRUE(cluster.server(0).FinishPush(std::move(*session)).ok());
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "test: the connection broke");
+      });
+  auto step = client->Pull(0, 0, w.ptrs);
+  ASSERT_TRUE(step.ok()) << step.status();
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(failed);
+  ASSERT_GE(calls.size(), 2u);
+  for (int k = 0; k < calls[0].offsets_size(); ++k) {
+    EXPECT_NE(calls[1].offsets(k), calls[0].offsets(k)) << "part " << k;  // the landing region
+  }
+  for (int64_t i = 0; i < w.tensors[0].num_elements(); ++i) {
+    ASSERT_EQ(w.tensors[0][i], 1.0f) << "big, element " << i;  // as the first call wrote it
+  }
+  for (size_t v = 1; v < w.tensors.size(); ++v) {
+    for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
+      ASSERT_EQ(w.tensors[v][i], 1.0f - kLr * Grad(static_cast<int>(v), i))
+          << "variable " << v << " element " << i;  // from the retry
+    }
+  }
 }
 
 // A server that wrote pulls into the segment but then cannot read a push
