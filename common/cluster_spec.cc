@@ -101,6 +101,13 @@ int ClusterSpec::WorkersOnSameHost() const {
   return n;
 }
 
+int ClusterSpec::PsOnSameHost() const {
+  const std::string self = HostOf(self_address());
+  int n = 0;
+  for (const std::string& p : ps) n += HostOf(p) == self ? 1 : 0;
+  return n;
+}
+
 std::string ClusterSpec::TaskName() const {
   return absl::StrCat("/job:", job_name, "/replica:0/task:", task_index);
 }

@@ -30,6 +30,10 @@ struct ClusterSpec {
   // cores. Loopback names (localhost, 127.0.0.0/8, ::1) are one host. Hosts
   // are compared by name: two names of one machine count as two hosts.
   int WorkersOnSameHost() const;
+  // Ps tasks (this one included, if it is a ps) on the same host as this
+  // task, by the same rule: the servers whose updates and copies share this
+  // machine's cores with its workers' compute.
+  int PsOnSameHost() const;
 };
 
 // Builds a spec from --ps_hosts/--worker_hosts (comma-separated host:port),

@@ -55,6 +55,20 @@ TEST(ClusterSpecTest, WorkersOnSameHostCountsWorkersByHostWithLoopbackAsOne) {
   EXPECT_EQ(spec->WorkersOnSameHost(), 1);  // a ps beside worker 10.0.0.9:5
 }
 
+TEST(ClusterSpecTest, PsOnSameHostCountsServersByHostWithLoopbackAsOne) {
+  auto spec = ClusterSpecFromFlags("127.0.0.1:1,10.0.0.9:2,localhost:3,[::1]:4",
+                                   "127.0.0.5:5,10.0.0.9:6,w7:7", "worker", 0);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->PsOnSameHost(), 3);  // 127.0.0.1, localhost, ::1
+  spec->task_index = 1;
+  EXPECT_EQ(spec->PsOnSameHost(), 1);  // 10.0.0.9:2
+  spec->task_index = 2;
+  EXPECT_EQ(spec->PsOnSameHost(), 0);  // w7 has no server
+  spec->job_name = "ps";
+  spec->task_index = 1;
+  EXPECT_EQ(spec->PsOnSameHost(), 1);  // itself
+}
+
 TEST(ClusterSpecTest, TfConfigParses) {
   auto s = ClusterSpecFromTfConfig(
       R"({"cluster": {"ps": ["p:1"], "worker": ["w0:1", "w1:1"]},

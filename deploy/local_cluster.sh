@@ -16,7 +16,8 @@
 # and keeps the cluster up until Ctrl-C/SIGTERM; submit with
 #   TOWERCTL_CHIEF=<address> towerctl submit job.json --wait
 # Every process it starts is stopped on exit, on Ctrl-C and on failure.
-# TOWERPS_BIN_DIR=<dir with ps/ps, worker/worker, client/towerctl> skips the build.
+# TOWERPS_BIN_DIR=<dir with ps/ps, worker/worker, client/towerctl> skips the build;
+# TOWERPS_PS_FLAGS="--flag=value ..." goes to every ps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -91,10 +92,12 @@ for f in "${EXTRA[@]}"; do
 done
 
 COMMON=(--ps_hosts="$PS_HOSTS" --worker_hosts="$WORKER_HOSTS")
+# TOWERPS_PS_FLAGS: more flags for every ps (word-split), e.g. "--blas_threads=4".
+read -r -a PS_FLAGS <<<"${TOWERPS_PS_FLAGS:-}"
 for ((i = 0; i < NUM_PS; i++)); do
   # The ps writes checkpoint shards only under its --state_dir: the chief's.
   "$BIN/ps/ps" "${COMMON[@]}" --job_name=ps --task_index=$i --state_dir="$STATE_DIR" \
-    >"$LOG_DIR/ps$i.log" 2>&1 &
+    "${PS_FLAGS[@]}" >"$LOG_DIR/ps$i.log" 2>&1 &
   PIDS+=($!)
   echo $! >"$LOG_DIR/ps$i.pid"
 done

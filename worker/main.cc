@@ -98,7 +98,9 @@ ABSL_FLAG(std::string, layout, "",
           "\"classic\": first layer on device 0, hidden layer i on min(i+1, last), output on the last.");
 ABSL_FLAG(int, blas_threads, 0,
           "CPU math threads (BLAS and oneDNN) per tower (0: cores / (towers x workers on this "
-          "host), so towers and workers never oversubscribe the cores).");
+          "host), so towers and workers never oversubscribe the cores; half the cores where a "
+          "ps runs on this host too and it has 4 or more, for the communication that overlaps "
+          "the compute).");
 ABSL_FLAG(double, wait_timeout_s, 600,
           "Longest wait for a step (while every peer is alive) before failing.");
 ABSL_FLAG(double, peer_timeout_s, 0,

@@ -6,6 +6,7 @@
 #   tests/bench/step_breakdown.sh [--models=mlp,dense_stack] [--ps=2]
 #       [--shapes=1:sync,2:sync,1:async,2:async] [--epochs=1] [--max_steps=0]
 #       [--out=DIR] [--worker_flags="--virtual_devices=GPU:0=8000x1"]
+#       [--ps_flags="--blas_threads=4"]
 #
 # Per run it prints one row from the logs the processes write:
 #   - each worker's step breakdown (worker/train/trainer: compute = forward,
@@ -25,13 +26,14 @@
 #   - each ps's peak resident memory (VmHWM, logged at exit) against the
 #     bytes of values and optimizer slots it held (logged at register), raw
 #     and net of the memory the same ps had with no job (gRPC, libraries).
-# --worker_flags go to every worker (devices, BLAS threads; word-split).
+# --worker_flags go to every worker (devices, BLAS threads; word-split),
+# --ps_flags to every ps (deploy/local_cluster.sh's TOWERPS_PS_FLAGS).
 # Where a GPU is present the towers run on it unless the worker is told
 # otherwise (CUDA_VISIBLE_DEVICES= hides it: CPU towers on a GPU machine).
 # Not a test: nothing is asserted; numbers are reported. The binaries are
 # built with -c opt unless TOWERPS_BIN_DIR names them.
 set -euo pipefail
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 MODELS=mlp,dense_stack
 SHAPES=1:sync,2:sync,1:async,2:async
@@ -40,6 +42,7 @@ EPOCHS=1
 MAX_STEPS=0
 OUT=""
 WORKER_FLAGS=""
+PS_FLAGS=""
 for arg in "$@"; do
   case "$arg" in
     --models=*) MODELS="${arg#*=}" ;;
@@ -49,6 +52,7 @@ for arg in "$@"; do
     --max_steps=*) MAX_STEPS="${arg#*=}" ;;
     --out=*) OUT="${arg#*=}" ;;
     --worker_flags=*) WORKER_FLAGS="${arg#*=}" ;;
+    --ps_flags=*) PS_FLAGS="${arg#*=}" ;;
     -h|--help) usage 0 ;;
     *) echo "step_breakdown: unknown argument \"$arg\"" >&2; usage ;;
   esac
@@ -78,7 +82,7 @@ for model in "${models[@]}"; do
     [ "$MAX_STEPS" -gt 0 ] && job_flags+=(--max_steps="$MAX_STEPS")
     read -r -a extra <<<"$WORKER_FLAGS"
     job_flags+=("${extra[@]}")
-    if ! TOWERPS_LOG_DIR="$run" timeout 900 deploy/local_cluster.sh --ps="$NUM_PS" \
+    if ! TOWERPS_PS_FLAGS="$PS_FLAGS" TOWERPS_LOG_DIR="$run" timeout 900 deploy/local_cluster.sh --ps="$NUM_PS" \
         --workers="$workers" --mode="$mode" --model="$model" -- "${job_flags[@]}" \
         >"$run/launcher.log" 2>&1; then
       echo "step_breakdown: $model $workers workers $mode failed; see $run/launcher.log" >&2

@@ -7,6 +7,7 @@
 #
 #   bash tests/gpu/bench.sh [cpu_breakdown] [gpu_breakdown] [ps_throughput]
 #       [threads] [cpu_breakdown_blas4] [resnet18] [diag] [grpc] [blas_core]
+#       [threads_sweep] [ps_threads] [cpu_threads_ab]
 # threads: the compute alone at each CPU math thread count (what the
 # breakdown's "alone" column should be read against); cpu_breakdown_blas4:
 # the MLP breakdown with 4 BLAS threads per worker; resnet18: ResNet-18 on
@@ -16,7 +17,16 @@
 # on CPU towers, then their breakdown with OPENBLAS_THREAD_TIMEOUT=4 (its
 # pool threads sleep almost at once); grpc: the MLP breakdown and the ps path
 # under gRPC's own experiments (GRPC_EXPERIMENTS); blas_core: the kernels
-# OpenBLAS chose for the CPU, and the MLP with each core type forced.
+# OpenBLAS chose for the CPU, and the MLP with each core type forced;
+# threads_sweep: the CPU-tower breakdown of both models at several worker
+# CPU math thread counts (SWEEP_THREADS for 1 worker, halved for 2): how much
+# a team of BLAS threads as wide as the machine loses when the servers and
+# the worker's own streams need cores during the overlapped compute;
+# ps_threads: ps_throughput, 1 server, 64 MiB, at several --ps_blas_threads;
+# cpu_threads_ab: the CPU-tower breakdown of both models with the worker's
+# default CPU math threads (half the cores where a ps shares the host),
+# with every core (cores / workers, the rule before), and with the default
+# and 4 OpenBLAS threads on each ps, interleaved by shape.
 #
 # The cpu_* parts hide the GPU from the workers (CUDA_VISIBLE_DEVICES=):
 # where a GPU is present a worker puts its towers on it, so without that a
@@ -116,6 +126,41 @@ for part in "${parts[@]}"; do
           --models=mlp --shapes=1:sync,2:sync --epochs="${EPOCHS:-2}" --out=/tmp/sb_grpc | grep -E '^(model|mlp)'
         GRPC_EXPERIMENTS=$e timeout "${PS_THROUGHPUT_TIMEOUT_S:-90}" "$T/tests/bench/ps_throughput" \
           --rounds=20 --servers=1 --workers=1 --model_bytes=16777216 | grep -E '^(path|tcp|grpc_|ps) '
+      done ;;
+    threads_sweep)
+      for t in ${SWEEP_THREADS:-16 12 8 4}; do
+        h=$(( t / 2 > 0 ? t / 2 : 1 ))
+        echo "-- worker --blas_threads=$t (1 worker), $h (2 workers)"
+        CUDA_VISIBLE_DEVICES= timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh \
+          --models=mlp --shapes=1:sync,1:async --epochs=2 --worker_flags="--blas_threads=$t" \
+          --out=/tmp/sb_sweep | grep -E '^mlp'
+        CUDA_VISIBLE_DEVICES= timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh \
+          --models=dense_stack --shapes=1:sync --epochs=8 --worker_flags="--blas_threads=$t" \
+          --out=/tmp/sb_sweep | grep -E '^dense'
+        CUDA_VISIBLE_DEVICES= timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh \
+          --models=mlp --shapes=2:sync --epochs=2 --worker_flags="--blas_threads=$h" \
+          --out=/tmp/sb_sweep | grep -E '^mlp'
+      done ;;
+    cpu_threads_ab)
+      c=$(nproc)
+      for shape in 1:sync 1:async 2:sync; do
+        w=${shape%%:*}
+        for variant in default all_cores ps4; do
+          wf=""; pf=""
+          [ "$variant" = all_cores ] && wf="--blas_threads=$((c / w))"
+          [ "$variant" = ps4 ] && pf="--blas_threads=4"
+          for m in mlp:2 dense_stack:8; do
+            CUDA_VISIBLE_DEVICES= timeout "${BREAKDOWN_TIMEOUT_S:-240}" tests/bench/step_breakdown.sh \
+              --models="${m%%:*}" --shapes="$shape" --epochs="${m#*:}" --worker_flags="$wf" \
+              --ps_flags="$pf" --out=/tmp/sb_ab | grep -E '^(mlp|dense)' | sed "s/^/$variant /"
+          done
+        done
+      done ;;
+    ps_threads)
+      for t in ${PS_SWEEP_THREADS:-1 4}; do
+        echo "-- ps_throughput --ps_blas_threads=$t, 1 server, 1 worker, 64 MiB"
+        timeout "${PS_THROUGHPUT_TIMEOUT_S:-90}" "$T/tests/bench/ps_throughput" --rounds=20 \
+          --servers=1 --workers=1 --model_bytes=67108864 --ps_blas_threads="$t" | grep -E '^(path|tcp|grpc_echo_bytes|ps|ps_shm) '
       done ;;
     *) echo "bench.sh: unknown part \"$part\"" >&2; exit 2 ;;
   esac

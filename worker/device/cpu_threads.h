@@ -29,8 +29,20 @@ int CpuMathThreads();
 void ApplyCpuMathThreadsToThisThread();
 
 // Threads per tower so that every tower of every worker on this host
-// together use at most `cores`: max(1, cores / (towers * workers_on_host)).
-int CpuThreadsPerTower(int cores, int towers, int workers_on_host = 1);
+// together use at most their share of `cores`:
+// max(1, share / (towers * workers_on_host)), where the share is every core,
+// or half of them on a host of 4 cores or more where a ps runs too. A
+// step's communication overlaps its compute: while the towers compute, the
+// servers on the host apply and copy the other layers and the worker's
+// streams move them, so an OpenBLAS team as wide as the machine loses a
+// member to those threads in nearly every call and waits for it. On 16
+// cores with 2 ps (issue 16, tests/gpu/bench.sh threads_sweep), 8 threads
+// instead of 16 took the 1-worker MLP step from 3.12 to 2.51 ms and the
+// dense stack's from 37.6 to 27.4, though each computes alone faster on 16.
+// On 2 cores one thread instead of two cost the MLP's step 25% (its
+// compute alone is 1.8x slower) and gained the dense stack's 5-20%: the
+// whole cores stay shared there.
+int CpuThreadsPerTower(int cores, int towers, int workers_on_host = 1, int ps_on_host = 0);
 
 }  // namespace towerps::worker
 

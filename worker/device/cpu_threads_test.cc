@@ -19,6 +19,19 @@ TEST(CpuThreadsTest, PerTowerSharesTheCoresAmongTowersAndWorkers) {
   EXPECT_EQ(CpuThreadsPerTower(8, 0, 0), 8);  // nonsense counts as one
 }
 
+TEST(CpuThreadsTest, LeavesHalfTheCoresToServersOnTheSameHost) {
+  EXPECT_EQ(CpuThreadsPerTower(16, 1, 1, 0), 16);  // no ps here: every core
+  EXPECT_EQ(CpuThreadsPerTower(16, 1, 1, 2), 8);
+  EXPECT_EQ(CpuThreadsPerTower(16, 1, 1, 1), 8);   // one ps is enough
+  EXPECT_EQ(CpuThreadsPerTower(16, 1, 2, 2), 4);   // then shared among the workers
+  EXPECT_EQ(CpuThreadsPerTower(16, 2, 1, 2), 4);   // and the towers
+  EXPECT_EQ(CpuThreadsPerTower(4, 1, 1, 1), 2);
+  EXPECT_EQ(CpuThreadsPerTower(3, 1, 1, 1), 3);    // below 4 cores: every core
+  EXPECT_EQ(CpuThreadsPerTower(2, 1, 1, 2), 2);
+  EXPECT_EQ(CpuThreadsPerTower(2, 1, 2, 2), 1);
+  EXPECT_EQ(CpuThreadsPerTower(1, 1, 1, 2), 1);
+}
+
 TEST(CpuThreadsTest, SetsOpenBlasAndEveryThreadsOpenMpTeam) {
   SetCpuMathThreads(3);
   EXPECT_EQ(CpuMathThreads(), 3);

@@ -156,20 +156,28 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   Model* model = &towers->primary();
   // The CPU math (BLAS and oneDNN) of every tower of every worker on this
   // host shares its cores: never more threads in all than cores (spinning
-  // teams of the two libraries, or of two processes, starve each other).
+  // teams of the two libraries, or of two processes, starve each other), and
+  // half of them where servers share a host of 4 cores or more (see
+  // CpuThreadsPerTower).
   {
     const int parallel = num_towers * (job.micro_batches() > 1 ? towers->primary().num_stages() : 1);
     const int on_host = spec.WorkersOnSameHost();
-    const int threads =
-        env.blas_threads > 0
-            ? env.blas_threads
-            : CpuThreadsPerTower(static_cast<int>(std::thread::hardware_concurrency()), parallel,
-                                 on_host);
+    const int ps_on_host = spec.PsOnSameHost();
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    const int threads = env.blas_threads > 0
+                            ? env.blas_threads
+                            : CpuThreadsPerTower(cores, parallel, on_host, ps_on_host);
     SetCpuMathThreads(threads);
     Log(hooks, absl::StrCat(num_towers, " tower(s), ", threads, " CPU math thread(s) each",
-                            env.blas_threads > 0 ? " (--blas_threads)"
-                                                 : absl::StrCat(" (", on_host,
-                                                                " worker(s) on this host)"),
+                            env.blas_threads > 0
+                                ? " (--blas_threads)"
+                                : absl::StrCat(" (", on_host, " worker(s) on this host",
+                                               ps_on_host > 0 && cores >= 4
+                                                   ? absl::StrCat(" and ", ps_on_host,
+                                                                  " ps, which get half of its ",
+                                                                  cores, " cores")
+                                                   : "",
+                                               ")"),
                             ", OpenBLAS kernels ", common::BlasCoreName(),
                             "; reduction: ", towers->reducer().Name()));
   }

@@ -36,7 +36,7 @@ struct WorkerEnv {
   int64_t chunk_bytes = 1 << 20;
   bool shared_memory = true;     // ParameterClientOptions.shared_memory
   absl::Duration wait_timeout = absl::Minutes(10);
-  int blas_threads = 0;          // CPU math threads per tower; 0: cores / (towers x workers on this host).
+  int blas_threads = 0;          // CPU math threads per tower; 0: CpuThreadsPerTower's rule.
   bool log_device_placement = false;
   std::string layout;            // "" or "classic".
   WorkerMetrics* metrics = nullptr;  // Not owned; may be null (no --metrics_port).
