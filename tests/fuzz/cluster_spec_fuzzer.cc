@@ -4,7 +4,8 @@
 // --worker_hosts, --job_name, --task_index.
 // Invariants: a refusal is InvalidArgument with a message; an accepted spec
 // passes ValidateClusterSpec, its own address and task name are readable, and
-// WorkersOnSameHost counts at most every worker; a spec from flags, printed
+// WorkersOnSameHost and PsOnSameHost count at most every task of their job
+// and at least this one; a spec from flags, printed
 // back as flags, parses to the same spec.
 #include <cstdint>
 #include <string>
@@ -30,6 +31,10 @@ void CheckAccepted(const ClusterSpec& spec) {
   FUZZ_CHECK(same >= 0 && same <= static_cast<int>(spec.worker.size()), "%d of %zu workers", same,
              spec.worker.size());
   if (spec.job_name == "worker") FUZZ_CHECK(same >= 1, "a worker not on its own host");
+  const int ps_same = spec.PsOnSameHost();
+  FUZZ_CHECK(ps_same >= 0 && ps_same <= static_cast<int>(spec.ps.size()), "%d of %zu ps", ps_same,
+             spec.ps.size());
+  if (spec.job_name == "ps") FUZZ_CHECK(ps_same >= 1, "a ps not on its own host");
 }
 
 void CheckRefusal(const absl::Status& s) {
