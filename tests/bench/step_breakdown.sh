@@ -115,14 +115,14 @@ def read(path):
 
 STEP = re.compile(r"worker (\d+): (\d+) steps, per step ([\d.]+) ms: compute ([\d.]+) \(\d+%\), "
                   r"pull ([\d.]+) \(wait ([\d.]+)\), push ([\d.]+), other ([\d.]+)"
-                  r"(?:; process cpu ([\d.]+) cores)?")
+                  r"(?: \(eval ([\d.]+)\))?(?:; process cpu ([\d.]+) cores)?")
 LOOP = re.compile(r"worker \d+: (\d+) steps, per step ([\d.]+) ms")
 CPU = re.compile(r"cpu time user ([\d.e+-]+) s, system ([\d.e+-]+) s")
 ALONE = re.compile(r"^(?:cpu|gpu)\S*\s+(\S+)\s+1\s+\d+\s+(\d+)\s+([\d.]+)", re.M)
-print("%-11s %2s %-5s %3s %6s %7s %7s %13s %6s %6s %6s %6s %6s %7s %5s %7s %6s | %8s %8s %5s %5s | %8s" % (
+print("%-11s %2s %-5s %3s %6s %7s %7s %13s %6s %6s %6s %6s %6s %6s %7s %7s %5s %7s %6s | %8s %8s %5s %5s | %8s" % (
     "model", "W", "mode", "dev", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
-    "step/c", "c/step", "alone", "st/alone", "cores", "wall_s", "acc", "ps MB", "held MB", "x",
-    "x net", "worker MB"))
+    "eval", "step/c", "c/step", "alone", "st/alone", "tr/alone", "cores", "wall_s", "acc", "ps MB",
+    "held MB", "x", "x net", "worker MB"))
 for line in open(sys.argv[1]):
     model, workers, mode, run, dev = line.rstrip("\n").split("\t")
     final = re.search(r"final: test_accuracy=(\S+) test_loss=\S+ steps=\d+ wall_s=([\d.]+)",
@@ -153,12 +153,13 @@ for line in open(sys.argv[1]):
         print("%-11s %2s %-5s  (no breakdown line in the worker logs: %s)" % (model, workers, mode, run))
         continue
     # The slowest worker's figures (in sync they wait for each other).
-    steps, step_ms, comp, pull, wait, push, other, _ = max(bds, key=lambda b: b[1])
+    steps, step_ms, comp, pull, wait, push, other, evl, _ = max(bds, key=lambda b: b[1])
+    evl = 0.0 if evl != evl else evl  # a worker without the eval figure: none counted
     # Cores kept busy during the training loop: every worker's process
     # (measured over its loop) plus every ps's whole CPU time over the loop's
     # length (a ps is idle before and after the job).
     loop_s = steps * step_ms / 1e3
-    cores = sum(b[7] for b in bds) + (sum(ps_cpu) / loop_s if loop_s > 0 else 0)
+    cores = sum(b[8] for b in bds) + (sum(ps_cpu) / loop_s if loop_s > 0 else 0)
     worst = max(ps_rows, key=lambda r: r[0] / max(1, r[1])) if ps_rows else (0, 1, 0)
     alone = float("nan")
     alone_path = os.path.join(run, "alone.txt")
@@ -166,10 +167,10 @@ for line in open(sys.argv[1]):
         m = ALONE.search(read(alone_path))
         if m and float(m.group(3)) > 0:
             alone = 1e3 * int(m.group(2)) / float(m.group(3))
-    print("%-11s %2s %-5s %3s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %5.2f %7.1f %6s | %8.1f %8.1f %5.1f %5.1f | %8.1f" % (
-        model, workers, mode, dev, steps, step_ms, comp, pull, wait, push, other,
+    print("%-11s %2s %-5s %3s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %7.2f %5.2f %7.1f %6s | %8.1f %8.1f %5.1f %5.1f | %8.1f" % (
+        model, workers, mode, dev, steps, step_ms, comp, pull, wait, push, other, evl,
         step_ms / comp if comp else float("nan"), comp / step_ms if step_ms else float("nan"),
-        alone, step_ms / alone, cores,
+        alone, step_ms / alone, (step_ms - evl) / alone, cores,
         wall, acc, worst[0] / 1e6, worst[1] / 1e6, worst[0] / max(1, worst[1]),
         (worst[0] - worst[2]) / max(1, worst[1]), max(worker_peak or [0]) / 1e6))
 print()
@@ -178,7 +179,8 @@ print("count only the time the step was blocked on them (they overlap the comput
 print("servers' hold for the step, hidden or not. step/c: step time over the compute inside it;")
 print("c/step: its inverse. alone: ms per step of the same worker's compute with no cluster")
 print("(worker_throughput, same batch, threads and device: dev, where the chief's towers ran;")
-print("same window); st/alone: ms/step over alone.")
+print("same window); st/alone: ms/step over alone. eval: of other, the chief's evaluations at")
+print("epoch ends inside the loop (no training work); tr/alone: (ms/step - eval) over alone.")
 print("cores: CPU seconds of every worker and ps process over the loop's seconds (of %d cores)."
       % os.cpu_count())
 print("ps MB: peak resident (VmHWM) of the ps with the highest ratio; held MB: its values + slots;")

@@ -105,9 +105,9 @@ std::string StepBreakdown::Describe() const {
   auto ms = [n](double s) { return 1e3 * s / n; };
   return absl::StrFormat(
       "%d steps, per step %.2f ms: compute %.2f (%.0f%%), pull %.2f (wait %.2f), push %.2f, "
-      "other %.2f; process cpu %.2f cores",
+      "other %.2f (eval %.2f); process cpu %.2f cores",
       steps, ms(loop_s), ms(compute_s), loop_s > 0 ? 100 * compute_s / loop_s : 0.0, ms(pull_s),
-      ms(pull_wait_s), ms(push_s), ms(other_s), loop_s > 0 ? cpu_s / loop_s : 0.0);
+      ms(pull_wait_s), ms(push_s), ms(other_s), ms(eval_s), loop_s > 0 ? cpu_s / loop_s : 0.0);
 }
 
 absl::StatusOr<TrainResult> Trainer::Run() {
@@ -216,7 +216,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       pull_start = absl::Now();
       TOWERPS_RETURN_IF_ERROR(pull->Finish().status());  // evaluation reads every weight
       bd.pull_s += seconds_since(pull_start);
+      const absl::Time eval_start = absl::Now();
       TOWERPS_RETURN_IF_ERROR(EvalAndReport(epoch, pulled, &result));
+      bd.eval_s += seconds_since(eval_start);
       last_eval_epoch = epoch;
     }
     if (epoch != perm_epoch) {

@@ -177,6 +177,10 @@ TEST(TrainerTest, RunsEpochsTimesStepsPerEpochWithSaneMetricsAndFallingLoss) {
   EXPECT_GT(bd.pull_s, 0);
   EXPECT_GT(bd.push_s, 0);
   EXPECT_GE(bd.other_s, 0);
+  // Evaluations inside the loop (every epoch's but the last, which comes
+  // after it) are part of other.
+  EXPECT_GT(bd.eval_s, 0);
+  EXPECT_LE(bd.eval_s, bd.other_s);
   // The servers' holds overlap the compute (pulls go out before the step):
   // bounded by the loop, not by what the loop was blocked on.
   EXPECT_GE(bd.pull_wait_s, 0);
