@@ -34,9 +34,13 @@ void ApplyCpuMathThreadsToThisThread() {
   if (threads > 0 && omp_get_max_threads() != threads) omp_set_num_threads(threads);
 }
 
+int CpuMathShare(int cores, int ps_on_host) {
+  return ps_on_host > 0 && cores >= 4 ? cores / 2 : cores;
+}
+
 int CpuThreadsPerTower(int cores, int towers, int workers_on_host, int ps_on_host) {
-  const int share = ps_on_host > 0 && cores >= 4 ? cores / 2 : cores;
-  return std::max(1, share / std::max(1, std::max(1, towers) * std::max(1, workers_on_host)));
+  return std::max(1, CpuMathShare(cores, ps_on_host) /
+                         std::max(1, std::max(1, towers) * std::max(1, workers_on_host)));
 }
 
 }  // namespace towerps::worker

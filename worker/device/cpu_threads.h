@@ -44,6 +44,9 @@ void ApplyCpuMathThreadsToThisThread();
 // whole cores stay shared there.
 int CpuThreadsPerTower(int cores, int towers, int workers_on_host = 1, int ps_on_host = 0);
 
+// The share of `cores` that CpuThreadsPerTower divides among the towers.
+int CpuMathShare(int cores, int ps_on_host);
+
 }  // namespace towerps::worker
 
 #endif  // TOWERPS_WORKER_DEVICE_CPU_THREADS_H_

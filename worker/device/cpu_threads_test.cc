@@ -30,6 +30,9 @@ TEST(CpuThreadsTest, LeavesHalfTheCoresToServersOnTheSameHost) {
   EXPECT_EQ(CpuThreadsPerTower(2, 1, 1, 2), 2);
   EXPECT_EQ(CpuThreadsPerTower(2, 1, 2, 2), 1);
   EXPECT_EQ(CpuThreadsPerTower(1, 1, 1, 2), 1);
+  EXPECT_EQ(CpuMathShare(16, 2), 8);
+  EXPECT_EQ(CpuMathShare(16, 0), 16);
+  EXPECT_EQ(CpuMathShare(2, 2), 2);
 }
 
 TEST(CpuThreadsTest, SetsOpenBlasAndEveryThreadsOpenMpTeam) {

@@ -172,7 +172,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                             env.blas_threads > 0
                                 ? " (--blas_threads)"
                                 : absl::StrCat(" (", on_host, " worker(s) on this host",
-                                               ps_on_host > 0 && cores >= 4
+                                               CpuMathShare(cores, ps_on_host) < cores
                                                    ? absl::StrCat(" and ", ps_on_host,
                                                                   " ps, which get half of its ",
                                                                   cores, " cores")
