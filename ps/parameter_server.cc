@@ -110,6 +110,10 @@ class Job {
   int64_t applied ABSL_GUARDED_BY(mu) = 0;
   int64_t stale ABSL_GUARDED_BY(mu) = 0;
   int pulls_waiting ABSL_GUARDED_BY(mu) = 0;  // Pulls blocked in their wait loop.
+  // Pulls writing the values of `snapshot` into workers' segments (their
+  // leases not yet released), and pushes waiting for them to finish.
+  int segment_writers ABSL_GUARDED_BY(mu) = 0;
+  int pushes_waiting ABSL_GUARDED_BY(mu) = 0;
   int64_t duplicate ABSL_GUARDED_BY(mu) = 0;
   absl::CondVar changed;
 
@@ -172,6 +176,19 @@ class Job {
       if (!pushed.count(w)) out.push_back(w);
     }
     return out;
+  }
+
+  // Waits (releasing `mu`) until no pull is writing the values into a
+  // worker's segment: they are about to change, and a pull that writes them
+  // takes as long as a copy would, with no wait of its own (ParameterServer::
+  // Pull), so waiting costs no more time than copying and no memory. New
+  // such pulls wait meanwhile (`pushes_waiting`).
+  void AwaitSegmentWritersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (segment_writers == 0) return;
+    ++pushes_waiting;
+    while (segment_writers > 0) changed.Wait(&mu);
+    --pushes_waiting;
+    changed.SignalAll();
   }
 
   // Applies `grads` (one mean gradient, or mean statistic for a MOVING_AVERAGE
@@ -802,6 +819,8 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
   TOWERPS_RETURN_IF_ERROR(s->CheckFinite());
   v1::PushResponse response;
   absl::MutexLock lock(&job.mu);
+  // Before anything is read: the wait releases the lock.
+  job.AwaitSegmentWritersLocked();
   if (job.deleted) {
     return absl::AbortedError(absl::StrCat("push: job \"", job.id, "\" was deleted on ps ",
                                            options_.task_index));
@@ -905,8 +924,26 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
   return response;
 }
 
+namespace {
+
+// ParameterServer::Pull's segment lease: one of the job's segment writers
+// until destroyed.
+struct SegmentLease {
+  explicit SegmentLease(std::shared_ptr<Job> j) : job(std::move(j)) {}
+  ~SegmentLease() {
+    absl::MutexLock lock(&job->mu);
+    --job->segment_writers;
+    job->changed.SignalAll();
+  }
+  SegmentLease(const SegmentLease&) = delete;
+  SegmentLease& operator=(const SegmentLease&) = delete;
+  std::shared_ptr<Job> job;
+};
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
-    const v1::PullRequest& request, absl::Time deadline) {
+    const v1::PullRequest& request, absl::Time deadline, std::shared_ptr<void>* segment_lease) {
   TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job_ptr, FindJob(request.job_id()));
   Job& job = *job_ptr;
   deadline = std::min(deadline, absl::Now() + options_.max_pull_wait);
@@ -922,9 +959,14 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
     for (const auto& w : job.workers) m = std::min(m, w.completed);
     return m;
   };
-  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  // The step (and staleness) this pull waits for is there.
+  auto step_ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
     if (job.global_step < request.min_step()) return false;
     return !bounded || slowest() >= request.worker_iteration() - staleness;
+  };
+  // And a push waiting for the segment writers goes first.
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+    return step_ready() && (segment_lease == nullptr || job.pushes_waiting == 0);
   };
   // The workers this pull waits for; the caller itself is alive.
   auto awaited = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
@@ -996,7 +1038,8 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
     }
     const absl::Time now = absl::Now();
     absl::Time wake = std::min(deadline, next_log);
-    TOWERPS_RETURN_IF_ERROR(check_lost(now, &wake));
+    // Waiting only for a push to go first waits for no worker.
+    if (!step_ready()) TOWERPS_RETURN_IF_ERROR(check_lost(now, &wake));
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "pull: job \"", job.id, "\" on ps ", options_.task_index, " is at step ",
@@ -1032,6 +1075,10 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
     for (const auto& v : job.vars) snap->values.emplace_back(v.value);
     job.snapshot = std::move(snap);
   }
+  if (segment_lease != nullptr) {
+    ++job.segment_writers;
+    *segment_lease = std::make_shared<SegmentLease>(std::move(job_ptr));
+  }
   return job.snapshot;
 }
 
@@ -1056,6 +1103,7 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
     s->set_pushes_stale(job->stale);
     s->set_pushes_duplicate(job->duplicate);
     s->set_pulls_waiting(job->pulls_waiting);
+    s->set_pushes_waiting(job->pushes_waiting);
     const absl::Time now = absl::Now();
     if (job->config.mode() == v1::SYNC) {
       for (int w : job->pushed) s->add_pushed_this_step(w);

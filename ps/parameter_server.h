@@ -112,7 +112,9 @@ class Job;
 
 // Floats a job holds on a server per element of variable `def`, given the
 // job's normalized `config`: the value, the pull snapshot (a copy of the
-// values, made only while a pull holds them as they change), the optimizer's
+// values, made only while a pull sending them over gRPC or a checkpoint
+// holds them as they change; pulls into shared memory make a push wait
+// instead), the optimizer's
 // slots (ADAM 2, MOMENTUM 1, SGD none; a MOVING_AVERAGE variable none) and
 // one push staging buffer per worker (SYNC stages each worker's gradient
 // until its step is complete and sums them into the first one; ASYNC has at
@@ -201,8 +203,18 @@ class ParameterServer {
   // at max_pull_wait and request.max_wait_ms) passes: DEADLINE_EXCEEDED
   // naming the awaited workers. ABORTED when an awaited worker is lost (see
   // "Liveness" above), naming it and how long it has been silent.
+  //
+  // With `segment_lease` (a pull that writes the values into a worker's
+  // shared memory segment): *segment_lease is set to a lease that, until it
+  // is released, makes a push that would change the values wait for it
+  // (Status: pushes_waiting) instead of copying them away from under the
+  // writes; and while a push waits so, such a pull is not ready, so the
+  // push is never starved. The holder must only write (no wait on the
+  // worker, the network or the job) and must drop its snapshot before the
+  // lease, or the push still copies.
   absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> Pull(
-      const v1::PullRequest& request, absl::Time deadline);
+      const v1::PullRequest& request, absl::Time deadline,
+      std::shared_ptr<void>* segment_lease = nullptr);
 
   // Notes that the worker is alive; returns the job's step and this server's
   // incarnation. NotFound for a job not held here; InvalidArgument for a

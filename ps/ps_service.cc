@@ -293,10 +293,20 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
                                           const v1::PullRequest& request, TensorStream* stream) {
   const absl::Time deadline = absl::FromChrono(context->deadline());
   const absl::Time asked = absl::Now();
-  auto snap = ps_.Pull(request, deadline);
+  // A pull into a segment holds a lease while it writes: a push that would
+  // change the values waits for it instead of copying them (see
+  // ParameterServer::Pull). Declared before `snap`, so that on every return
+  // the snapshot is dropped first.
+  std::shared_ptr<void> lease;
+  auto snap = ps_.Pull(request, deadline,
+                       request.has_segment() && shared_memory_.load() ? &lease : nullptr);
   if (!snap.ok()) return ToGrpcStatus(snap.status());
   const absl::Time start = absl::Now();  // after the wait: service time only
   const WeightsSnapshot& w = **snap;
+  const int64_t global_step = w.global_step;
+  const size_t num_vars = w.values.size();
+  int64_t pulled_bytes = 0;
+  for (const auto& v : w.values) pulled_bytes += static_cast<int64_t>(v.size() * sizeof(float));
   const int64_t chunk = std::clamp<int64_t>(
       request.chunk_bytes() > 0 ? request.chunk_bytes() : default_chunk_bytes_,
       4096, int64_t{32} << 20) / 4 * 4;
@@ -378,26 +388,29 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
       common::AppendBytesField(v1::ps_wire::kPullSegmentErrorField, segment_error, &prefix);
     }
   }
+  // The writes are done: let a waiting push go. Slices still to send keep the
+  // snapshot (a push then copies the values away from under them).
+  std::shared_ptr<const WeightsSnapshot> rest;
+  if (in_segment < num_vars) rest = *std::move(snap);
+  snap = absl::CancelledError();  // this call's hold, dropped before the lease
+  lease.reset();
   // The rest as slices: the messages point into the snapshot (no copy) and
   // hold it until sent.
   common::TensorWireWriter out(kPullSlicesField, chunk,
                                [stream](const grpc::ByteBuffer& m) { return stream->Write(m); });
   out.set_prefix(std::move(prefix));
-  const std::shared_ptr<const void> keep_alive = *snap;
-  for (size_t v = in_segment; v < w.values.size(); ++v) {
-    out.Add(static_cast<uint32_t>(v), w.values[v].data(),
-            static_cast<int64_t>(w.values[v].size()), 0, keep_alive);
+  for (size_t v = in_segment; v < num_vars; ++v) {
+    out.Add(static_cast<uint32_t>(v), rest->values[v].data(),
+            static_cast<int64_t>(rest->values[v].size()), 0, rest);
   }
   // A job with no variables here still answers with its step.
-  if (!out.Finish(/*even_if_empty=*/w.values.empty())) {
+  if (!out.Finish(/*even_if_empty=*/num_vars == 0)) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
   }
   ps_.RecordRequest(request.job_id(), absl::Now() - start);
   if (metrics_ != nullptr) {
-    int64_t bytes = 0;
-    for (const auto& v : w.values) bytes += static_cast<int64_t>(v.size() * sizeof(float));
-    metrics_->AddPullBytes(request.job_id(), bytes);
-    metrics_->SetGlobalStep(request.job_id(), w.global_step);
+    metrics_->AddPullBytes(request.job_id(), pulled_bytes);
+    metrics_->SetGlobalStep(request.job_id(), global_step);
   }
   return grpc::Status::OK;
 }

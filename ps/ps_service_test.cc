@@ -2,14 +2,18 @@
 // applied once, malformed streams rejected without touching state.
 #include "ps/ps_service.h"
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/rpc.h"
 #include "common/shared_segment.h"
 #include "common/tensor_wire.h"
@@ -480,6 +484,80 @@ TEST_F(PsServiceSegmentTest, AnOlderPullOfTheSameSegmentDoesNotWrite) {
     for (float x : p.sliced) ASSERT_EQ(x, -2.0f);
     EXPECT_TRUE(SegmentUntouched()) << old;
   }
+}
+
+// A push that would change the values while a pull writes them into a
+// worker's segment waits for the writes (Status: pushes_waiting) instead of
+// copying the values away; a pull into a segment that comes meanwhile waits
+// for that push and gets its values. The pull is held part way by the
+// test-only fault hook, which drives the rest by the server's state.
+TEST_F(PsServiceSegmentTest, APushWaitsForAPullWritingIntoASegmentNotACopy) {
+  auto second = common::SharedSegment::Create(64 + 5000 * 4);
+  ASSERT_TRUE(second.ok()) << second.status();
+  // Waits (deadline 60 s) until `pred` holds for job "j"'s status.
+  auto wait_for = [this](const std::function<bool(const v1::JobStatus&)>& pred) {
+    v1::StatusRequest req;
+    req.set_job_id("j");
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < give_up) {
+      const v1::StatusResponse s = ps_.Status(req);
+      if (s.jobs_size() == 1 && pred(s.jobs(0))) return true;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return false;
+  };
+  std::atomic<bool> pushed{false};
+  grpc::Status push_status;
+  v1::PushResponse push_resp;
+  std::thread push, late_pull;
+  SegmentPull late;
+  std::atomic<int> calls{0};
+  bool push_waited = false, late_pull_waited = false, push_done_early = true;
+  service_->set_pull_fault_for_testing([&](const v1::PullRequest& r, size_t in_segment) {
+    // Only the first pull, after its variable is written; the lease is held.
+    if (r.segment().nonce() != segment_->nonce() || calls++ > 0 || in_segment != 1) {
+      return grpc::Status::OK;
+    }
+    push = std::thread([&] {
+      push_status = Push(2, 1.0f, &push_resp);
+      pushed = true;
+    });
+    push_waited = wait_for([](const v1::JobStatus& j) { return j.pushes_waiting() == 1; });
+    push_done_early = pushed.load();
+    late_pull = std::thread([&] {
+      v1::SharedSegment seg = Segment(1);
+      seg.set_pid((*second)->pid());
+      seg.set_fd((*second)->fd());
+      seg.set_nonce((*second)->nonce());
+      late = PullInto(seg);
+    });
+    late_pull_waited = wait_for([](const v1::JobStatus& j) { return j.pulls_waiting() == 1; });
+    return grpc::Status::OK;
+  });
+  const SegmentPull first = PullInto(Segment(1));
+  push.join();
+  late_pull.join();
+  service_->set_pull_fault_for_testing(nullptr);
+  EXPECT_TRUE(push_waited) << "the push did not wait for the pull writing into the segment";
+  EXPECT_FALSE(push_done_early);
+  EXPECT_TRUE(late_pull_waited) << "a pull into a segment did not wait for the waiting push";
+  // The first pull wrote the values of its step, whole.
+  EXPECT_EQ(first.step, 1);
+  EXPECT_EQ(first.in_segment, std::vector<uint32_t>{0});
+  for (float x : InSegment()) ASSERT_EQ(x, -2.0f);
+  // Then the push was applied, and the late pull has its values.
+  ASSERT_TRUE(push_status.ok()) << push_status.error_message();
+  EXPECT_EQ(push_resp.outcome(), v1::PushResponse::APPLIED);
+  EXPECT_EQ(late.step, 2);
+  EXPECT_EQ(late.in_segment, std::vector<uint32_t>{0});
+  std::vector<float> in_second(5000);
+  std::memcpy(in_second.data(), (*second)->at(kAt), in_second.size() * 4);
+  for (float x : in_second) ASSERT_EQ(x, -3.0f);
+  v1::StatusRequest req;
+  const v1::StatusResponse st = ps_.Status(req);
+  ASSERT_EQ(st.jobs_size(), 1);
+  EXPECT_EQ(st.jobs(0).pushes_waiting(), 0);
+  EXPECT_EQ(st.jobs(0).pulls_waiting(), 0);
 }
 
 // A push whose gradient lies in the worker's segment: the header names it,

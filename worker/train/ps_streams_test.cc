@@ -363,7 +363,8 @@ TEST(PsStreamsTest, ARetriedPullDoesNotWriteAVariableAlreadyInPlace) {
   }
   absl::Mutex mu;
   std::vector<v1::SharedSegment> calls;  // the segment of each call, by pull_id
-  bool failed = false;
+  bool failed = false, push_waited = false;
+  std::thread pusher;
   cluster.service(0).set_pull_fault_for_testing(
       [&](const v1::PullRequest& r, size_t in_segment) -> grpc::Status {
         absl::MutexLock lock(&mu);
@@ -373,29 +374,36 @@ TEST(PsStreamsTest, ARetriedPullDoesNotWriteAVariableAlreadyInPlace) {
         if (failed || in_segment != 1) return grpc::Status::OK;
         failed = true;
         // The values change before the retry: a push applied on the server.
-        v1::PushHeader h;
-        h.set_job_id("j");
-        h.set_worker_task(0);
-        h.set_incarnation(99);
-        h.set_sequence(1);
-        h.set_num_examples(1);
-        auto session = cluster.server(0).BeginPush(h);
-        EXPECT_TRUE(session.ok()) << session.status();
-        if (!session.ok()) return grpc::Status::OK;
-        const Buffers g = Grads();
-        for (size_t v = 0; v < g.tensors.size(); ++v) {
-          v1::TensorSlice slice;
-          slice.set_var_index(static_cast<uint32_t>(v));
-          slice.set_data(g.tensors[v].data(), g.tensors[v].num_bytes());
-          EXPECT_TRUE((*session)->AddSlice(slice).ok());
-        }
-        EXPECT_TRUE(cluster.server(0).FinishPush(std::move(*session)).ok());
+        // It waits for this pull's writes to end (ParameterServer::Pull's
+        // segment lease), so it runs on its own thread; the retry, a pull
+        // into the segment too, waits for it in turn.
+        pusher = std::thread([&cluster] {
+          v1::PushHeader h;
+          h.set_job_id("j");
+          h.set_worker_task(0);
+          h.set_incarnation(99);
+          h.set_sequence(1);
+          h.set_num_examples(1);
+          auto session = cluster.server(0).BeginPush(h);
+          ASSERT_TRUE(session.ok()) << session.status();
+          const Buffers g = Grads();
+          for (size_t v = 0; v < g.tensors.size(); ++v) {
+            v1::TensorSlice slice;
+            slice.set_var_index(static_cast<uint32_t>(v));
+            slice.set_data(g.tensors[v].data(), g.tensors[v].num_bytes());
+            EXPECT_TRUE((*session)->AddSlice(slice).ok());
+          }
+          EXPECT_TRUE(cluster.server(0).FinishPush(std::move(*session)).ok());
+        });
+        push_waited = WaitFor([&] { return JobOn(cluster, 0).pushes_waiting() == 1; });
         return grpc::Status(grpc::StatusCode::UNAVAILABLE, "test: the connection broke");
       });
   auto step = client->Pull(0, 0, w.ptrs);
   ASSERT_TRUE(step.ok()) << step.status();
   absl::MutexLock lock(&mu);
   ASSERT_TRUE(failed);
+  pusher.join();
+  ASSERT_TRUE(push_waited);
   ASSERT_GE(calls.size(), 2u);
   for (int k = 0; k < calls[0].offsets_size(); ++k) {
     EXPECT_NE(calls[1].offsets(k), calls[0].offsets(k)) << "part " << k;  // the landing region
