@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <thread>
 
@@ -77,18 +78,23 @@ absl::StatusOr<v1::PushResponse> PushConst(ParameterServer& ps, const v1::PushHe
   return ps.FinishPush(std::move(*s));
 }
 
-// Waits (deadline 60 s, polling) until job "j" has `n` pulls blocked in
-// their wait: a test drives the other side by that state, not by sleeping.
-bool WaitForWaitingPulls(ParameterServer& ps, int n) {
+// Waits (deadline 60 s, polling) until job "j"'s status satisfies `pred`:
+// a test drives the other side by that state, not by sleeping.
+bool WaitForJob(ParameterServer& ps, const std::function<bool(const v1::JobStatus&)>& pred) {
   v1::StatusRequest req;
   req.set_job_id("j");
   const absl::Time give_up = absl::Now() + absl::Seconds(60);
   while (absl::Now() < give_up) {
     const v1::StatusResponse s = ps.Status(req);
-    if (s.jobs_size() == 1 && s.jobs(0).pulls_waiting() == n) return true;
+    if (s.jobs_size() == 1 && pred(s.jobs(0))) return true;
     absl::SleepFor(absl::Milliseconds(1));
   }
   return false;
+}
+
+// ... until job "j" has `n` pulls blocked in their wait.
+bool WaitForWaitingPulls(ParameterServer& ps, int n) {
+  return WaitForJob(ps, [n](const v1::JobStatus& j) { return j.pulls_waiting() == n; });
 }
 
 std::shared_ptr<const WeightsSnapshot> PullNow(ParameterServer& ps, int64_t min_step = 0) {
@@ -296,6 +302,60 @@ TEST(ParameterServerTest, HeldSnapshotKeepsItsValuesWhileTheJobMovesOn) {
   EXPECT_EQ(after->values[0], std::vector<float>(6, 0.0f));
   EXPECT_EQ(after->values[0].data(), where);
   EXPECT_TRUE(after->owned.empty());
+}
+
+// A pull that writes into a worker's segment holds a lease: a push that
+// would change the values waits for it, then applies in place (no copy).
+TEST(ParameterServerTest, ASegmentLeaseMakesAPushWaitAndItAppliesInPlace) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  v1::PullRequest r;
+  r.set_job_id("j");
+  std::shared_ptr<void> lease;
+  auto snap = ps.Pull(r, absl::Now() + absl::Seconds(5), &lease);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_NE(lease, nullptr);
+  const float* viewed = (*snap)->values[0].data();
+  absl::StatusOr<v1::PushResponse> pushed;
+  std::thread push([&] { pushed = PushConst(ps, Header(0, 1, 0, 1), 1.0f); });
+  ASSERT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.pushes_waiting() == 1; }));
+  // Nothing changed under the lease.
+  EXPECT_EQ((*snap)->values[0], std::vector<float>(6, 1.0f));
+  EXPECT_TRUE((*snap)->owned.empty());
+  snap = absl::CancelledError();  // the snapshot first, then the lease
+  lease.reset();
+  push.join();
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(pushed->outcome(), v1::PushResponse::APPLIED);
+  auto after = PullNow(ps);
+  EXPECT_EQ(after->global_step, 1);
+  EXPECT_EQ(after->values[0], std::vector<float>(6, 0.5f));
+  EXPECT_EQ(after->values[0].data(), viewed);  // updated where it was: no copy
+  EXPECT_TRUE(after->owned.empty());
+}
+
+// A job deleted while a push waits for a lease: the pull's view stays
+// readable, and the push, once the lease goes, is refused as deleted.
+TEST(ParameterServerTest, AJobDeletedUnderASegmentLeaseRefusesTheWaitingPush) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  v1::PullRequest r;
+  r.set_job_id("j");
+  std::shared_ptr<void> lease;
+  auto snap = ps.Pull(r, absl::Now() + absl::Seconds(5), &lease);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  absl::StatusOr<v1::PushResponse> pushed;
+  std::thread push([&] { pushed = PushConst(ps, Header(0, 1, 0, 1), 1.0f); });
+  ASSERT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.pushes_waiting() == 1; }));
+  v1::DeleteJobRequest del;
+  del.set_job_id("j");
+  EXPECT_TRUE(ps.DeleteJob(del).existed());
+  EXPECT_EQ((*snap)->values[0], std::vector<float>(6, 1.0f));  // still there to write
+  snap = absl::CancelledError();
+  lease.reset();
+  push.join();
+  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kAborted) << pushed.status();
+  EXPECT_NE(pushed.status().message().find("deleted"), std::string::npos) << pushed.status();
 }
 
 TEST(ParameterServerTest, StaleAndRetriedPushesAreNotApplied) {
