@@ -304,58 +304,67 @@ TEST(ParameterServerTest, HeldSnapshotKeepsItsValuesWhileTheJobMovesOn) {
   EXPECT_TRUE(after->owned.empty());
 }
 
-// A pull that writes into a worker's segment holds a lease: a push that
-// would change the values waits for it, then applies in place (no copy).
-TEST(ParameterServerTest, ASegmentLeaseMakesAPushWaitAndItAppliesInPlace) {
-  ParameterServer ps({});
-  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
-  v1::PullRequest r;
-  r.set_job_id("j");
-  std::shared_ptr<void> lease;
-  auto snap = ps.Pull(r, absl::Now() + absl::Seconds(5), &lease);
-  ASSERT_TRUE(snap.ok()) << snap.status();
-  ASSERT_NE(lease, nullptr);
-  const float* viewed = (*snap)->values[0].data();
-  absl::StatusOr<v1::PushResponse> pushed;
-  std::thread push([&] { pushed = PushConst(ps, Header(0, 1, 0, 1), 1.0f); });
-  ASSERT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.pushes_waiting() == 1; }));
-  // Nothing changed under the lease.
-  EXPECT_EQ((*snap)->values[0], std::vector<float>(6, 1.0f));
-  EXPECT_TRUE((*snap)->owned.empty());
-  snap = absl::CancelledError();  // the snapshot first, then the lease
-  lease.reset();
-  push.join();
-  ASSERT_TRUE(pushed.ok()) << pushed.status();
-  EXPECT_EQ(pushed->outcome(), v1::PushResponse::APPLIED);
-  auto after = PullNow(ps);
+// Job "j" (ASYNC, 1 worker, a = 1) with a pull that writes into a worker's
+// segment holding its lease, and a push (a -= 0.5) waiting for it.
+class SegmentLeaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(ps_.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+    v1::PullRequest r;
+    r.set_job_id("j");
+    snap_ = ps_.Pull(r, absl::Now() + absl::Seconds(5), &lease_);
+    ASSERT_TRUE(snap_.ok()) << snap_.status();
+    ASSERT_NE(lease_, nullptr);
+    push_ = std::thread([this] { pushed_ = PushConst(ps_, Header(0, 1, 0, 1), 1.0f); });
+    ASSERT_TRUE(
+        WaitForJob(ps_, [](const v1::JobStatus& j) { return j.pushes_waiting() == 1; }));
+  }
+  void TearDown() override {
+    if (push_.joinable()) {
+      Release();
+      push_.join();
+    }
+  }
+  // What the pull does when its writes are done: the snapshot, then the lease.
+  void Release() {
+    snap_ = absl::CancelledError();
+    lease_.reset();
+  }
+
+  ParameterServer ps_{{}};
+  std::shared_ptr<void> lease_;
+  absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> snap_;
+  absl::StatusOr<v1::PushResponse> pushed_;
+  std::thread push_;
+};
+
+// The push waits for the lease, then applies in place (no copy).
+TEST_F(SegmentLeaseTest, APushWaitsForItAndThenAppliesInPlace) {
+  const float* viewed = (*snap_)->values[0].data();
+  EXPECT_EQ((*snap_)->values[0], std::vector<float>(6, 1.0f));  // nothing changed under it
+  EXPECT_TRUE((*snap_)->owned.empty());
+  Release();
+  push_.join();
+  ASSERT_TRUE(pushed_.ok()) << pushed_.status();
+  EXPECT_EQ(pushed_->outcome(), v1::PushResponse::APPLIED);
+  auto after = PullNow(ps_);
   EXPECT_EQ(after->global_step, 1);
   EXPECT_EQ(after->values[0], std::vector<float>(6, 0.5f));
   EXPECT_EQ(after->values[0].data(), viewed);  // updated where it was: no copy
   EXPECT_TRUE(after->owned.empty());
 }
 
-// A job deleted while a push waits for a lease: the pull's view stays
-// readable, and the push, once the lease goes, is refused as deleted.
-TEST(ParameterServerTest, AJobDeletedUnderASegmentLeaseRefusesTheWaitingPush) {
-  ParameterServer ps({});
-  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
-  v1::PullRequest r;
-  r.set_job_id("j");
-  std::shared_ptr<void> lease;
-  auto snap = ps.Pull(r, absl::Now() + absl::Seconds(5), &lease);
-  ASSERT_TRUE(snap.ok()) << snap.status();
-  absl::StatusOr<v1::PushResponse> pushed;
-  std::thread push([&] { pushed = PushConst(ps, Header(0, 1, 0, 1), 1.0f); });
-  ASSERT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.pushes_waiting() == 1; }));
+// A job deleted meanwhile: the pull's view stays readable, and the push, once
+// the lease goes, is refused as deleted.
+TEST_F(SegmentLeaseTest, AJobDeletedUnderItRefusesTheWaitingPush) {
   v1::DeleteJobRequest del;
   del.set_job_id("j");
-  EXPECT_TRUE(ps.DeleteJob(del).existed());
-  EXPECT_EQ((*snap)->values[0], std::vector<float>(6, 1.0f));  // still there to write
-  snap = absl::CancelledError();
-  lease.reset();
-  push.join();
-  EXPECT_EQ(pushed.status().code(), absl::StatusCode::kAborted) << pushed.status();
-  EXPECT_NE(pushed.status().message().find("deleted"), std::string::npos) << pushed.status();
+  EXPECT_TRUE(ps_.DeleteJob(del).existed());
+  EXPECT_EQ((*snap_)->values[0], std::vector<float>(6, 1.0f));  // still there to write
+  Release();
+  push_.join();
+  EXPECT_EQ(pushed_.status().code(), absl::StatusCode::kAborted) << pushed_.status();
+  EXPECT_NE(pushed_.status().message().find("deleted"), std::string::npos) << pushed_.status();
 }
 
 TEST(ParameterServerTest, StaleAndRetriedPushesAreNotApplied) {
