@@ -30,4 +30,6 @@ int64_t PeakResidentBytes() { return StatusBytes("VmHWM"); }
 
 int64_t ResidentBytes() { return StatusBytes("VmRSS"); }
 
+int64_t SharedResidentBytes() { return StatusBytes("RssShmem"); }
+
 }  // namespace towerps::common

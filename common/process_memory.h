@@ -15,6 +15,11 @@ int64_t PeakResidentBytes();
 // Resident set size now (VmRSS) in bytes; -1 where it cannot be read.
 int64_t ResidentBytes();
 
+// Of the resident set now, the pages of shared memory (tmpfs, memfds, SysV
+// shm) this process maps (RssShmem), in bytes; -1 where it cannot be read.
+// They count in VmRSS and VmHWM, whoever owns them.
+int64_t SharedResidentBytes();
+
 }  // namespace towerps::common
 
 #endif  // TOWERPS_COMMON_PROCESS_MEMORY_H_

@@ -3,13 +3,16 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -27,21 +30,6 @@ constexpr int64_t kMaxSegmentBytes = int64_t{1} << 40;
 // `what`: strerror(e). Callers read errno before building `what`.
 std::string Errno(absl::string_view what, int e) {
   return absl::StrCat(what, ": ", std::strerror(e));
-}
-
-// Calls `io` (pread or pwrite on `fd`) until all `bytes` moved, resuming
-// after EINTR and short transfers. `p`: char* or const char*.
-template <typename Ptr, typename Io>
-absl::Status TransferAll(const char* name, Io io, int fd, Ptr p, int64_t offset, int64_t bytes) {
-  while (bytes > 0) {
-    const ssize_t n = io(fd, p, static_cast<size_t>(bytes), offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::InternalError(Errno(absl::StrCat("shared segment: ", name), errno));
-    p += n;
-    offset += n;
-    bytes -= n;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -120,7 +108,7 @@ absl::StatusOr<SegmentFile> SegmentFile::Open(int64_t pid, int64_t fd, absl::str
     const int e = errno;
     return absl::FailedPreconditionError(Errno(absl::StrCat("shared segment: ", path), e));
   }
-  SegmentFile file(f, size);
+  absl::Cleanup close_f = [f] { close(f); };  // the mapping, once made, keeps the memory
   if (!absl::StartsWith(link_of(absl::StrCat("/proc/self/fd/", f)), want)) {
     return absl::FailedPreconditionError(
         absl::StrCat("shared segment: ", path, " changed while it was opened"));
@@ -135,6 +123,13 @@ absl::StatusOr<SegmentFile> SegmentFile::Open(int64_t pid, int64_t fd, absl::str
     return absl::FailedPreconditionError(
         absl::StrCat("shared segment: ", path, " is not sealed against resizing"));
   }
+  // A memfd lives on tmpfs, or on hugetlbfs (MFD_HUGETLB), whose pages can
+  // run out when a mapping first touches them (SIGBUS): only tmpfs is mapped.
+  struct statfs fs;
+  if (fstatfs(f, &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared segment: ", path, " is not a memfd on tmpfs"));
+  }
   char header[kMagicBytes + kSegmentNonceBytes];
   if (pread(f, header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header)) ||
       std::memcmp(header, kMagic, kMagicBytes) != 0 ||
@@ -142,23 +137,28 @@ absl::StatusOr<SegmentFile> SegmentFile::Open(int64_t pid, int64_t fd, absl::str
     return absl::FailedPreconditionError(
         absl::StrCat("shared segment: ", path, " holds another nonce"));
   }
-  return file;
+  void* m = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+  if (m == MAP_FAILED) {
+    const int e = errno;
+    return absl::FailedPreconditionError(Errno(absl::StrCat("shared segment: mapping ", path), e));
+  }
+  return SegmentFile(static_cast<char*>(m), size);
 }
 
 SegmentFile::SegmentFile(SegmentFile&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), size_(other.size_) {}
+    : base_(std::exchange(other.base_, nullptr)), size_(other.size_) {}
 
 SegmentFile& SegmentFile::operator=(SegmentFile&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = std::exchange(other.fd_, -1);
+    if (base_ != nullptr) munmap(base_, static_cast<size_t>(size_));
+    base_ = std::exchange(other.base_, nullptr);
     size_ = other.size_;
   }
   return *this;
 }
 
 SegmentFile::~SegmentFile() {
-  if (fd_ >= 0) close(fd_);
+  if (base_ != nullptr) munmap(base_, static_cast<size_t>(size_));
 }
 
 bool SegmentFile::Fits(int64_t offset, int64_t bytes) const {
@@ -173,12 +173,14 @@ absl::Status SegmentFile::CheckFits(int64_t offset, int64_t bytes) const {
 
 absl::Status SegmentFile::Write(int64_t offset, const void* data, int64_t bytes) {
   TOWERPS_RETURN_IF_ERROR(CheckFits(offset, bytes));
-  return TransferAll("pwrite", pwrite, fd_, static_cast<const char*>(data), offset, bytes);
+  if (bytes > 0) std::memcpy(base_ + offset, data, static_cast<size_t>(bytes));
+  return absl::OkStatus();
 }
 
 absl::Status SegmentFile::Read(int64_t offset, void* data, int64_t bytes) {
   TOWERPS_RETURN_IF_ERROR(CheckFits(offset, bytes));
-  return TransferAll("pread", pread, fd_, static_cast<char*>(data), offset, bytes);
+  if (bytes > 0) std::memcpy(data, base_ + offset, static_cast<size_t>(bytes));
+  return absl::OkStatus();
 }
 
 }  // namespace towerps::common

@@ -1,22 +1,31 @@
 // Shared memory between a worker and a parameter server on the same host, so
 // that a pull's values skip the gRPC stream (its framing, flow control and
-// two kernel copies over loopback): the server writes them into the worker's
-// segment with pwrite, and the gRPC call carries only which variables are
-// there. gRPC stays the control path, and the path for every other case.
+// two kernel copies over loopback): the server copies them into the worker's
+// segment, and the gRPC call carries only which variables are there. gRPC
+// stays the control path, and the path for every other case.
 //
 // The worker owns the memory (SharedSegment): a memfd named
 // "towerps-segment", sealed against growing and shrinking, mapped by the
 // worker, whose first bytes hold a magic string and a random 16-byte nonce.
 // It tells the server (PullRequest.segment) its pid, the descriptor's number
 // and the nonce. The server (SegmentFile) opens /proc/<pid>/fd/<fd> only
-// when that names a towerps segment, then checks the seals, the size and
-// the nonce, so that:
+// when that names a towerps segment, then checks the seals, the file system,
+// the size and the nonce, so that:
 //   - on another host, in another pid namespace (a container) or as another
 //     user the open fails or the nonce differs, and the pull goes over gRPC;
 //   - a request cannot make a server write into any other file: only into
 //     a sealed memfd of that name whose 128-bit nonce the caller knew;
-//   - the server never maps the memory (nothing the worker does to it can
-//     fault the server), and its pages count as the worker's.
+//   - nothing the worker does to the memory can fault the server, which maps
+//     it: the seals keep the file from shrinking under the mapping (no
+//     access past its end), and only a memfd on tmpfs is mapped (not one on
+//     hugetlbfs, whose pages can run out at a fault). A page the worker gives
+//     back (MADV_REMOVE) comes back as zeros when written again. What is
+//     left is the kernel failing to find a page at all, where a write or
+//     read through the descriptor would have failed with ENOMEM instead.
+// The server keeps a segment mapped between calls (ps_service.h): copying
+// into a mapping whose pages are in place costs well under half of pwrite's CPU
+// (no page cache lookup per 4 KiB, no inode lock that two servers writing
+// into one worker's segment would take turns on).
 #ifndef TOWERPS_COMMON_SHARED_SEGMENT_H_
 #define TOWERPS_COMMON_SHARED_SEGMENT_H_
 
@@ -66,8 +75,10 @@ class SharedSegment {
   char* base_ = nullptr;
 };
 
-// The server's side: one opened segment of another process, written and
-// read through the descriptor (pwrite/pread), never mapped. Move-only.
+// The server's side: one opened segment of another process, mapped (the
+// descriptor is closed once mapped; the mapping keeps the memory). Move-only;
+// Write and Read may be called from several threads at once (who writes
+// where when is the protocol's job).
 class SegmentFile {
  public:
   // Opens the segment at /proc/<pid>/fd/<fd>. FailedPrecondition naming what
@@ -85,15 +96,15 @@ class SegmentFile {
   // Whether [offset, offset + bytes) lies in the payload (past the header).
   bool Fits(int64_t offset, int64_t bytes) const;
   // Copies `bytes` bytes to / from byte `offset`. InvalidArgument when they
-  // do not fit; Internal naming errno when the kernel refuses.
+  // do not fit.
   absl::Status Write(int64_t offset, const void* data, int64_t bytes);
   absl::Status Read(int64_t offset, void* data, int64_t bytes);
 
  private:
-  SegmentFile(int fd, int64_t size) : fd_(fd), size_(size) {}
+  SegmentFile(char* base, int64_t size) : base_(base), size_(size) {}
   // Fits, or InvalidArgument naming the range and the size.
   absl::Status CheckFits(int64_t offset, int64_t bytes) const;
-  int fd_ = -1;
+  char* base_ = nullptr;  // the mapping (owned), or null once moved from
   int64_t size_ = 0;
 };
 

@@ -120,6 +120,24 @@ TEST(SharedSegmentTest, OnlyASealedTowerpsMemfdIsOpened) {
       SegmentFile::Open(pid, seg->fd(), seg->nonce(), 100).status()));
 }
 
+// A sealed memfd of the right name on hugetlbfs is not mapped: its pages
+// can run out when first touched, and the server would get SIGBUS.
+TEST(SharedSegmentTest, AHugetlbMemfdIsNotMapped) {
+  const int huge = memfd_create(std::string(kSegmentName).c_str(),
+                                MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (huge < 0) GTEST_SKIP() << "no hugetlbfs memfds here: " << std::strerror(errno);
+  const int64_t size = int64_t{2} << 20;  // one huge page of the usual size
+  if (ftruncate(huge, size) != 0) {
+    close(huge);
+    GTEST_SKIP() << "hugetlbfs memfd of 2 MiB: " << std::strerror(errno);
+  }
+  ASSERT_EQ(fcntl(huge, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+  auto file = SegmentFile::Open(getpid(), huge, std::string(kSegmentNonceBytes, 'n'), size);
+  EXPECT_TRUE(absl::IsFailedPrecondition(file.status())) << file.status();
+  EXPECT_THAT(std::string(file.status().message()), HasSubstr("not a memfd on tmpfs"));
+  close(huge);
+}
+
 // The case it is for: another process (here a child) opens the segment by
 // the owner's pid and writes into it.
 TEST(SharedSegmentTest, AnotherProcessWritesIntoIt) {

@@ -32,7 +32,7 @@ ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
           "Default payload bytes per streamed pull message.");
 ABSL_FLAG(double, max_pull_wait_s, 30, "Longest a pull waits server-side.");
 ABSL_FLAG(bool, shared_memory, true,
-          "Write pulls of workers on this host into their shared memory segments (pwrite) "
+          "Write pulls of workers on this host into their shared memory segments (mapped) "
           "instead of streaming them over gRPC; false: always over gRPC.");
 ABSL_FLAG(int, metrics_port, 0,
           "Serve Prometheus metrics at http://<bind host>:<port>/metrics. Default 0: off.");
@@ -187,7 +187,10 @@ int main(int argc, char** argv) {
   ps.StopWaiting();
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   TLOG(INFO) << "ps " << spec->task_index << ": stopped; peak resident memory (VmHWM) "
-             << towerps::common::PeakResidentBytes() << " bytes; cpu time user "
+             << towerps::common::PeakResidentBytes()
+             << " bytes, of which workers' shared segments mapped here (RssShmem, their pages, "
+                "not this server's) at most "
+             << service.PeakSharedResidentBytes() << " bytes; cpu time user "
              << towerps::common::ProcessCpuTime().user_s << " s, system "
              << towerps::common::ProcessCpuTime().system_s << " s";
   return 0;

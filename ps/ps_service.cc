@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/process_memory.h"
 #include "common/status.h"
 #include "common/tensor_wire.h"
 #include "proto/ps_wire.h"
@@ -43,6 +44,106 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterServer& ps,
                          [](ParameterServiceImpl* self, grpc::ServerContext* ctx,
                             TensorStream* stream) { return self->PullTensors(ctx, stream); },
                          this));
+  // Ten times a second: the shared memory resident while segments are
+  // mapped (a worker gives its pages back at its end, before the server
+  // would look), and mappings idle long enough let go.
+  janitor_ = std::thread([this] {
+    for (;;) {
+      absl::Duration period;
+      {
+        absl::MutexLock lock(&gates_mu_);
+        period =
+            std::clamp(segment_idle_release_ / 2, absl::Milliseconds(10), absl::Milliseconds(100));
+      }
+      if (stop_janitor_.WaitForNotificationWithTimeout(period)) return;
+      ReleaseIdleSegments();
+    }
+  });
+}
+
+ParameterServiceImpl::~ParameterServiceImpl() {
+  stop_janitor_.Notify();
+  janitor_.join();
+}
+
+void ParameterServiceImpl::set_segment_idle_release(absl::Duration d) {
+  absl::MutexLock lock(&gates_mu_);
+  segment_idle_release_ = d;
+}
+
+std::vector<std::shared_ptr<ParameterServiceImpl::SegmentGate>> ParameterServiceImpl::Gates() {
+  absl::MutexLock lock(&gates_mu_);
+  std::vector<std::shared_ptr<SegmentGate>> gates;
+  for (const auto& [nonce, gate] : gates_) gates.push_back(gate);
+  return gates;
+}
+
+int ParameterServiceImpl::mapped_segments() {
+  int n = 0;
+  for (const auto& gate : Gates()) {
+    absl::MutexLock lock(&gate->mu);
+    n += gate->file != nullptr;
+  }
+  return n;
+}
+
+void ParameterServiceImpl::NoteSharedResident() {
+  const int64_t now = common::SharedResidentBytes();
+  int64_t peak = peak_shared_resident_.load();
+  while (now > peak && !peak_shared_resident_.compare_exchange_weak(peak, now)) {
+  }
+}
+
+int64_t ParameterServiceImpl::PeakSharedResidentBytes() {
+  NoteSharedResident();
+  return peak_shared_resident_.load();
+}
+
+void ParameterServiceImpl::ReleaseIdleSegments() {
+  absl::Duration idle_release;
+  {
+    absl::MutexLock lock(&gates_mu_);
+    idle_release = segment_idle_release_;
+  }
+  const absl::Time now = absl::Now();
+  bool mapped = false;
+  std::vector<std::shared_ptr<common::SegmentFile>> idle;  // unmapped after the locks
+  for (const auto& gate : Gates()) {
+    absl::MutexLock lock(&gate->mu);
+    mapped |= gate->file != nullptr;
+    if (gate->file != nullptr && now - gate->used > idle_release) {
+      idle.push_back(std::move(gate->file));
+      gate->file = nullptr;
+    }
+  }
+  if (mapped) NoteSharedResident();
+}
+
+absl::StatusOr<std::shared_ptr<common::SegmentFile>> ParameterServiceImpl::MappedSegment(
+    const v1::SharedSegment& segment, std::shared_ptr<SegmentGate>* gate) {
+  {
+    absl::MutexLock lock(&gates_mu_);
+    auto it = gates_.find(segment.nonce());
+    if (it != gates_.end()) *gate = it->second;
+  }
+  if (*gate != nullptr) {
+    absl::MutexLock lock(&(*gate)->mu);
+    if ((*gate)->file != nullptr && (*gate)->pid == segment.pid() &&
+        (*gate)->fd == segment.fd() && (*gate)->file->size() == segment.size()) {
+      (*gate)->used = absl::Now();
+      return (*gate)->file;
+    }
+  }
+  // Not mapped yet, or named another way (a new process at that pid would
+  // not know the nonce: the open checks it).
+  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<common::SegmentFile> file, OpenSegment(segment));
+  *gate = GateFor(segment.nonce());
+  absl::MutexLock lock(&(*gate)->mu);
+  (*gate)->file = file;
+  (*gate)->pid = segment.pid();
+  (*gate)->fd = segment.fd();
+  (*gate)->used = absl::Now();
+  return file;
 }
 
 void ParameterServiceImpl::RecordRpc(const char* method, const grpc::Status& status,
@@ -97,8 +198,11 @@ grpc::Status ParameterServiceImpl::RegisterVariables(
   return grpc::Status::OK;
 }
 
-PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory)
-    : ps_(ps), shared_memory_(shared_memory) {
+PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory,
+                                     SegmentOpener open_segment)
+    : ps_(ps),
+      shared_memory_(shared_memory),
+      open_segment_(open_segment != nullptr ? std::move(open_segment) : OpenSegment) {
   handler_.on_bytes = [this](int field, std::string encoded) -> absl::Status {
     if (field != kPushHeaderField) return absl::OkStatus();
     if (session_ != nullptr) return absl::InvalidArgumentError("push: a second header");
@@ -112,15 +216,17 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory)
       if (header.slice_encoding() != v1::SLICE_FLOAT32) {
         return absl::InvalidArgumentError("push: a compressed push names a shared segment");
       }
-      absl::StatusOr<common::SegmentFile> file =
+      absl::StatusOr<std::shared_ptr<common::SegmentFile>> file =
           shared_memory_
-              ? OpenPushSegment(header.segment(), *session_)
+              ? open_segment_(header.segment())
               : absl::FailedPreconditionError("this server runs with --shared_memory=false");
-      if (!file.ok()) {
+      absl::Status fits = file.ok() ? CheckPushSegment(header.segment(), *session_, **file)
+                                    : file.status();
+      if (!fits.ok()) {
         return absl::FailedPreconditionError(
-            absl::StrCat(v1::ps_wire::kPushSegmentRefused, file.status().message()));
+            absl::StrCat(v1::ps_wire::kPushSegmentRefused, fits.message()));
       }
-      segment_ = std::move(*file);
+      segment_ = *std::move(file);
       segment_offsets_.assign(header.segment().offsets().begin(),
                               header.segment().offsets().end());
     }
@@ -142,7 +248,7 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory)
       if (session_ == nullptr) {
         return absl::InvalidArgumentError("push: the first message must carry the header");
       }
-      if (!segment_.has_value()) {
+      if (segment_ == nullptr) {
         return absl::InvalidArgumentError("push: segment_vars in a push that names no segment");
       }
       if (value >= session_->num_variables()) {
@@ -204,7 +310,11 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: empty stream");
   }
   const absl::Time start = absl::Now();
-  PushStreamDecoder decoder(ps_, shared_memory_.load());
+  PushStreamDecoder decoder(
+      ps_, shared_memory_.load(), [this](const v1::SharedSegment& segment) {
+        std::shared_ptr<SegmentGate> gate;
+        return MappedSegment(segment, &gate);
+      });
   do {
     absl::Status s = decoder.Add(buffer);
     if (!s.ok()) return ToGrpcStatus(s);
@@ -247,18 +357,16 @@ std::shared_ptr<ParameterServiceImpl::SegmentGate> ParameterServiceImpl::GateFor
 
 namespace {
 
-// The segment named in a request, for variables of `elements` floats each:
-// one offset per variable, each variable's bytes inside the payload.
-absl::StatusOr<common::SegmentFile> OpenSegmentFor(const v1::SharedSegment& segment,
-                                                   const std::vector<int64_t>& elements) {
+// Whether `file` (the segment a request names) has one offset per variable
+// of `elements` floats each, each variable's bytes inside the payload.
+absl::Status CheckSegmentFor(const v1::SharedSegment& segment,
+                             const std::vector<int64_t>& elements,
+                             const common::SegmentFile& file) {
   if (segment.offsets_size() != static_cast<int>(elements.size())) {
     return absl::InvalidArgumentError(absl::StrCat("the segment names ", segment.offsets_size(),
                                                    " offsets for ", elements.size(),
                                                    " variables"));
   }
-  TOWERPS_ASSIGN_OR_RETURN(
-      common::SegmentFile file,
-      common::SegmentFile::Open(segment.pid(), segment.fd(), segment.nonce(), segment.size()));
   for (size_t v = 0; v < elements.size(); ++v) {
     const int64_t bytes = elements[v] * static_cast<int64_t>(sizeof(float));
     const int64_t offset = segment.offsets(static_cast<int>(v));
@@ -268,26 +376,33 @@ absl::StatusOr<common::SegmentFile> OpenSegmentFor(const v1::SharedSegment& segm
                                                      " do not fit the segment's ", file.size()));
     }
   }
-  return file;
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<common::SegmentFile> OpenPullSegment(const v1::SharedSegment& segment,
-                                                    const WeightsSnapshot& w) {
+absl::StatusOr<std::shared_ptr<common::SegmentFile>> OpenSegment(
+    const v1::SharedSegment& segment) {
+  TOWERPS_ASSIGN_OR_RETURN(
+      common::SegmentFile file,
+      common::SegmentFile::Open(segment.pid(), segment.fd(), segment.nonce(), segment.size()));
+  return std::make_shared<common::SegmentFile>(std::move(file));
+}
+
+absl::Status CheckPullSegment(const v1::SharedSegment& segment, const WeightsSnapshot& w,
+                              const common::SegmentFile& file) {
   if (segment.pull_id() == 0) return absl::InvalidArgumentError("the segment's pull_id is 0");
   std::vector<int64_t> elements;
   for (const auto& values : w.values) elements.push_back(static_cast<int64_t>(values.size()));
-  return OpenSegmentFor(segment, elements);
+  return CheckSegmentFor(segment, elements, file);
 }
 
-absl::StatusOr<common::SegmentFile> OpenPushSegment(const v1::SharedSegment& segment,
-                                                    const PushSession& session) {
+absl::Status CheckPushSegment(const v1::SharedSegment& segment, const PushSession& session,
+                              const common::SegmentFile& file) {
   std::vector<int64_t> elements;
   for (size_t v = 0; v < session.num_variables(); ++v) elements.push_back(session.num_elements(v));
-  return OpenSegmentFor(segment, elements);
+  return CheckSegmentFor(segment, elements, file);
 }
-
 
 grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
                                           const v1::PullRequest& request, TensorStream* stream) {
@@ -320,13 +435,15 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
   std::string segment_error;
   if (request.has_segment()) {
     const v1::SharedSegment& seg = request.segment();
-    absl::StatusOr<common::SegmentFile> file =
-        shared_memory_.load()
-            ? OpenPullSegment(seg, w)
-            : absl::FailedPreconditionError("this server runs with --shared_memory=false");
     std::shared_ptr<SegmentGate> gate;
+    absl::StatusOr<std::shared_ptr<common::SegmentFile>> file =
+        shared_memory_.load()
+            ? MappedSegment(seg, &gate)
+            : absl::FailedPreconditionError("this server runs with --shared_memory=false");
     if (file.ok()) {
-      gate = GateFor(seg.nonce());
+      if (absl::Status fits = CheckPullSegment(seg, w, **file); !fits.ok()) file = fits;
+    }
+    if (file.ok()) {
       absl::MutexLock lock(&gate->mu);
       gate->used = absl::Now();
       if (seg.pull_id() <= gate->latest) {
@@ -353,8 +470,8 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
         // Replaced by a later call (this one's worker has gone): the rest go
         // as slices.
         if (gate->latest != seg.pull_id()) break;
-        absl::Status st = file->Write(seg.offsets(static_cast<int>(in_segment)), values.data(),
-                                      bytes);
+        absl::Status st = (*file)->Write(seg.offsets(static_cast<int>(in_segment)),
+                                         values.data(), bytes);
         if (!st.ok()) {
           segment_error = std::string(st.message());
           break;

@@ -2,6 +2,9 @@
 // applied once, malformed streams rejected without touching state.
 #include "ps/ps_service.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -600,6 +603,49 @@ TEST_F(PsServiceSegmentTest, PushReadsTheGradientFromTheSegment) {
   int messages = 0;
   const std::vector<float> w = Pull(&messages);
   for (int i = 0; i < 5000; ++i) ASSERT_EQ(w[i], -2.0f - g[i]) << i;  // lr 1
+}
+
+// The service keeps a segment mapped between calls, and lets it go once it
+// has been idle for segment_idle_release. Seen from outside: once the
+// worker's descriptor names another file, a segment still mapped is written
+// (pull) and read (push) as before, while one let go cannot be opened again.
+TEST_F(PsServiceSegmentTest, ASegmentStaysMappedBetweenCallsAndIsLetGoWhenIdle) {
+  EXPECT_EQ(service_->mapped_segments(), 0);
+  const SegmentPull first = PullInto(Segment(1));
+  ASSERT_EQ(first.error, "");
+  EXPECT_EQ(service_->mapped_segments(), 1);
+  // The worker's fd now names a plain memfd: opening it would be refused.
+  const int plain = memfd_create("not-a-segment", MFD_CLOEXEC);
+  ASSERT_GE(plain, 0);
+  ASSERT_EQ(dup2(plain, segment_->fd()), segment_->fd());
+  close(plain);
+  v1::PushResponse resp;
+  ASSERT_TRUE(Push(2, 1.0f, &resp).ok());
+  const SegmentPull again = PullInto(Segment(2));
+  EXPECT_EQ(again.error, "");
+  EXPECT_EQ(again.in_segment, std::vector<uint32_t>{0});
+  for (float x : InSegment()) ASSERT_EQ(x, -3.0f);
+  std::vector<float> g(5000, 0.5f);
+  std::memcpy(segment_->mutable_at(kAt), g.data(), g.size() * 4);
+  const grpc::Status st = PushFromSegment(*stub_, Segment(3), 3, {SegmentVars({0})}, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.outcome(), v1::PushResponse::APPLIED);
+  int messages = 0;
+  for (float x : Pull(&messages)) ASSERT_EQ(x, -3.5f);  // lr 1
+  EXPECT_EQ(service_->mapped_segments(), 1);
+  EXPECT_GT(service_->PeakSharedResidentBytes(), 0);
+
+  service_->set_segment_idle_release(absl::Milliseconds(20));
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (service_->mapped_segments() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(service_->mapped_segments(), 0);
+  // Let go: the next pull opens the descriptor afresh, which now fails.
+  const SegmentPull after = PullInto(Segment(4));
+  EXPECT_NE(after.error.find("not a towerps segment"), std::string::npos) << after.error;
+  EXPECT_TRUE(after.in_segment.empty());
+  for (float x : after.sliced) ASSERT_EQ(x, -3.5f);
 }
 
 // A variable of several read pieces (kSegmentReadElements) is read whole,

@@ -25,7 +25,8 @@
 #     cores with the communication, so it is slower than alone);
 #   - each ps's peak resident memory (VmHWM, logged at exit) against the
 #     bytes of values and optimizer slots it held (logged at register), raw
-#     and net of the memory the same ps had with no job (gRPC, libraries).
+#     and net of the memory the same ps had with no job (gRPC, libraries)
+#     and of the workers' shared segments it maps (their pages, in its VmHWM).
 # --worker_flags go to every worker (devices, BLAS threads; word-split),
 # --ps_flags to every ps (deploy/local_cluster.sh's TOWERPS_PS_FLAGS).
 # Where a GPU is present the towers run on it unless the worker is told
@@ -33,7 +34,7 @@
 # Not a test: nothing is asserted; numbers are reported. The binaries are
 # built with -c opt unless TOWERPS_BIN_DIR names them.
 set -euo pipefail
-usage() { sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 MODELS=mlp,dense_stack
 SHAPES=1:sync,2:sync,1:async,2:async
@@ -119,10 +120,10 @@ STEP = re.compile(r"worker (\d+): (\d+) steps, per step ([\d.]+) ms: compute ([\
 LOOP = re.compile(r"worker \d+: (\d+) steps, per step ([\d.]+) ms")
 CPU = re.compile(r"cpu time user ([\d.e+-]+) s, system ([\d.e+-]+) s")
 ALONE = re.compile(r"^(?:cpu|gpu)\S*\s+(\S+)\s+1\s+\d+\s+(\d+)\s+([\d.]+)", re.M)
-print("%-11s %2s %-5s %3s %6s %7s %7s %13s %6s %6s %6s %6s %6s %6s %7s %7s %5s %7s %6s | %8s %8s %5s %5s | %8s" % (
+print("%-11s %2s %-5s %3s %6s %7s %7s %13s %6s %6s %6s %6s %6s %6s %7s %7s %5s %7s %6s | %8s %6s %8s %5s %5s | %8s" % (
     "model", "W", "mode", "dev", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
     "eval", "step/c", "c/step", "alone", "st/alone", "tr/alone", "cores", "wall_s", "acc", "ps MB",
-    "held MB", "x", "x net", "worker MB"))
+    "shm MB", "held MB", "x", "x net", "worker MB"))
 for line in open(sys.argv[1]):
     model, workers, mode, run, dev = line.rstrip("\n").split("\t")
     final = re.search(r"final: test_accuracy=(\S+) test_loss=\S+ steps=\d+ wall_s=([\d.]+)",
@@ -144,8 +145,11 @@ for line in open(sys.argv[1]):
                           text)
         peak = re.findall(r"peak resident memory \(VmHWM\) (\d+) bytes", text)
         idle = re.findall(r"resident memory with no job (\d+) bytes", text)
+        # Workers' segments mapped by the ps: their pages count in its VmHWM.
+        shm = re.findall(r"shared segments mapped here [^;]*? at most (\d+) bytes", text)
         if held and peak and idle:
-            ps_rows.append((int(peak[-1]), int(held[-1][0]) + int(held[-1][1]), int(idle[-1])))
+            ps_rows.append((int(peak[-1]), int(held[-1][0]) + int(held[-1][1]), int(idle[-1]),
+                            int(shm[-1]) if shm else 0))
         cpu = CPU.findall(text)
         if cpu:
             ps_cpu.append(float(cpu[-1][0]) + float(cpu[-1][1]))
@@ -160,19 +164,20 @@ for line in open(sys.argv[1]):
     # length (a ps is idle before and after the job).
     loop_s = steps * step_ms / 1e3
     cores = sum(b[8] for b in bds) + (sum(ps_cpu) / loop_s if loop_s > 0 else 0)
-    worst = max(ps_rows, key=lambda r: r[0] / max(1, r[1])) if ps_rows else (0, 1, 0)
+    worst = (max(ps_rows, key=lambda r: (r[0] - r[3]) / max(1, r[1])) if ps_rows
+             else (0, 1, 0, 0))
     alone = float("nan")
     alone_path = os.path.join(run, "alone.txt")
     if os.path.exists(alone_path):
         m = ALONE.search(read(alone_path))
         if m and float(m.group(3)) > 0:
             alone = 1e3 * int(m.group(2)) / float(m.group(3))
-    print("%-11s %2s %-5s %3s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %7.2f %5.2f %7.1f %6s | %8.1f %8.1f %5.1f %5.1f | %8.1f" % (
+    print("%-11s %2s %-5s %3s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %7.2f %5.2f %7.1f %6s | %8.1f %6.1f %8.1f %5.1f %5.1f | %8.1f" % (
         model, workers, mode, dev, steps, step_ms, comp, pull, wait, push, other, evl,
         step_ms / comp if comp else float("nan"), comp / step_ms if step_ms else float("nan"),
         alone, step_ms / alone, (step_ms - evl) / alone, cores,
-        wall, acc, worst[0] / 1e6, worst[1] / 1e6, worst[0] / max(1, worst[1]),
-        (worst[0] - worst[2]) / max(1, worst[1]), max(worker_peak or [0]) / 1e6))
+        wall, acc, worst[0] / 1e6, worst[3] / 1e6, worst[1] / 1e6, worst[0] / max(1, worst[1]),
+        (worst[0] - worst[3] - worst[2]) / max(1, worst[1]), max(worker_peak or [0]) / 1e6))
 print()
 print("ms/step, compute, pull (wait), push, other: per step, of the slowest worker; pull and push")
 print("count only the time the step was blocked on them (they overlap the compute); wait: the")
@@ -183,8 +188,10 @@ print("same window); st/alone: ms/step over alone. eval: of other, the chief's e
 print("epoch ends inside the loop (no training work); tr/alone: (ms/step - eval) over alone.")
 print("cores: CPU seconds of every worker and ps process over the loop's seconds (of %d cores)."
       % os.cpu_count())
-print("ps MB: peak resident (VmHWM) of the ps with the highest ratio; held MB: its values + slots;")
-print("x = ps MB / held MB; x net = (ps MB - that ps's resident MB with no job) / held MB.")
+print("ps MB: peak resident (VmHWM) of the ps with the highest x net; shm MB: of it, the workers'")
+print("shared segments the ps maps (the ps's log: RssShmem at its most; the pages are the workers',")
+print("counted in their memory too); held MB: its values + slots; x = ps MB / held MB;")
+print("x net = (ps MB - shm MB - that ps's resident MB with no job) / held MB.")
 PY
 # The CPU math kernels the runs used (the worker logs them; see
 # common/blas_kernels.h): CPU rows are only comparable on the same ones.

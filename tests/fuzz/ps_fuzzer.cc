@@ -103,17 +103,19 @@ void PullIntoSegment(v1::SharedSegment segment, const towerps::ps::WeightsSnapsh
   towerps::common::SharedSegment* const own = OwnSegment();
   UseOwnSegment(&segment);
   const std::string header(own->at(0), 64);
-  auto file = towerps::ps::OpenPullSegment(segment, w);
-  if (!file.ok()) {
-    const auto code = file.status().code();
+  auto file = towerps::ps::OpenSegment(segment);
+  const absl::Status fits =
+      file.ok() ? towerps::ps::CheckPullSegment(segment, w, **file) : file.status();
+  if (!fits.ok()) {
+    const auto code = fits.code();
     FUZZ_CHECK(code == absl::StatusCode::kInvalidArgument ||
                    code == absl::StatusCode::kFailedPrecondition,
-               "OpenPullSegment: %s", file.status().ToString().c_str());
+               "OpenSegment, CheckPullSegment: %s", fits.ToString().c_str());
     return;
   }
   for (size_t v = 0; v < w.values.size(); ++v) {
     const absl::Status s =
-        file->Write(segment.offsets(static_cast<int>(v)), w.values[v].data(),
+        (*file)->Write(segment.offsets(static_cast<int>(v)), w.values[v].data(),
                     static_cast<int64_t>(w.values[v].size() * sizeof(float)));
     FUZZ_CHECK(s.ok(), "an accepted offset did not fit: %s", s.ToString().c_str());
   }
