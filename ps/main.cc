@@ -190,7 +190,7 @@ int main(int argc, char** argv) {
              << towerps::common::PeakResidentBytes()
              << " bytes, of which workers' shared segments mapped here (RssShmem, their pages, "
                 "not this server's) at most "
-             << service.PeakSharedResidentBytes() << " bytes; cpu time user "
+             << service.segments().PeakSharedResidentBytes() << " bytes; cpu time user "
              << towerps::common::ProcessCpuTime().user_s << " s, system "
              << towerps::common::ProcessCpuTime().system_s << " s";
   return 0;

@@ -1,14 +1,12 @@
 #include "ps/ps_service.h"
 
 #include <algorithm>
-#include <iterator>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
-#include "common/process_memory.h"
 #include "common/status.h"
 #include "common/tensor_wire.h"
 #include "proto/ps_wire.h"
@@ -44,106 +42,6 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterServer& ps,
                          [](ParameterServiceImpl* self, grpc::ServerContext* ctx,
                             TensorStream* stream) { return self->PullTensors(ctx, stream); },
                          this));
-  // Ten times a second: the shared memory resident while segments are
-  // mapped (a worker gives its pages back at its end, before the server
-  // would look), and mappings idle long enough let go.
-  janitor_ = std::thread([this] {
-    for (;;) {
-      absl::Duration period;
-      {
-        absl::MutexLock lock(&gates_mu_);
-        period =
-            std::clamp(segment_idle_release_ / 2, absl::Milliseconds(10), absl::Milliseconds(100));
-      }
-      if (stop_janitor_.WaitForNotificationWithTimeout(period)) return;
-      ReleaseIdleSegments();
-    }
-  });
-}
-
-ParameterServiceImpl::~ParameterServiceImpl() {
-  stop_janitor_.Notify();
-  janitor_.join();
-}
-
-void ParameterServiceImpl::set_segment_idle_release(absl::Duration d) {
-  absl::MutexLock lock(&gates_mu_);
-  segment_idle_release_ = d;
-}
-
-std::vector<std::shared_ptr<ParameterServiceImpl::SegmentGate>> ParameterServiceImpl::Gates() {
-  absl::MutexLock lock(&gates_mu_);
-  std::vector<std::shared_ptr<SegmentGate>> gates;
-  for (const auto& [nonce, gate] : gates_) gates.push_back(gate);
-  return gates;
-}
-
-int ParameterServiceImpl::mapped_segments() {
-  int n = 0;
-  for (const auto& gate : Gates()) {
-    absl::MutexLock lock(&gate->mu);
-    n += gate->file != nullptr;
-  }
-  return n;
-}
-
-void ParameterServiceImpl::NoteSharedResident() {
-  const int64_t now = common::SharedResidentBytes();
-  int64_t peak = peak_shared_resident_.load();
-  while (now > peak && !peak_shared_resident_.compare_exchange_weak(peak, now)) {
-  }
-}
-
-int64_t ParameterServiceImpl::PeakSharedResidentBytes() {
-  NoteSharedResident();
-  return peak_shared_resident_.load();
-}
-
-void ParameterServiceImpl::ReleaseIdleSegments() {
-  absl::Duration idle_release;
-  {
-    absl::MutexLock lock(&gates_mu_);
-    idle_release = segment_idle_release_;
-  }
-  const absl::Time now = absl::Now();
-  bool mapped = false;
-  std::vector<std::shared_ptr<common::SegmentFile>> idle;  // unmapped after the locks
-  for (const auto& gate : Gates()) {
-    absl::MutexLock lock(&gate->mu);
-    mapped |= gate->file != nullptr;
-    if (gate->file != nullptr && now - gate->used > idle_release) {
-      idle.push_back(std::move(gate->file));
-      gate->file = nullptr;
-    }
-  }
-  if (mapped) NoteSharedResident();
-}
-
-absl::StatusOr<std::shared_ptr<common::SegmentFile>> ParameterServiceImpl::MappedSegment(
-    const v1::SharedSegment& segment, std::shared_ptr<SegmentGate>* gate) {
-  {
-    absl::MutexLock lock(&gates_mu_);
-    auto it = gates_.find(segment.nonce());
-    if (it != gates_.end()) *gate = it->second;
-  }
-  if (*gate != nullptr) {
-    absl::MutexLock lock(&(*gate)->mu);
-    if ((*gate)->file != nullptr && (*gate)->pid == segment.pid() &&
-        (*gate)->fd == segment.fd() && (*gate)->file->size() == segment.size()) {
-      (*gate)->used = absl::Now();
-      return (*gate)->file;
-    }
-  }
-  // Not mapped yet, or named another way (a new process at that pid would
-  // not know the nonce: the open checks it).
-  TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<common::SegmentFile> file, OpenSegment(segment));
-  *gate = GateFor(segment.nonce());
-  absl::MutexLock lock(&(*gate)->mu);
-  (*gate)->file = file;
-  (*gate)->pid = segment.pid();
-  (*gate)->fd = segment.fd();
-  (*gate)->used = absl::Now();
-  return file;
 }
 
 void ParameterServiceImpl::RecordRpc(const char* method, const grpc::Status& status,
@@ -312,8 +210,8 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
   const absl::Time start = absl::Now();
   PushStreamDecoder decoder(
       ps_, shared_memory_.load(), [this](const v1::SharedSegment& segment) {
-        std::shared_ptr<SegmentGate> gate;
-        return MappedSegment(segment, &gate);
+        std::shared_ptr<SegmentGates::Gate> gate;
+        return segments_.Map(segment, &gate);
       });
   do {
     absl::Status s = decoder.Add(buffer);
@@ -332,27 +230,6 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
   }
   ps_.RecordRequest(job_id, absl::Now() - start);
   return grpc::Status::OK;
-}
-
-std::shared_ptr<ParameterServiceImpl::SegmentGate> ParameterServiceImpl::GateFor(
-    const std::string& nonce) {
-  const absl::Time now = absl::Now();
-  absl::MutexLock lock(&gates_mu_);
-  std::shared_ptr<SegmentGate>& gate = gates_[nonce];
-  if (gate == nullptr) {
-    gate = std::make_shared<SegmentGate>();
-    if (gates_.size() > 256) {  // workers come and go: forget the quiet ones
-      for (auto it = gates_.begin(); it != gates_.end();) {
-        bool quiet = false;
-        if (it->second.use_count() == 1) {
-          absl::MutexLock l(&it->second->mu);
-          quiet = now - it->second->used > absl::Minutes(1);
-        }
-        it = quiet ? gates_.erase(it) : std::next(it);
-      }
-    }
-  }
-  return gate;
 }
 
 namespace {
@@ -380,14 +257,6 @@ absl::Status CheckSegmentFor(const v1::SharedSegment& segment,
 }
 
 }  // namespace
-
-absl::StatusOr<std::shared_ptr<common::SegmentFile>> OpenSegment(
-    const v1::SharedSegment& segment) {
-  TOWERPS_ASSIGN_OR_RETURN(
-      common::SegmentFile file,
-      common::SegmentFile::Open(segment.pid(), segment.fd(), segment.nonce(), segment.size()));
-  return std::make_shared<common::SegmentFile>(std::move(file));
-}
 
 absl::Status CheckPullSegment(const v1::SharedSegment& segment, const WeightsSnapshot& w,
                               const common::SegmentFile& file) {
@@ -435,10 +304,10 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
   std::string segment_error;
   if (request.has_segment()) {
     const v1::SharedSegment& seg = request.segment();
-    std::shared_ptr<SegmentGate> gate;
+    std::shared_ptr<SegmentGates::Gate> gate;
     absl::StatusOr<std::shared_ptr<common::SegmentFile>> file =
         shared_memory_.load()
-            ? MappedSegment(seg, &gate)
+            ? segments_.Map(seg, &gate)
             : absl::FailedPreconditionError("this server runs with --shared_memory=false");
     if (file.ok()) {
       if (absl::Status fits = CheckPullSegment(seg, w, **file); !fits.ok()) file = fits;

@@ -14,10 +14,7 @@
 // another user, --shared_memory=false) the values go as slices as always,
 // and the first message says why (segment_error). A push that names it
 // (PushHeader.segment) is read from there. The service keeps each segment
-// mapped between calls (so that its pages are not faulted in again every
-// step) until it has gone unused for segment_idle_release (10 s), or the
-// service is destroyed: a worker that has gone holds no memory here longer
-// than that.
+// mapped between calls (segment_gates.h).
 //
 // Thread-safe (gRPC calls handlers concurrently).
 #ifndef TOWERPS_PS_PS_SERVICE_H_
@@ -26,15 +23,12 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/shared_segment.h"
 #include "common/tensor_wire.h"
@@ -43,6 +37,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_metrics.h"
+#include "ps/segment_gates.h"
 
 namespace towerps::ps {
 
@@ -50,7 +45,7 @@ namespace towerps::ps {
 // (256 KiB), each piece checked for NaN and Inf while it is still in cache.
 inline constexpr int64_t kSegmentReadElements = int64_t{1} << 16;
 
-// Opens (or finds already mapped) the segment a request names.
+// Maps (or finds already mapped) the segment a request names.
 using SegmentOpener = std::function<absl::StatusOr<std::shared_ptr<common::SegmentFile>>(
     const v1::SharedSegment& segment)>;
 
@@ -103,9 +98,6 @@ absl::Status CheckPullSegment(const v1::SharedSegment& segment, const WeightsSna
 // variable of the job on this server, each variable's gradient inside it.
 absl::Status CheckPushSegment(const v1::SharedSegment& segment, const PushSession& session,
                               const common::SegmentFile& file);
-// common::SegmentFile::Open of the segment a request names.
-absl::StatusOr<std::shared_ptr<common::SegmentFile>> OpenSegment(
-    const v1::SharedSegment& segment);
 
 class ParameterServiceImpl final : public v1::ParameterService::Service {
  public:
@@ -115,7 +107,6 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   // `shared_memory`: whether pulls may be written into workers' segments.
   ParameterServiceImpl(ParameterServer& ps, int64_t default_chunk_bytes,
                        PsMetrics* metrics = nullptr, bool shared_memory = true);
-  ~ParameterServiceImpl() override;
 
   grpc::Status RegisterVariables(grpc::ServerContext* context,
                                  const v1::RegisterRequest* request,
@@ -139,15 +130,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   // Turns shared memory off (or on) for the calls that start from now on,
   // as if the server had been started so.
   void set_shared_memory(bool on) { shared_memory_.store(on); }
-  // How long a worker's segment stays mapped here unused (default 10 s).
-  void set_segment_idle_release(absl::Duration d) ABSL_LOCKS_EXCLUDED(gates_mu_);
-  // Workers' segments mapped here now.
-  int mapped_segments() ABSL_LOCKS_EXCLUDED(gates_mu_);
-  // The most bytes of workers' segments resident in this process at once
-  // (RssShmem, looked at ten times a second while any is mapped, before one
-  // is let go, and now). They count in its VmHWM, though the pages are the
-  // workers' (one copy, theirs).
-  int64_t PeakSharedResidentBytes();
+  // The workers' segments as this service maps them (segment_gates.h).
+  SegmentGates& segments() { return segments_; }
   // Tests only, set before any call: in a pull written into a worker's
   // segment, called each time the server has told the worker of more
   // variables in place, with the request and how many are; a status other
@@ -164,49 +148,12 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   // Counts one finished RPC that started at `start` (no-op without metrics).
   void RecordRpc(const char* method, const grpc::Status& status, absl::Time start);
 
-  // One worker segment: its mapping while in use, and who may write into
-  // it: only the latest pull that named it (the highest pull_id). A call
-  // the worker abandoned may still be running here; it must not write over
-  // the values of the pull that replaced it, so every pull's write holds
-  // `mu` and checks `latest` first.
-  struct SegmentGate {
-    absl::Mutex mu;
-    uint64_t latest ABSL_GUARDED_BY(mu) = 0;
-    absl::Time used ABSL_GUARDED_BY(mu);
-    // The mapping, and the pid, fd and size it was opened with; null when
-    // not mapped (never yet, or let go after segment_idle_release).
-    std::shared_ptr<common::SegmentFile> file ABSL_GUARDED_BY(mu);
-    int64_t pid ABSL_GUARDED_BY(mu) = 0;
-    int64_t fd ABSL_GUARDED_BY(mu) = 0;
-  };
-  // The gate of the segment with this nonce (created on first use; gates
-  // unused for a minute are dropped once there are many).
-  std::shared_ptr<SegmentGate> GateFor(const std::string& nonce) ABSL_LOCKS_EXCLUDED(gates_mu_);
-  std::vector<std::shared_ptr<SegmentGate>> Gates() ABSL_LOCKS_EXCLUDED(gates_mu_);
-  // The segment `segment` names, mapped: the gate's mapping when it was
-  // opened with the same pid, fd and size, else opened now (OpenSegment) and
-  // kept in the gate. Sets *gate to its gate.
-  absl::StatusOr<std::shared_ptr<common::SegmentFile>> MappedSegment(
-      const v1::SharedSegment& segment, std::shared_ptr<SegmentGate>* gate)
-      ABSL_LOCKS_EXCLUDED(gates_mu_);
-  // Lets go of the mappings unused for segment_idle_release_, noting the
-  // shared memory resident first when any is mapped.
-  void ReleaseIdleSegments() ABSL_LOCKS_EXCLUDED(gates_mu_);
-  void NoteSharedResident();
-
   ParameterServer& ps_;
   const int64_t default_chunk_bytes_;
   PsMetrics* const metrics_;  // Not owned; may be null.
   std::atomic<bool> shared_memory_;
   std::function<grpc::Status(const v1::PullRequest&, size_t)> pull_fault_for_testing_;
-  absl::Mutex gates_mu_;
-  std::map<std::string, std::shared_ptr<SegmentGate>> gates_ ABSL_GUARDED_BY(gates_mu_);
-  absl::Duration segment_idle_release_ ABSL_GUARDED_BY(gates_mu_) = absl::Seconds(10);
-  std::atomic<int64_t> peak_shared_resident_{0};
-  // Notes the shared memory resident and lets go of idle mappings
-  // (ReleaseIdleSegments) until stop_janitor_.
-  absl::Notification stop_janitor_;
-  std::thread janitor_;
+  SegmentGates segments_;
 };
 
 }  // namespace towerps::ps

@@ -610,10 +610,10 @@ TEST_F(PsServiceSegmentTest, PushReadsTheGradientFromTheSegment) {
 // worker's descriptor names another file, a segment still mapped is written
 // (pull) and read (push) as before, while one let go cannot be opened again.
 TEST_F(PsServiceSegmentTest, ASegmentStaysMappedBetweenCallsAndIsLetGoWhenIdle) {
-  EXPECT_EQ(service_->mapped_segments(), 0);
+  EXPECT_EQ(service_->segments().mapped(), 0);
   const SegmentPull first = PullInto(Segment(1));
   ASSERT_EQ(first.error, "");
-  EXPECT_EQ(service_->mapped_segments(), 1);
+  EXPECT_EQ(service_->segments().mapped(), 1);
   // The worker's fd now names a plain memfd: opening it would be refused.
   const int plain = memfd_create("not-a-segment", MFD_CLOEXEC);
   ASSERT_GE(plain, 0);
@@ -632,15 +632,15 @@ TEST_F(PsServiceSegmentTest, ASegmentStaysMappedBetweenCallsAndIsLetGoWhenIdle) 
   EXPECT_EQ(resp.outcome(), v1::PushResponse::APPLIED);
   int messages = 0;
   for (float x : Pull(&messages)) ASSERT_EQ(x, -3.5f);  // lr 1
-  EXPECT_EQ(service_->mapped_segments(), 1);
-  EXPECT_GT(service_->PeakSharedResidentBytes(), 0);
+  EXPECT_EQ(service_->segments().mapped(), 1);
+  EXPECT_GT(service_->segments().PeakSharedResidentBytes(), 0);
 
-  service_->set_segment_idle_release(absl::Milliseconds(20));
+  service_->segments().set_idle_release(absl::Milliseconds(20));
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (service_->mapped_segments() > 0 && absl::Now() < deadline) {
+  while (service_->segments().mapped() > 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  ASSERT_EQ(service_->mapped_segments(), 0);
+  ASSERT_EQ(service_->segments().mapped(), 0);
   // Let go: the next pull opens the descriptor afresh, which now fails.
   const SegmentPull after = PullInto(Segment(4));
   EXPECT_NE(after.error.find("not a towerps segment"), std::string::npos) << after.error;

@@ -37,6 +37,7 @@
 #include "proto/ps.pb.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_service.h"
+#include "ps/segment_gates.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
