@@ -6,7 +6,7 @@
 #   tests/bench/step_breakdown.sh [--models=mlp,dense_stack] [--ps=2]
 #       [--shapes=1:sync,2:sync,1:async,2:async] [--epochs=1] [--max_steps=0]
 #       [--out=DIR] [--worker_flags="--virtual_devices=GPU:0=8000x1"]
-#       [--ps_flags="--blas_threads=4"]
+#       [--ps_flags="--blas_threads=4"] [--pin=WORKER_CPUS:PS_CPUS]
 #
 # Per run it prints one row from the logs the processes write:
 #   - each worker's step breakdown (worker/train/trainer: compute = forward,
@@ -30,12 +30,15 @@
 #     and of the workers' shared segments it maps (their pages, in its VmHWM).
 # --worker_flags go to every worker (devices, BLAS threads; word-split),
 # --ps_flags to every ps (deploy/local_cluster.sh's TOWERPS_PS_FLAGS).
+# --pin runs the workers (and worker_throughput) on WORKER_CPUS and the
+# servers on PS_CPUS (taskset lists, e.g. --pin=0:1): on a small machine, a
+# stand-in for servers with cores of their own.
 # Where a GPU is present the towers run on it unless the worker is told
 # otherwise (CUDA_VISIBLE_DEVICES= hides it: CPU towers on a GPU machine).
 # Not a test: nothing is asserted; numbers are reported. The binaries are
 # built with -c opt unless TOWERPS_BIN_DIR names them.
 set -euo pipefail
-usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 MODELS=mlp,dense_stack
 SHAPES=1:sync,2:sync,1:async,2:async
@@ -45,6 +48,7 @@ MAX_STEPS=0
 OUT=""
 WORKER_FLAGS=""
 PS_FLAGS=""
+PIN=""
 for arg in "$@"; do
   case "$arg" in
     --models=*) MODELS="${arg#*=}" ;;
@@ -55,6 +59,7 @@ for arg in "$@"; do
     --out=*) OUT="${arg#*=}" ;;
     --worker_flags=*) WORKER_FLAGS="${arg#*=}" ;;
     --ps_flags=*) PS_FLAGS="${arg#*=}" ;;
+    --pin=*) PIN="${arg#*=}" ;;
     -h|--help) usage 0 ;;
     *) echo "step_breakdown: unknown argument \"$arg\"" >&2; usage ;;
   esac
@@ -68,6 +73,27 @@ if [ -z "${TOWERPS_BIN_DIR:-}" ]; then
 fi
 OUT="${OUT:-$(mktemp -d /tmp/step_breakdown.XXXXXX)}"
 mkdir -p "$OUT"
+if [ -n "$PIN" ]; then
+  case "$PIN" in
+    ?*:?*) ;;
+    *) echo "step_breakdown: --pin=$PIN: want WORKER_CPUS:PS_CPUS, e.g. 0:1" >&2; exit 2 ;;
+  esac
+  # The same binaries, each started under taskset.
+  TOWERPS_BIN_DIR="$(cd "$TOWERPS_BIN_DIR" && pwd)"
+  pinned="$OUT/pinned-bin"
+  mkdir -p "$pinned/ps" "$pinned/worker" "$pinned/client" "$pinned/tests/bench"
+  ln -sf "$TOWERPS_BIN_DIR/client/towerctl" "$pinned/client/towerctl"
+  for entry in "ps/ps:${PIN#*:}" "worker/worker:${PIN%%:*}" \
+      "tests/bench/worker_throughput:${PIN%%:*}"; do
+    bin="${entry%%:*}"
+    printf '#!/bin/sh\nexec taskset -c %s %s "$@"\n' "${entry#*:}" "$TOWERPS_BIN_DIR/$bin" \
+      >"$pinned/$bin"
+    chmod +x "$pinned/$bin"
+  done
+  taskset -c "${PIN%%:*}" true && taskset -c "${PIN#*:}" true \
+    || { echo "step_breakdown: --pin=$PIN: taskset refused the CPU lists" >&2; exit 2; }
+  export TOWERPS_BIN_DIR="$pinned"
+fi
 
 rows="$OUT/rows.tsv"
 : >"$rows"
