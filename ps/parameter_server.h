@@ -15,10 +15,7 @@
 // Push protocol (so that a broken or malformed stream never touches state):
 //   BeginPush(header) -> session; session.AddSlice(...) for every slice
 //   (validated and copied into a staging buffer); FinishPush(session) checks
-//   that every variable was covered exactly once and commits atomically:
-//   the update it decides (Commit) may run after the push is answered, but
-//   every reader sees whole steps (a pull waits for each variable of its
-//   step; saves, deletions and other pushes wait for the update).
+//   that every variable was covered exactly once and commits atomically.
 // A push is identified by (worker_task, incarnation, sequence): a retry with a
 // sequence already taken is acknowledged as DUPLICATE and never applied twice.
 //
