@@ -1365,26 +1365,6 @@ absl::StatusOr<std::string> SaveTo(ParameterServer& ps, const std::string& dir) 
   return saved->path();
 }
 
-// A server's hooks that hold its first update after the first variable
-// is published (until `release`), and note when anyone starts waiting for
-// an update.
-struct HeldUpdate {
-  absl::Notification first_published, release, someone_waits;
-
-  ParameterServerOptions Options() {
-    ParameterServerOptions o;
-    o.after_publish = [this](size_t count) {
-      if (count != 1 || first_published.HasBeenNotified()) return;
-      first_published.Notify();
-      release.WaitForNotification();
-    };
-    o.on_commit_wait = [this] {
-      if (!someone_waits.HasBeenNotified()) someone_waits.Notify();
-    };
-    return o;
-  }
-};
-
 // The push that completes a step can be answered before the update: the
 // step advances at once, a pull is served at once and reads each variable
 // once it is final (in var_index order), a save waits for the whole step,
@@ -1400,8 +1380,17 @@ TEST(CommitTest, ADeferredUpdatePublishesEachVariableOnceFinalAndMatchesTheInlin
   auto ref_path = SaveTo(ref, tmp + "/ref");
   ASSERT_TRUE(ref_path.ok()) << ref_path.status();
 
-  HeldUpdate held;
-  ParameterServer ps(held.Options());
+  absl::Notification first_published, release, someone_waits;
+  ParameterServerOptions o;
+  o.after_publish = [&](size_t count) {  // holds the first update only
+    if (count != 1 || first_published.HasBeenNotified()) return;
+    first_published.Notify();
+    release.WaitForNotification();
+  };
+  o.on_commit_wait = [&] {
+    if (!someone_waits.HasBeenNotified()) someone_waits.Notify();
+  };
+  ParameterServer ps(o);
   ASSERT_TRUE(ps.Register(AdamPairJob()).ok());
   std::unique_ptr<Commit> commit;
   ASSERT_TRUE(PushRamp(ps, Header(0, 1, 0, 3), 0.25f, &commit).ok());
@@ -1417,15 +1406,15 @@ TEST(CommitTest, ADeferredUpdatePublishesEachVariableOnceFinalAndMatchesTheInlin
   EXPECT_EQ(snap->global_step, 1);
   EXPECT_FALSE(snap->Ready(0));
   std::thread updater([&] { commit->Run(); });
-  ASSERT_TRUE(held.first_published.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(first_published.WaitForNotificationWithTimeout(absl::Seconds(60)));
   EXPECT_TRUE(snap->Ready(0));
   EXPECT_FALSE(snap->Ready(1));  // held by the test after the first variable
   EXPECT_EQ(std::vector<float>(snap->values[0].begin(), snap->values[0].end()), want[0]);
 
   absl::StatusOr<std::string> path = absl::UnknownError("not saved");
   std::thread saver([&] { path = SaveTo(ps, tmp + "/deferred"); });
-  ASSERT_TRUE(held.someone_waits.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  held.release.Notify();
+  ASSERT_TRUE(someone_waits.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  release.Notify();
   updater.join();
   saver.join();
   snap->AwaitReady(1);
@@ -1459,14 +1448,23 @@ TEST(CommitTest, ADeferredUpdatePublishesEachVariableOnceFinalAndMatchesTheInlin
 TEST(CommitTest, ThePushOfTheNextStepAndADeletionWaitForTheUpdate) {
   for (const bool delete_it : {false, true}) {
     SCOPED_TRACE(delete_it ? "deletion" : "push");
-    HeldUpdate held;
-    ParameterServer ps(held.Options());
+    absl::Notification first_published, release, someone_waits;
+    ParameterServerOptions o;
+    o.after_publish = [&](size_t count) {  // holds the first update only
+      if (count != 1 || first_published.HasBeenNotified()) return;
+      first_published.Notify();
+      release.WaitForNotification();
+    };
+    o.on_commit_wait = [&] {
+      if (!someone_waits.HasBeenNotified()) someone_waits.Notify();
+    };
+    ParameterServer ps(o);
     ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 2)).ok());
     std::unique_ptr<Commit> commit;
     ASSERT_TRUE(PushRamp(ps, Header(0, 1, 0, 3), 0.25f, &commit).ok());
     ASSERT_NE(commit, nullptr);  // ASYNC: every push updates
     std::thread updater([&] { commit->Run(); });
-    ASSERT_TRUE(held.first_published.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    ASSERT_TRUE(first_published.WaitForNotificationWithTimeout(absl::Seconds(60)));
     absl::StatusOr<v1::PushResponse> next = absl::UnknownError("not pushed");
     v1::DeleteJobResponse deleted;
     std::thread other([&] {
@@ -1478,8 +1476,8 @@ TEST(CommitTest, ThePushOfTheNextStepAndADeletionWaitForTheUpdate) {
         next = PushRamp(ps, Header(1, 1, 0, 5), -1.5f);  // updated inline once it may
       }
     });
-    ASSERT_TRUE(held.someone_waits.WaitForNotificationWithTimeout(absl::Seconds(60)));
-    held.release.Notify();
+    ASSERT_TRUE(someone_waits.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    release.Notify();
     updater.join();
     other.join();
     if (delete_it) {
