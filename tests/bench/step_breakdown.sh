@@ -86,7 +86,7 @@ if [ -n "$PIN" ]; then
   for entry in "ps/ps:${PIN#*:}" "worker/worker:${PIN%%:*}" \
       "tests/bench/worker_throughput:${PIN%%:*}"; do
     bin="${entry%%:*}"
-    printf '#!/bin/sh\nexec taskset -c %s %s "$@"\n' "${entry#*:}" "$TOWERPS_BIN_DIR/$bin" \
+    printf '#!/bin/sh\nexec taskset -c %s "%s" "$@"\n' "${entry#*:}" "$TOWERPS_BIN_DIR/$bin" \
       >"$pinned/$bin"
     chmod +x "$pinned/$bin"
   done
