@@ -15,6 +15,7 @@ PACKAGES=(
   libdnnl-dev              # oneDNN 2.6: the CPU convolution and pooling kernels
   dataset-fashion-mnist    # /usr/share/datasets/fashion-mnist
   python3 iproute2 procps
+  gdb                      # stacks of a process that hangs in a multi-process test (tests/await_lib.sh)
 )
 # --- TLS (issue 15): openssl makes tests/tls_test.sh's certificates (README: "TLS and tokens") ---
 PACKAGES+=(openssl)

@@ -10,6 +10,7 @@ export OPENBLAS_NUM_THREADS=1
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap cleanup EXIT
+source "$PWD/tests/await_lib.sh"
 FAILS=0 PASSES=0
 pass() { echo "PASS: $1"; PASSES=$((PASSES + 1)); }
 fail() { echo "FAIL: $1"; FAILS=$((FAILS + 1)); }
@@ -65,9 +66,16 @@ run_cluster() {
       --task_index=$i --wait_log_interval_s=1 >"$dir/ps$i.log" 2>&1 &
     pspids+=($!); PIDS+=($!)
   done
-  RC=0
-  for w in "${wpids[@]}"; do wait "$w" || RC=$?; done
-  for s in "${pspids[@]}"; do kill "$s" 2>/dev/null; wait "$s" 2>/dev/null; done
+  # Deadlines well inside `timeout`'s and Bazel's: a hang is reported with
+  # the processes' stacks (await_lib.sh), not just timed out.
+  await_exit 120 "$dir" "${wpids[@]}"; RC=$?
+  kill "${pspids[@]}" 2>/dev/null
+  local ps_rc
+  await_exit 30 "$dir" "${pspids[@]}"; ps_rc=$?
+  if [ "$ps_rc" -ne 0 ]; then
+    echo "$name: a ps ended with status $ps_rc after SIGTERM"
+    [ "$RC" -ne 0 ] || RC=$ps_rc
+  fi
   DIR="$dir"
 }
 
