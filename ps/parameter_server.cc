@@ -114,6 +114,12 @@ class Job {
   // leases not yet released), and pushes waiting for them to finish.
   int segment_writers ABSL_GUARDED_BY(mu) = 0;
   int pushes_waiting ABSL_GUARDED_BY(mu) = 0;
+  // A Commit is updating the values without the lock: only it touches the
+  // variables' values and slots until it clears this; every other writer
+  // (pushes, saves, deletion) waits (AwaitWritableLocked), and pulls read
+  // each variable once `publishing` says it is final.
+  bool committing ABSL_GUARDED_BY(mu) = false;
+  std::shared_ptr<Publication> publishing ABSL_GUARDED_BY(mu);
   int64_t duplicate ABSL_GUARDED_BY(mu) = 0;
   absl::CondVar changed;
 
@@ -191,16 +197,37 @@ class Job {
     changed.SignalAll();
   }
 
-  // Applies `grads` (one mean gradient, or mean statistic for a MOVING_AVERAGE
-  // variable) to every variable with its update rule and advances the step.
-  void ApplyLocked(std::vector<std::vector<float>>& grads)
+  // Waits (releasing `mu`) until the values may change: no Commit under way
+  // (`on_commit_wait`, may be empty, is told when that wait starts) and no
+  // pull writing them into a segment.
+  void AwaitWritableLocked(const std::function<void()>& on_commit_wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    DetachViewsLocked(/*keep_copies=*/true);
-    for (size_t i = 0; i < vars.size(); ++i) {
-      Variable& v = vars[i];
-      v.optimizer->Apply(absl::MakeSpan(v.value), grads[i], ++v.updates);
+    while (committing || segment_writers > 0) {
+      AwaitCommitLocked(on_commit_wait);
+      AwaitSegmentWritersLocked();
     }
+  }
+
+  // Waits (releasing `mu`) until no Commit is under way.
+  void AwaitCommitLocked(const std::function<void()>& on_commit_wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!committing) return;
+    if (on_commit_wait) on_commit_wait();
+    while (committing) changed.Wait(&mu);
+  }
+
+  // Starts the update of every variable by `parts` (gradients, or for a
+  // MOVING_AVERAGE variable statistics, by ascending worker with their
+  // weights; see Commit): views still held let go of the values, the step
+  // advances (pulls wake), and the returned publication says which
+  // variables are final. The caller fills in and runs the Commit.
+  // REQUIRES: !committing and no segment writers (AwaitWritableLocked).
+  std::shared_ptr<Publication> BeginCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    DetachViewsLocked(/*keep_copies=*/true);
+    committing = true;
+    publishing = std::make_shared<Publication>();
     AdvanceLocked();
+    return publishing;
   }
 
   // The values and slots are about to change (or go away): views still held
@@ -739,6 +766,7 @@ absl::StatusOr<v1::SaveResponse> ParameterServer::Save(const v1::SaveRequest& re
   shard.num_ps = std::max(1, request.num_ps());
   {
     absl::MutexLock lock(&job->mu);
+    job->AwaitCommitLocked(options_.on_commit_wait);  // a whole step, never part of one
     if (job->deleted) return absl::AbortedError("save: job was deleted");
     shard.global_step = job->global_step;
     for (auto& v : job->vars) {
@@ -770,6 +798,64 @@ absl::StatusOr<v1::SaveResponse> ParameterServer::Save(const v1::SaveRequest& re
   return response;
 }
 
+Commit::~Commit() { Run(); }
+
+void Commit::Run() {
+  if (done_) return;
+  done_ = true;
+  Job& job = *job_;
+  std::vector<internal::Variable*> vars;
+  {
+    absl::MutexLock lock(&job.mu);
+    for (internal::Variable& v : job.vars) vars.push_back(&v);
+  }
+  // Until `committing` is cleared below, only this touches the values and
+  // slots (Job::committing), so the lock is not held while they change.
+  std::vector<std::vector<float>>& mean = parts_[0].second;
+  for (size_t v = 0; v < vars.size(); ++v) {
+    // The weighted mean in the first worker's buffer, with one pass per
+    // further worker and none for a lone worker (a0 = w0 / w0 is exactly
+    // 1): saxpby makes a1 g1 + a0 g0, saxpy adds the rest, in worker order
+    // (summing as pushes arrive would make the result depend on their
+    // order: saxpy's FMA rounds fma(w1, g1, w0 g0) and fma(w0, g0, w1 g1)
+    // differently, and the same job must give the same weights).
+    const int n = static_cast<int>(job.sizes[v]);
+    float pending = parts_[0].first;  // the factor mean[v] still needs (a0)
+    for (size_t k = 1; k < parts_.size(); ++k) {
+      const float a = parts_[k].first;
+      const float* g = parts_[k].second[v].data();
+      if (pending != 1.0f) {
+        cblas_saxpby(n, a, g, 1, pending, mean[v].data(), 1);
+      } else {
+        cblas_saxpy(n, a, g, 1, mean[v].data(), 1);
+      }
+      pending = 1.0f;
+    }
+    if (pending != 1.0f) cblas_sscal(n, pending, mean[v].data(), 1);
+    internal::Variable& var = *vars[v];
+    var.optimizer->Apply(absl::MakeSpan(var.value), mean[v], ++var.updates);
+    publication_->Publish(v + 1);
+    if (after_publish_) after_publish_(v + 1);
+  }
+  absl::MutexLock lock(&job.mu);
+  for (auto& part : parts_) job.free_buffers.push_back(std::move(part.second));
+  parts_.clear();
+  job.committing = false;
+  job.publishing.reset();
+  job.changed.SignalAll();
+}
+
+std::unique_ptr<Commit> ParameterServer::MakeCommit(
+    std::shared_ptr<Job> job, std::shared_ptr<Publication> publication,
+    std::vector<std::pair<float, std::vector<std::vector<float>>>> parts) const {
+  std::unique_ptr<Commit> c(new Commit());
+  c->job_ = std::move(job);
+  c->publication_ = std::move(publication);
+  c->parts_ = std::move(parts);
+  c->after_publish_ = options_.after_publish;
+  return c;
+}
+
 absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
     const v1::PushHeader& header) {
   TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(header.job_id()));
@@ -791,6 +877,10 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   s->header_ = header;
   {
     absl::MutexLock lock(&job->mu);
+    // A Commit gives back the buffers it averages when it ends, a moment
+    // after the weights it publishes last (which this worker's push needed
+    // first): wait for them rather than allocate another set.
+    if (job->free_buffers.empty()) job->AwaitCommitLocked(options_.on_commit_wait);
     if (!job->free_buffers.empty()) {
       s->grads_ = std::move(job->free_buffers.back());
       job->free_buffers.pop_back();
@@ -805,8 +895,20 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   return s;
 }
 
-absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
-    std::unique_ptr<PushSession> s) {
+absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(std::unique_ptr<PushSession> s,
+                                                             std::unique_ptr<Commit>* commit) {
+  std::unique_ptr<Commit> update;
+  absl::StatusOr<v1::PushResponse> response = DecidePush(std::move(s), &update);
+  if (commit != nullptr) {
+    *commit = std::move(update);
+  } else if (update != nullptr) {
+    update->Run();
+  }
+  return response;
+}
+
+absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<PushSession> s,
+                                                             std::unique_ptr<Commit>* update) {
   Job& job = *s->job_;
   const v1::PushHeader& h = s->header_;
   for (size_t v = 0; v < job.sizes.size(); ++v) {
@@ -820,7 +922,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
   v1::PushResponse response;
   absl::MutexLock lock(&job.mu);
   // Before anything is read: the wait releases the lock.
-  job.AwaitSegmentWritersLocked();
+  job.AwaitWritableLocked(options_.on_commit_wait);
   if (job.deleted) {
     return absl::AbortedError(absl::StrCat("push: job \"", job.id, "\" was deleted on ps ",
                                            options_.task_index));
@@ -844,7 +946,10 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
   if (job.config.mode() == v1::ASYNC) {
     rec.completed = std::max<int64_t>(rec.completed, h.sequence());
     if (h.num_examples() > 0) {
-      job.ApplyLocked(s->grads_);
+      std::vector<std::pair<float, std::vector<std::vector<float>>>> parts;
+      parts.emplace_back(1.0f, std::move(s->grads_));
+      s->grads_.clear();
+      *update = MakeCommit(s->job_, job.BeginCommitLocked(), std::move(parts));
     } else {
       job.AdvanceLocked();
     }
@@ -877,42 +982,16 @@ absl::StatusOr<v1::PushResponse> ParameterServer::FinishPush(
     }
     response.set_outcome(v1::PushResponse::APPLIED);
     if (static_cast<int>(job.pushed.size()) >= job.replicas) {
-      // The weighted mean, in worker order: a0 g0 + a1 g1 + a2 g2 + ...
-      // with a_i = w_i / (w0 + w1 + ...), formed in the first worker's
-      // buffer with one pass per further worker and none for a lone worker
-      // (a0 = w0 / w0 is exactly 1): saxpby makes a1 g1 + a0 g0, saxpy adds
-      // the rest. Each pass reads and writes the whole shard, and on a
-      // server the passes are most of a step's work.
-      std::vector<std::vector<float>> mean;
-      float pending = 1.0f;  // the factor `mean` still needs (a0)
+      // The weighted mean a0 g0 + a1 g1 + ... with a_i = w_i / (w0 + w1 +
+      // ...), in worker order, formed by the Commit (see Commit::Run).
+      std::vector<std::pair<float, std::vector<std::vector<float>>>> parts;
       const float total = static_cast<float>(job.acc_examples);
       for (auto& [worker, staged] : job.staged) {  // ascending worker order
-        const float a = staged.first / total;
-        if (mean.empty()) {
-          mean = std::move(staged.second);
-          pending = a;
-          continue;
-        }
-        for (size_t v = 0; v < mean.size(); ++v) {
-          const int n = static_cast<int>(job.sizes[v]);
-          if (pending != 1.0f) {
-            cblas_saxpby(n, a, staged.second[v].data(), 1, pending, mean[v].data(), 1);
-          } else {
-            cblas_saxpy(n, a, staged.second[v].data(), 1, mean[v].data(), 1);
-          }
-        }
-        pending = 1.0f;
-        job.free_buffers.push_back(std::move(staged.second));
+        parts.emplace_back(staged.first / total, std::move(staged.second));
       }
       job.staged.clear();
-      if (!mean.empty()) {
-        if (pending != 1.0f) {
-          for (size_t v = 0; v < mean.size(); ++v) {
-            cblas_sscal(static_cast<int>(job.sizes[v]), pending, mean[v].data(), 1);
-          }
-        }
-        job.ApplyLocked(mean);
-        job.free_buffers.push_back(std::move(mean));
+      if (!parts.empty()) {
+        *update = MakeCommit(s->job_, job.BeginCommitLocked(), std::move(parts));
       } else {
         job.AdvanceLocked();
       }
@@ -1071,6 +1150,7 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   if (!job.snapshot) {
     auto snap = std::make_shared<WeightsSnapshot>();
     snap->global_step = job.global_step;
+    snap->publication = job.publishing;  // null unless a Commit is under way
     snap->values.reserve(job.vars.size());
     for (const auto& v : job.vars) snap->values.emplace_back(v.value);
     job.snapshot = std::move(snap);
@@ -1174,6 +1254,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
   int64_t freed = job->bytes();
   {
     absl::MutexLock lock(&job->mu);
+    job->AwaitCommitLocked(options_.on_commit_wait);  // it updates the variables in place
     freed += job->slot_bytes();
     job->deleted = true;
     // Free the memory now, not when the last waiting pull lets go of the job.

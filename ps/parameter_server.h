@@ -15,7 +15,10 @@
 // Push protocol (so that a broken or malformed stream never touches state):
 //   BeginPush(header) -> session; session.AddSlice(...) for every slice
 //   (validated and copied into a staging buffer); FinishPush(session) checks
-//   that every variable was covered exactly once and commits atomically.
+//   that every variable was covered exactly once and commits atomically:
+//   the update it decides (Commit) may run after the push is answered, but
+//   every reader sees whole steps (a pull waits for each variable of its
+//   step; saves, deletions and other pushes wait for the update).
 // A push is identified by (worker_task, incarnation, sequence): a retry with a
 // sequence already taken is acknowledged as DUPLICATE and never applied twice.
 //
@@ -52,6 +55,7 @@
 #include "absl/types/span.h"
 #include "common/paths.h"
 #include "ps/apply_log.h"
+#include "ps/publication.h"
 #include "proto/ps.pb.h"
 #include "proto/tensor.pb.h"
 
@@ -91,6 +95,12 @@ struct ParameterServerOptions {
   // Tests only: called by Save between taking its view of the job and
   // writing it (without the job's lock), to interleave an update.
   std::function<void()> after_save_view;
+  // Tests only: called by a Commit after it published each variable (with
+  // the count published), without any lock, to hold an update part way.
+  std::function<void(size_t)> after_publish;
+  // Tests only: called under the job's lock when a push, save or deletion
+  // starts waiting for a Commit to finish (it must not take that lock).
+  std::function<void()> on_commit_wait;
 };
 
 // The values of a job's variables at one global step, for a pull to stream
@@ -98,17 +108,61 @@ struct ParameterServerOptions {
 // for it: `values` view the variables themselves, and before the server
 // changes them while a pull still holds the snapshot, the snapshot takes the
 // old buffers and the variables continue on copies (copy on write).
+//
+// A snapshot taken while its step's update is still under way (Commit
+// below) views variables that are not all final yet: each becomes final in
+// var_index order, and a reader waits for it (Ready, AwaitReady) before
+// reading it.
 struct WeightsSnapshot {
   int64_t global_step = 0;
   std::vector<absl::Span<const float>> values;  // by var_index
   // Set once detached: the buffers `values` view (shared with other views of
   // the same step, e.g. a checkpoint being written).
   std::vector<std::shared_ptr<const std::vector<float>>> owned;
+  // Null: every variable is final.
+  std::shared_ptr<const Publication> publication;
+
+  // Whether variable `v`'s values are final.
+  bool Ready(size_t v) const { return publication == nullptr || publication->Ready(v); }
+  // Blocks until they are (a commit never stops part way: it is CPU work).
+  void AwaitReady(size_t v) const {
+    if (publication != nullptr) publication->Await(v);
+  }
 };
 
 namespace internal {
 class Job;
 }
+
+// The update a push completes, handed to the caller of
+// ParameterServer::FinishPush so that it can answer the push first: the
+// step has already advanced (the push is answered APPLIED, pulls of the new
+// step are served), and Run updates the variables one by one in var_index
+// order (the order forward needs them), publishing each as soon as it is
+// final, so that a worker's next forward starts on its first layers while
+// the server still updates the last. Until Run returns, the job's other
+// writers wait for it: pushes, saves and its deletion. Thread-compatible:
+// run it once, at once; the destructor runs it if nobody did.
+class Commit {
+ public:
+  ~Commit();
+  Commit(const Commit&) = delete;
+  Commit& operator=(const Commit&) = delete;
+
+  void Run();
+
+ private:
+  friend class ParameterServer;
+  Commit() = default;
+  std::shared_ptr<internal::Job> job_;
+  std::shared_ptr<Publication> publication_;
+  // The gradients to average, by ascending worker, with their weights
+  // (examples over the step's total): the mean is formed in the first one's
+  // buffers, variable by variable, just before that variable is updated.
+  std::vector<std::pair<float, std::vector<std::vector<float>>>> parts_;
+  std::function<void(size_t)> after_publish_;
+  bool done_ = false;
+};
 
 // Floats a job holds on a server per element of variable `def`, given the
 // job's normalized `config`: the value, the pull snapshot (a copy of the
@@ -196,7 +250,12 @@ class ParameterServer {
   // Commits a complete push. InvalidArgument if a variable is incomplete or
   // the gradient is not finite (nothing is applied then);
   // FailedPrecondition for a SYNC push ahead of the server's step.
-  absl::StatusOr<v1::PushResponse> FinishPush(std::unique_ptr<PushSession> session);
+  // With `commit`, a push that changes the values (an ASYNC push, the push
+  // that completes a SYNC step) leaves *commit set to the update, which the
+  // caller runs after answering; otherwise *commit is null. Without it, the
+  // update is done before FinishPush returns.
+  absl::StatusOr<v1::PushResponse> FinishPush(std::unique_ptr<PushSession> session,
+                                              std::unique_ptr<Commit>* commit = nullptr);
 
   // Blocks until the job's step reaches request.min_step (and, in ASYNC with
   // max_staleness, the slowest worker is close enough), or `deadline` (capped
@@ -268,6 +327,14 @@ class ParameterServer {
   void Record(absl::string_view event) const {
     if (options_.apply_log != nullptr) options_.apply_log->Append(Incarnation(), event);
   }
+
+  // FinishPush's decision, under the job's lock; *update: as FinishPush's
+  // *commit.
+  absl::StatusOr<v1::PushResponse> DecidePush(std::unique_ptr<PushSession> session,
+                                              std::unique_ptr<Commit>* update);
+  std::unique_ptr<Commit> MakeCommit(
+      std::shared_ptr<internal::Job> job, std::shared_ptr<Publication> publication,
+      std::vector<std::pair<float, std::vector<std::vector<float>>>> parts) const;
 
   absl::StatusOr<std::shared_ptr<internal::Job>> CreateJob(
       const v1::RegisterRequest& request, const v1::TrainingConfig& config);

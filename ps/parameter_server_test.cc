@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/gradient_codec.h"
 #include "common/status.h"
 #include "common/storage/checkpoint.h"
@@ -205,7 +206,7 @@ TEST(ParameterServerTest, SyncAveragesWeightedByExamplesAndAppliesOnce) {
 // g + 0.1 (i + 1) + 0.001, of b g - 0.1 (i + 1) - 0.001, so that the
 // elements round differently.
 absl::StatusOr<v1::PushResponse> PushRamp(ParameterServer& ps, const v1::PushHeader& h,
-                                          float g) {
+                                          float g, std::unique_ptr<Commit>* commit = nullptr) {
   std::vector<float> a(6), b(2);
   for (int i = 0; i < 6; ++i) a[i] = g + 0.1f * static_cast<float>(i + 1) + 1e-3f;
   for (int i = 0; i < 2; ++i) b[i] = g - 0.1f * static_cast<float>(i + 1) - 1e-3f;
@@ -213,7 +214,7 @@ absl::StatusOr<v1::PushResponse> PushRamp(ParameterServer& ps, const v1::PushHea
   if (!s.ok()) return s.status();
   if (auto st = (*s)->AddSlice(Slice(0, 0, a)); !st.ok()) return st;
   if (auto st = (*s)->AddSlice(Slice(1, 0, b)); !st.ok()) return st;
-  return ps.FinishPush(std::move(*s));
+  return ps.FinishPush(std::move(*s), commit);
 }
 
 // One worker's gradient reaches the optimizer exactly as pushed, whatever its
@@ -1343,6 +1344,158 @@ TEST(ParameterServerBudgetTest, ShapeOverflowingInt64IsRefusedNamingTheVariable)
             std::string::npos)
       << st;
   EXPECT_EQ(ps.reserved_bytes(), 0);
+}
+
+// --- Commits answered before the update -------------------------------------
+
+v1::RegisterRequest AdamPairJob() {
+  v1::RegisterRequest r = TwoVarJob(v1::SYNC, 2);
+  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+  r.mutable_config()->mutable_optimizer()->set_learning_rate(0.1f);
+  return r;
+}
+
+absl::StatusOr<std::string> SaveTo(ParameterServer& ps, const std::string& dir) {
+  v1::SaveRequest save;
+  save.set_job_id("j");
+  save.set_num_ps(1);
+  save.set_checkpoint_dir(dir);
+  auto saved = ps.Save(save);
+  if (!saved.ok()) return saved.status();
+  return saved->path();
+}
+
+// A server's hooks that hold its first update after the first variable
+// is published (until `release`), and note when anyone starts waiting for
+// an update.
+struct HeldUpdate {
+  absl::Notification first_published, release, someone_waits;
+
+  ParameterServerOptions Options() {
+    ParameterServerOptions o;
+    o.after_publish = [this](size_t count) {
+      if (count != 1 || first_published.HasBeenNotified()) return;
+      first_published.Notify();
+      release.WaitForNotification();
+    };
+    o.on_commit_wait = [this] {
+      if (!someone_waits.HasBeenNotified()) someone_waits.Notify();
+    };
+    return o;
+  }
+};
+
+// The push that completes a step can be answered before the update: the
+// step advances at once, a pull is served at once and reads each variable
+// once it is final (in var_index order), a save waits for the whole step,
+// and the values and Adam's slots come out bit-identical to the update done
+// inside FinishPush (the same mean, formed variable by variable).
+TEST(CommitTest, ADeferredUpdatePublishesEachVariableOnceFinalAndMatchesTheInlineOne) {
+  const std::string tmp = std::string(getenv("TEST_TMPDIR"));
+  ParameterServer ref({});
+  ASSERT_TRUE(ref.Register(AdamPairJob()).ok());
+  ASSERT_TRUE(PushRamp(ref, Header(0, 1, 0, 3), 0.25f).ok());
+  ASSERT_TRUE(PushRamp(ref, Header(1, 1, 0, 5), -1.5f).ok());
+  const std::vector<std::vector<float>> want = PullValues(ref, 1);
+  auto ref_path = SaveTo(ref, tmp + "/ref");
+  ASSERT_TRUE(ref_path.ok()) << ref_path.status();
+
+  HeldUpdate held;
+  ParameterServer ps(held.Options());
+  ASSERT_TRUE(ps.Register(AdamPairJob()).ok());
+  std::unique_ptr<Commit> commit;
+  ASSERT_TRUE(PushRamp(ps, Header(0, 1, 0, 3), 0.25f, &commit).ok());
+  EXPECT_EQ(commit, nullptr);  // the step is not complete: nothing to update yet
+  auto answer = PushRamp(ps, Header(1, 1, 0, 5), -1.5f, &commit);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->outcome(), v1::PushResponse::APPLIED);
+  EXPECT_EQ(answer->global_step(), 1);
+  ASSERT_NE(commit, nullptr);
+
+  auto snap = PullNow(ps, 1);  // served although nothing is updated yet
+  ASSERT_NE(snap, nullptr);
+  EXPECT_EQ(snap->global_step, 1);
+  EXPECT_FALSE(snap->Ready(0));
+  std::thread updater([&] { commit->Run(); });
+  ASSERT_TRUE(held.first_published.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_TRUE(snap->Ready(0));
+  EXPECT_FALSE(snap->Ready(1));  // held by the test after the first variable
+  EXPECT_EQ(std::vector<float>(snap->values[0].begin(), snap->values[0].end()), want[0]);
+
+  absl::StatusOr<std::string> path = absl::UnknownError("not saved");
+  std::thread saver([&] { path = SaveTo(ps, tmp + "/deferred"); });
+  ASSERT_TRUE(held.someone_waits.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  held.release.Notify();
+  updater.join();
+  saver.join();
+  snap->AwaitReady(1);
+  EXPECT_EQ(std::vector<float>(snap->values[1].begin(), snap->values[1].end()), want[1]);
+  // The save began during the update and holds its whole step.
+  ASSERT_TRUE(path.ok()) << path.status();
+  auto got = common::ReadShard(*path);
+  auto ref_shard = common::ReadShard(*ref_path);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(ref_shard.ok()) << ref_shard.status();
+  EXPECT_EQ(got->global_step, 1);
+  ASSERT_EQ(got->vars.size(), ref_shard->vars.size());
+  for (size_t v = 0; v < got->vars.size(); ++v) {
+    EXPECT_EQ(got->vars[v].value, ref_shard->vars[v].value) << "variable " << v;
+    ASSERT_EQ(got->vars[v].slots.size(), 2u);  // Adam's m and v
+    for (size_t k = 0; k < got->vars[v].slots.size(); ++k) {
+      EXPECT_EQ(got->vars[v].slots[k].values, ref_shard->vars[v].slots[k].values)
+          << "variable " << v << " slot " << k;
+    }
+  }
+  // The next step, inline on both, stays identical.
+  ASSERT_TRUE(PushRamp(ref, Header(0, 2, 1, 3), 0.5f).ok());
+  ASSERT_TRUE(PushRamp(ref, Header(1, 2, 1, 5), 0.75f).ok());
+  ASSERT_TRUE(PushRamp(ps, Header(0, 2, 1, 3), 0.5f).ok());
+  ASSERT_TRUE(PushRamp(ps, Header(1, 2, 1, 5), 0.75f).ok());
+  EXPECT_EQ(PullValues(ps, 2), PullValues(ref, 2));
+}
+
+// A push of the next step and a deletion wait for an update under way
+// (the update writes the variables in place, without the job's lock).
+TEST(CommitTest, ThePushOfTheNextStepAndADeletionWaitForTheUpdate) {
+  for (const bool delete_it : {false, true}) {
+    SCOPED_TRACE(delete_it ? "deletion" : "push");
+    HeldUpdate held;
+    ParameterServer ps(held.Options());
+    ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 2)).ok());
+    std::unique_ptr<Commit> commit;
+    ASSERT_TRUE(PushRamp(ps, Header(0, 1, 0, 3), 0.25f, &commit).ok());
+    ASSERT_NE(commit, nullptr);  // ASYNC: every push updates
+    std::thread updater([&] { commit->Run(); });
+    ASSERT_TRUE(held.first_published.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    absl::StatusOr<v1::PushResponse> next = absl::UnknownError("not pushed");
+    v1::DeleteJobResponse deleted;
+    std::thread other([&] {
+      if (delete_it) {
+        v1::DeleteJobRequest d;
+        d.set_job_id("j");
+        deleted = ps.DeleteJob(d);
+      } else {
+        next = PushRamp(ps, Header(1, 1, 0, 5), -1.5f);  // updated inline once it may
+      }
+    });
+    ASSERT_TRUE(held.someone_waits.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    held.release.Notify();
+    updater.join();
+    other.join();
+    if (delete_it) {
+      EXPECT_TRUE(deleted.existed());
+      continue;
+    }
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(next->global_step(), 2);
+    // Both pushes applied, in turn: SGD, b = 0 - lr (g0 + g1) exactly as
+    // two sequential updates.
+    ParameterServer ref({});
+    ASSERT_TRUE(ref.Register(TwoVarJob(v1::ASYNC, 2)).ok());
+    ASSERT_TRUE(PushRamp(ref, Header(0, 1, 0, 3), 0.25f).ok());
+    ASSERT_TRUE(PushRamp(ref, Header(1, 1, 0, 5), -1.5f).ok());
+    EXPECT_EQ(PullValues(ps, 2), PullValues(ref, 2));
+  }
 }
 
 }  // namespace

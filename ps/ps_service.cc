@@ -54,10 +54,21 @@ void ParameterServiceImpl::RecordRpc(const char* method, const grpc::Status& sta
 grpc::Status ParameterServiceImpl::PushTensors(grpc::ServerContext*, TensorStream* stream) {
   const absl::Time start = absl::Now();
   v1::PushResponse response;
-  grpc::Status s = DoPush(stream, &response);
+  std::unique_ptr<Commit> commit;
+  Served served;
+  grpc::Status s = DoPush(stream, &response, &commit, &served);
   if (s.ok() && !stream->Write(common::ToByteBuffer(response))) {
     s = grpc::Status(grpc::StatusCode::CANCELLED, "push: client went away");
   }
+  // Answered first: the worker starts its next step while the variables are
+  // updated, and its pull streams each one as soon as it is final. Run even
+  // if the worker went away: the push was accepted.
+  if (commit != nullptr) {
+    const absl::Time update_start = absl::Now();
+    commit->Run();
+    served.time += absl::Now() - update_start;  // the service time counts the update
+  }
+  if (!served.job_id.empty()) ps_.RecordRequest(served.job_id, served.time);
   RecordRpc("Push", s, start);
   return s;
 }
@@ -190,7 +201,7 @@ absl::Status PushStreamDecoder::Add(const grpc::ByteBuffer& message) {
   return session_->CheckFinite();
 }
 
-absl::StatusOr<v1::PushResponse> PushStreamDecoder::Finish() {
+absl::StatusOr<v1::PushResponse> PushStreamDecoder::Finish(std::unique_ptr<Commit>* commit) {
   if (session_ == nullptr) return absl::InvalidArgumentError("push: empty stream");
   if (session_->header().ends_with_commit() && !committed_) {
     const v1::PushHeader h = session_->header();
@@ -199,10 +210,11 @@ absl::StatusOr<v1::PushResponse> PushStreamDecoder::Finish() {
         "push: the stream of worker ", h.worker_task(), " (sequence ", h.sequence(),
         ") ended without its commit: the worker abandoned it; nothing applied"));
   }
-  return ps_.FinishPush(std::move(session_));
+  return ps_.FinishPush(std::move(session_), commit);
 }
 
-grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse* response) {
+grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse* response,
+                                          std::unique_ptr<Commit>* commit, Served* served) {
   grpc::ByteBuffer buffer;
   if (!stream->Read(&buffer)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "push: empty stream");
@@ -217,7 +229,7 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
     absl::Status s = decoder.Add(buffer);
     if (!s.ok()) return ToGrpcStatus(s);
   } while (stream->Read(&buffer));
-  auto r = decoder.Finish();
+  auto r = decoder.Finish(commit);
   if (!r.ok()) return ToGrpcStatus(r.status());
   *response = *r;
   const std::string& job_id = decoder.job_id();
@@ -228,11 +240,21 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
                                 : r->outcome() == v1::PushResponse::DUPLICATE ? "duplicate"
                                                                               : "applied");
   }
-  ps_.RecordRequest(job_id, absl::Now() - start);
+  *served = {job_id, absl::Now() - start};
   return grpc::Status::OK;
 }
 
 namespace {
+
+// Sends `*message` (encoded fields after `prefix`) and starts the next one
+// with `prefix`; false if the stream broke.
+bool SendPrefixed(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
+                  std::string* message, const std::string& prefix) {
+  grpc::Slice slice(*message);
+  const bool ok = stream->Write(grpc::ByteBuffer(&slice, 1));
+  *message = prefix;
+  return ok;
+}
 
 // Whether `file` (the segment a request names) has one offset per variable
 // of `elements` floats each, each variable's bytes inside the payload.
@@ -332,6 +354,16 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
       if (context->IsCancelled()) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
       }
+      if (!w.Ready(in_segment)) {
+        // The step's update is under way: say what is in place (at first,
+        // only the step, so that the worker gets on with its step) and
+        // wait for this variable.
+        if ((in_segment == 0 || pending > 0) && !SendPrefixed(stream, &message, prefix)) {
+          return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
+        }
+        pending = 0;
+        w.AwaitReady(in_segment);
+      }
       const absl::Span<const float> values = w.values[in_segment];
       const int64_t bytes = static_cast<int64_t>(values.size() * sizeof(float));
       {
@@ -386,6 +418,14 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
                                [stream](const grpc::ByteBuffer& m) { return stream->Write(m); });
   out.set_prefix(std::move(prefix));
   for (size_t v = in_segment; v < num_vars; ++v) {
+    if (!rest->Ready(v)) {
+      // The step's update is under way: what is ready goes now (at least
+      // the step, at first), then this variable once it is final.
+      if (!out.Finish(/*even_if_empty=*/v == 0)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
+      }
+      rest->AwaitReady(v);
+    }
     out.Add(static_cast<uint32_t>(v), rest->values[v].data(),
             static_cast<int64_t>(rest->values[v].size()), 0, rest);
   }

@@ -69,7 +69,9 @@ class PushStreamDecoder {
   // FinishPush of the whole stream. InvalidArgument if no message came;
   // Aborted, applying nothing, for a push whose header announced a commit
   // message that never came (the worker abandoned it).
-  absl::StatusOr<v1::PushResponse> Finish();
+  // `commit`: as ParameterServer::FinishPush's (the update for the caller to
+  // run once it has answered; null: done before Finish returns).
+  absl::StatusOr<v1::PushResponse> Finish(std::unique_ptr<Commit>* commit = nullptr);
   const std::string& job_id() const { return job_id_; }
   // Payload bytes received, as on the wire (compressed, in a compressed push).
   int64_t bytes() const { return bytes_; }
@@ -142,7 +144,15 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   }
 
  private:
-  grpc::Status DoPush(TensorStream* stream, v1::PushResponse* response);
+  // A served push: its job and the time spent on it, without waits.
+  struct Served {
+    std::string job_id;
+    absl::Duration time;
+  };
+  // *commit: the update to run once answered (null: none); *served: set
+  // when the push was decided.
+  grpc::Status DoPush(TensorStream* stream, v1::PushResponse* response,
+                      std::unique_ptr<Commit>* commit, Served* served);
   grpc::Status DoPull(grpc::ServerContext* context, const v1::PullRequest& request,
                       TensorStream* stream);
   // Counts one finished RPC that started at `start` (no-op without metrics).

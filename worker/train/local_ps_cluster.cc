@@ -41,7 +41,7 @@ LocalPsCluster::~LocalPsCluster() {
 
 absl::Status LocalPsCluster::Start(int i) {
   Server& s = servers_[i];
-  ps::ParameterServerOptions options;
+  ps::ParameterServerOptions options = server_options_;
   options.task_index = i;
   s.ps = std::make_unique<ps::ParameterServer>(options);
   s.service =

@@ -36,6 +36,12 @@ class LocalPsCluster {
   LocalPsCluster(const LocalPsCluster&) = delete;
   LocalPsCluster& operator=(const LocalPsCluster&) = delete;
 
+  // Options for the servers Start makes from now on (each gets its own
+  // task_index); e.g. a test's hooks. Default: ParameterServerOptions().
+  void set_server_options(ps::ParameterServerOptions options) {
+    server_options_ = std::move(options);
+  }
+
   // Starts ps `i` (a fresh ParameterServer, holding no job) on its port.
   // REQUIRES: not running. Unavailable if the port cannot be bound again.
   absl::Status Start(int i);
@@ -58,6 +64,7 @@ class LocalPsCluster {
   };
   std::vector<std::string> addresses_;
   bool shared_memory_ = true;
+  ps::ParameterServerOptions server_options_;
   std::vector<int> ports_;
   std::vector<Server> servers_;
 };

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/ps.pb.h"
@@ -98,6 +99,57 @@ TEST(PsStreamsTest, SyncPullSentBeforeThePushIsAnsweredWithTheNextStep) {
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(*step, 1);
   ExpectUpdated(w, true);
+}
+
+// A server answers the push that completes a step before it updates its
+// variables, and the next pull, already waiting, reads each variable only
+// once it is final: the push's Finish returns while the server is held part
+// way through its update (after the first variable), and the pulled values
+// are all updated ones, through buffers and through the shared segment.
+TEST(PsStreamsTest, APushIsAnsweredBeforeTheUpdateAndThePullReadsEachVariableOnceFinal) {
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "shared segment" : "slices");
+    absl::Notification first_published, release;
+    LocalPsCluster cluster(1, /*start=*/false);
+    ps::ParameterServerOptions so;
+    so.after_publish = [&](size_t count) {  // holds the first update only
+      if (count != 1 || first_published.HasBeenNotified()) return;
+      first_published.Notify();
+      release.WaitForNotification();
+    };
+    cluster.set_server_options(so);
+    ASSERT_TRUE(cluster.Start(0).ok());
+    ParameterClientOptions o = Options(cluster, "j");
+    o.shared_memory = shared;
+    auto client = NewClient(o);
+    ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+    Buffers w(Vars());
+    auto pull = client->StartPull(1, 1, w.ptrs);
+    ASSERT_TRUE(pull.ok()) << pull.status();
+    Buffers g = Grads();
+    auto push = client->StartPush(0, 4, g.const_ptrs);
+    ASSERT_TRUE(push.ok()) << push.status();
+    ASSERT_TRUE((*push)->Send(0, 3).ok());
+    auto answered = std::async(std::launch::async, [&] { return (*push)->Finish(); });
+    const bool in_time = answered.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+    const bool held = first_published.WaitForNotificationWithTimeout(absl::Seconds(30));
+    auto step = (*pull)->Step();  // served at once, the update still under way
+    release.Notify();  // before anything that could end the test
+    EXPECT_TRUE(in_time) << "the push was not answered while the update was held";
+    EXPECT_TRUE(held);
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(*step, 1);
+    auto r = answered.get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->applied, 1);
+    EXPECT_EQ(r->global_step, 1);
+    push->reset();  // cancels the call, answered already: the update goes on
+    auto finished = (*pull)->Finish();
+    ASSERT_TRUE(finished.ok()) << finished.status();
+    EXPECT_EQ(*finished, 1);
+    ExpectUpdated(w, true);
+    EXPECT_EQ(client->bytes_pulled_in_place() > 0, shared);
+  }
 }
 
 TEST(PsStreamsTest, GradientsSentFromSeveralThreadsAreAppliedOnce) {
