@@ -300,6 +300,11 @@ using internal::Job;
 
 namespace {
 
+// RunLater's threads. An update is one pass over a job's shard, memory-bound,
+// and one job's run one at a time; a second thread lets another job's update
+// go meanwhile.
+constexpr int kUpdaterThreads = 2;
+
 // InvalidArgument unless 0 <= task < num_workers; `what` names the request.
 absl::Status CheckWorkerTask(const char* what, int64_t task, int num_workers) {
   if (task >= 0 && task < num_workers) return absl::OkStatus();
@@ -536,9 +541,27 @@ absl::StatusOr<char*> PushSession::Reserve(uint32_t v, uint64_t offset, uint64_t
 ParameterServer::ParameterServer(ParameterServerOptions options)
     : options_(std::move(options)),
       incarnation_(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^
-                   (static_cast<uint64_t>(options_.task_index) << 48)) {}
+                   (static_cast<uint64_t>(options_.task_index) << 48)) {
+  for (int i = 0; i < kUpdaterThreads; ++i) {
+    updaters_.push_back(std::make_unique<common::SerialExecutor>(absl::StrCat("update ", i)));
+  }
+}
 
-ParameterServer::~ParameterServer() = default;
+ParameterServer::~ParameterServer() {
+  updaters_.clear();  // runs the updates still scheduled, then joins: they use the jobs
+}
+
+void ParameterServer::RunLater(std::unique_ptr<Commit> commit, absl::Duration served) {
+  const std::string job_id = commit->job_->id;
+  common::SerialExecutor& updater =
+      *updaters_[std::hash<std::string>()(job_id) % updaters_.size()];
+  std::shared_ptr<Commit> c = std::move(commit);
+  updater.Schedule([this, c, job_id, served] {
+    const absl::Time start = absl::Now();
+    c->Run();
+    RecordRequest(job_id, served + (absl::Now() - start));
+  });
+}
 
 absl::StatusOr<std::shared_ptr<Job>> ParameterServer::FindJob(const std::string& id) {
   absl::MutexLock lock(&mu_);

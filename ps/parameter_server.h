@@ -54,6 +54,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/paths.h"
+#include "common/serial_executor.h"
 #include "ps/apply_log.h"
 #include "ps/publication.h"
 #include "proto/ps.pb.h"
@@ -142,7 +143,8 @@ class Job;
 // final, so that a worker's next forward starts on its first layers while
 // the server still updates the last. Until Run returns, the job's other
 // writers wait for it: pushes, saves and its deletion. Thread-compatible:
-// run it once, at once; the destructor runs it if nobody did.
+// run it once, at once (ParameterServer::RunLater does, on its updater
+// thread); the destructor runs it if nobody did.
 class Commit {
  public:
   ~Commit();
@@ -252,10 +254,16 @@ class ParameterServer {
   // FailedPrecondition for a SYNC push ahead of the server's step.
   // With `commit`, a push that changes the values (an ASYNC push, the push
   // that completes a SYNC step) leaves *commit set to the update, which the
-  // caller runs after answering; otherwise *commit is null. Without it, the
+  // caller hands to RunLater before it answers; otherwise *commit is null. Without it, the
   // update is done before FinishPush returns.
   absl::StatusOr<v1::PushResponse> FinishPush(std::unique_ptr<PushSession> session,
                                               std::unique_ptr<Commit>* commit = nullptr);
+
+  // Runs `commit` (from FinishPush) on one of the server's updater threads,
+  // so that the caller answers the push and ends its call at once. The push's
+  // own service time `served` plus the update's counts as one request of the
+  // job (RecordRequest). The server's destructor waits for what it started.
+  void RunLater(std::unique_ptr<Commit> commit, absl::Duration served);
 
   // Blocks until the job's step reaches request.min_step (and, in ASYNC with
   // max_staleness, the slowest worker is close enough), or `deadline` (capped
@@ -348,6 +356,10 @@ class ParameterServer {
   // Sum of RegisterFootprintBytes of the jobs in jobs_ and of those being
   // created (reserved before CreateJob, returned if it fails).
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // RunLater's threads; a job's updates always go to the same one (by its
+  // id), and different jobs' updates mostly to different ones. Last: they
+  // stop first (the destructor also waits for them before anything else).
+  std::vector<std::unique_ptr<common::SerialExecutor>> updaters_;
 };
 
 }  // namespace towerps::ps

@@ -57,18 +57,18 @@ grpc::Status ParameterServiceImpl::PushTensors(grpc::ServerContext*, TensorStrea
   std::unique_ptr<Commit> commit;
   Served served;
   grpc::Status s = DoPush(stream, &response, &commit, &served);
+  // The update runs on the server's updater thread, and this call ends with
+  // the answer: the worker starts its next step while the variables are
+  // updated, and its pull streams each one as soon as it is final. Run even
+  // if the worker goes away: the push was accepted.
+  if (commit != nullptr) {
+    ps_.RunLater(std::move(commit), served.time);
+  } else if (!served.job_id.empty()) {
+    ps_.RecordRequest(served.job_id, served.time);
+  }
   if (s.ok() && !stream->Write(common::ToByteBuffer(response))) {
     s = grpc::Status(grpc::StatusCode::CANCELLED, "push: client went away");
   }
-  // Answered first: the worker starts its next step while the variables are
-  // updated, and its pull streams each one as soon as it is final. Run even
-  // if the worker went away: the push was accepted.
-  if (commit != nullptr) {
-    const absl::Time update_start = absl::Now();
-    commit->Run();
-    served.time += absl::Now() - update_start;  // the service time counts the update
-  }
-  if (!served.job_id.empty()) ps_.RecordRequest(served.job_id, served.time);
   RecordRpc("Push", s, start);
   return s;
 }

@@ -149,7 +149,7 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
     std::string job_id;
     absl::Duration time;
   };
-  // *commit: the update to run once answered (null: none); *served: set
+  // *commit: the update, for ParameterServer::RunLater (null: none); *served: set
   // when the push was decided.
   grpc::Status DoPush(TensorStream* stream, v1::PushResponse* response,
                       std::unique_ptr<Commit>* commit, Served* served);

@@ -26,7 +26,7 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
     server->channel = common::NewChannel(options_.ps_addresses[s], options_.security.get());
     server->stub = v1::ParameterService::NewStub(server->channel);
     server->push = std::make_unique<grpc::internal::RpcMethod>(
-        v1::ps_wire::PushMethod(), grpc::internal::RpcMethod::BIDI_STREAMING, server->channel);
+        v1::ps_wire::PushMethod(), grpc::internal::RpcMethod::CLIENT_STREAMING, server->channel);
     server->pull = std::make_unique<grpc::internal::RpcMethod>(
         v1::ps_wire::PullMethod(), grpc::internal::RpcMethod::SERVER_STREAMING, server->channel);
     server->parts = placement_.PartsOn(s);

@@ -41,7 +41,6 @@ class StreamBase {
   explicit StreamBase(PsPeers& peers)
       : peers_(peers),
         results_(peers.size()),
-        ended_(peers.size(), false),
         running_(peers.size()),
         chain_(peers.options().cancel, [this] {
           Abandon(peers_.options().cancel->Check().message());
@@ -63,7 +62,6 @@ class StreamBase {
   }
   void Done(int s, absl::Status st) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    ended_[s] = true;
     results_[s] = std::move(st);
     if (!results_[s].ok()) failed_ = true;
     --running_;
@@ -82,7 +80,6 @@ class StreamBase {
   mutable absl::Mutex mu_;
   absl::CondVar cv_;  // Signalled whenever anything below changes.
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> ended_ ABSL_GUARDED_BY(mu_);  // by server: its call returned (Done)
   int running_ ABSL_GUARDED_BY(mu_);
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
 
@@ -362,7 +359,6 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     }
     absl::MutexLock lock(&mu_);
     sent_.assign(grads_.size(), false);
-    answered_.assign(peers.size(), false);
   }
 
   ~GrpcPushStream() override { AbandonAndJoin(); }
@@ -434,7 +430,7 @@ class GrpcPushStream final : public PushStream, private StreamBase {
           absl::StrCat("push: the gradient of ", peers_.vars()[unsent].name(),
                        " was never sent; the push was abandoned"));
     }
-    TOWERPS_RETURN_IF_ERROR(WaitAnswered());
+    TOWERPS_RETURN_IF_ERROR(WaitAll());
     PushResult r;
     r.global_step = INT64_MAX;
     for (const v1::PushResponse& resp : responses_) {
@@ -476,24 +472,6 @@ class GrpcPushStream final : public PushStream, private StreamBase {
                     << " failed (attempt " << backoff.attempts() << "), retrying: "
                     << st.message();
     }
-  }
-
-  // Waits until every server answered or its call ended; the first error
-  // of those that did not answer.
-  absl::Status WaitAnswered() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (int s = 0; s < peers_.size(); ++s) {
-        if (!answered_[s] && !ended_[s]) return false;
-      }
-      return true;
-    };
-    while (!settled()) cv_.Wait(&mu_);
-    std::vector<absl::Status> results = results_;
-    for (int s = 0; s < peers_.size(); ++s) {
-      if (answered_[s]) results[s] = absl::OkStatus();
-    }
-    return peers_.Combine(results);
   }
 
   // What one Send added: its variables (not sent before) and, with
@@ -541,13 +519,9 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
     const common::ScopedCancellationCallback cancel_call(&abandon_, [&ctx] { ctx.TryCancel(); });
-    // Bidirectional, so that the answer is read as soon as the server sends
-    // it: the server answers once it has taken the push, then updates its
-    // variables (the next pull waits for each of them there), so Finish
-    // need not wait for the call to end.
-    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> writer(
-        grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-            &peers_.channel(s), peers_.push_method(s), &ctx));
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            &peers_.channel(s), peers_.push_method(s), &ctx, response));
     v1::PushRequest msg;
     v1::PushHeader* h = msg.mutable_header();
     h->set_job_id(o.job_id);
@@ -626,19 +600,7 @@ class GrpcPushStream final : public PushStream, private StreamBase {
       ok = writer->Write(common::ToByteBuffer(commit));
     }
     if (ok) writer->WritesDone();
-    grpc::ByteBuffer answer;
-    bool answered = ok && writer->Read(&answer) &&
-                    grpc::SerializationTraits<v1::PushResponse>::Deserialize(&answer, response).ok();
-    if (answered) {
-      absl::MutexLock lock(&mu_);
-      answered_[s] = true;
-      cv_.SignalAll();
-    }
     absl::Status st = FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
-    // Answered, the push was taken whole: how the call ends after that (the
-    // stream is destroyed once Finish returned, which cancels it) changes
-    // nothing, and it is never sent again.
-    if (answered) st = absl::OkStatus();
     if (st.ok() && in_place) peers_.NotePushedInPlace(bytes_in_place);
     if (in_place && absl::IsFailedPrecondition(st) &&
         absl::StrContains(st.message(), v1::ps_wire::kPushSegmentRefused)) {
@@ -658,7 +620,6 @@ class GrpcPushStream final : public PushStream, private StreamBase {
   // parts_of_[s][v]: the indices (on server s) of variable v's parts there.
   std::vector<std::vector<std::vector<int>>> parts_of_;
   std::vector<v1::PushResponse> responses_;  // [s]: written by server s's call
-  std::vector<bool> answered_ ABSL_GUARDED_BY(mu_);  // [s]: responses_[s] is in
 
   absl::Mutex encode_mu_;  // one Encode at a time (the compressor's residuals)
 
