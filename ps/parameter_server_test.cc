@@ -1,5 +1,6 @@
 #include "ps/parameter_server.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -1496,6 +1497,54 @@ TEST(CommitTest, ThePushOfTheNextStepAndADeletionWaitForTheUpdate) {
     ASSERT_TRUE(PushRamp(ref, Header(1, 1, 0, 5), -1.5f).ok());
     EXPECT_EQ(PullValues(ps, 2), PullValues(ref, 2));
   }
+}
+
+// RunLater: the update runs on one of the server's threads (RunLater
+// returns with it held there), readers get each variable once final, and
+// the server's end runs an update still scheduled before the job goes.
+TEST(CommitTest, RunLaterUpdatesOnTheServersThreadAndItsEndWaitsForIt) {
+  ParameterServer ref({});
+  ASSERT_TRUE(ref.Register(AdamPairJob()).ok());
+  ASSERT_TRUE(PushRamp(ref, Header(0, 1, 0, 3), 0.25f).ok());
+  ASSERT_TRUE(PushRamp(ref, Header(1, 1, 0, 5), -1.5f).ok());
+  const std::vector<std::vector<float>> want = PullValues(ref, 1);
+
+  HeldUpdate held;
+  ParameterServerOptions options = held.Options();
+  std::atomic<int> published{0};
+  options.after_publish = [&, hold = options.after_publish](size_t count) {
+    published.fetch_add(1);
+    hold(count);
+  };
+  auto ps = std::make_unique<ParameterServer>(options);
+  ASSERT_TRUE(ps->Register(AdamPairJob()).ok());
+  std::unique_ptr<Commit> commit;
+  ASSERT_TRUE(PushRamp(*ps, Header(0, 1, 0, 3), 0.25f, &commit).ok());
+  ASSERT_TRUE(PushRamp(*ps, Header(1, 1, 0, 5), -1.5f, &commit).ok());
+  ASSERT_NE(commit, nullptr);
+  ps->RunLater(std::move(commit), absl::Milliseconds(1));
+  ASSERT_TRUE(held.first_published.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  auto snap = PullNow(*ps, 1);
+  ASSERT_NE(snap, nullptr);
+  EXPECT_FALSE(snap->Ready(1));  // held on the server's thread after the first variable
+  std::vector<float> second;
+  std::thread reader([&] {
+    snap->AwaitReady(1);
+    second.assign(snap->values[1].begin(), snap->values[1].end());
+  });
+  held.release.Notify();
+  reader.join();
+  EXPECT_EQ(std::vector<float>(snap->values[0].begin(), snap->values[0].end()), want[0]);
+  EXPECT_EQ(second, want[1]);
+  snap.reset();
+
+  // The next step's update, scheduled, then the server's end at once.
+  ASSERT_TRUE(PushRamp(*ps, Header(0, 2, 1, 3), 0.5f, &commit).ok());
+  ASSERT_TRUE(PushRamp(*ps, Header(1, 2, 1, 5), 0.75f, &commit).ok());
+  ASSERT_NE(commit, nullptr);
+  ps->RunLater(std::move(commit), absl::Milliseconds(1));
+  ps.reset();
+  EXPECT_EQ(published.load(), 4);  // both variables, twice
 }
 
 }  // namespace
