@@ -46,9 +46,20 @@ std::string BlasCoreName() {
   return core != nullptr ? core : "Unknown";
 }
 
+std::string BlasRestartNote() {
+  const char* picked = std::getenv(internal::kPickedEnv);
+  const char* asked = std::getenv("OPENBLAS_CORETYPE");
+  if (picked == nullptr || *picked == '\0' || asked == nullptr) return "";
+  return absl::StrCat("OpenBLAS picked the ", picked,
+                      " kernels for this CPU, so this run started again with OPENBLAS_CORETYPE=",
+                      asked);
+}
+
 std::string BlasDescription() {
   const char* config = openblas_get_config();
-  return config != nullptr ? config : "OpenBLAS (no description)";
+  const std::string note = BlasRestartNote();
+  return absl::StrCat(config != nullptr ? config : "OpenBLAS (no description)",
+                      note.empty() ? "" : " (", note, note.empty() ? "" : ")");
 }
 
 namespace internal {
@@ -57,17 +68,20 @@ void RestartIfBetter(absl::string_view program, absl::string_view corename, char
   const std::string better =
       BetterBlasCore(corename, DetectCpuVectorFeatures(), std::getenv("OPENBLAS_CORETYPE"));
   if (better.empty()) return;
-  TLOG(WARNING) << program << ": OpenBLAS picked the " << corename
-                << " kernels for this CPU, which has "
-                << (better == "SkylakeX" ? "AVX-512" : "AVX2 and FMA")
-                << "; starting again with OPENBLAS_CORETYPE=" << better
-                << " (set OPENBLAS_CORETYPE to choose the kernels yourself)";
-  // Set, the variable also keeps the new run from restarting again.
-  if (setenv("OPENBLAS_CORETYPE", better.c_str(), 1) != 0) return;
+  // No line here: the run that stays says it (BlasRestartNote), so that a
+  // command's output (an error, --print_job_spec) is the same on every CPU.
+  // Set, OPENBLAS_CORETYPE also keeps the new run from restarting again.
+  if (setenv("OPENBLAS_CORETYPE", better.c_str(), 1) != 0 ||
+      setenv(kPickedEnv, std::string(corename).c_str(), 1) != 0) {
+    return;
+  }
   execv("/proc/self/exe", argv);
   const int err = errno;
-  TLOG(WARNING) << program << ": could not start again (" << std::strerror(err)
-                << "); going on with the " << corename << " kernels";
+  unsetenv(kPickedEnv);
+  TLOG(WARNING) << program << ": OpenBLAS picked the " << corename
+                << " kernels for this CPU, which has newer ones (" << better
+                << "), and starting again with OPENBLAS_CORETYPE=" << better << " failed ("
+                << std::strerror(err) << "); going on with the " << corename << " kernels";
 }
 
 }  // namespace internal

@@ -40,20 +40,29 @@ std::string BetterBlasCore(absl::string_view corename, CpuVectorFeatures cpu,
 std::string BlasCoreName();
 
 // The library's own description, kernels included ("OpenBLAS 0.3.21
-// DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64"), for start-up logs.
+// DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64"), and BlasRestartNote
+// in parentheses where there is one, for start-up logs.
 std::string BlasDescription();
 
+// Where the run started again (RestartWithBetterBlasKernels), why: "OpenBLAS
+// picked the Prescott kernels for this CPU, so this run started again with
+// OPENBLAS_CORETYPE=SkylakeX"; else "". For the program's start-up log.
+std::string BlasRestartNote();
+
 // Where BetterBlasCore names a core for the library's choice on this CPU:
-// logs why, sets OPENBLAS_CORETYPE and replaces the process with a fresh run
-// of the same program with the same arguments (execv of /proc/self/exe: the
-// pid and open files stay). Returns only where no restart is needed, or
-// where exec failed (logged; the program goes on with the library's
-// kernels). `program` names the binary in the log line.
+// sets OPENBLAS_CORETYPE and replaces the process with a fresh run of the
+// same program with the same arguments (execv of /proc/self/exe: the pid and
+// open files stay), which says why in BlasRestartNote; nothing is printed,
+// so that a command's output is the same on every CPU. Returns only where no
+// restart is needed, or where exec failed (logged as a warning naming
+// `program`; the program goes on with the library's kernels).
 // REQUIRES: called first in main(), before the program starts threads or
 // takes resources another run of it would need.
 void RestartWithBetterBlasKernels(absl::string_view program, char** argv);
 
 namespace internal {
+// Where a restart keeps the library's first choice for BlasRestartNote.
+inline constexpr char kPickedEnv[] = "TOWERPS_OPENBLAS_PICKED";
 // RestartWithBetterBlasKernels for a given choice of the library's (tests
 // pretend one).
 void RestartIfBetter(absl::string_view program, absl::string_view corename, char** argv);

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
     towerps::common::RestartWithBetterBlasKernels("helper", argv);
   }
   const char* env = std::getenv("OPENBLAS_CORETYPE");
+  std::printf("note=%s\n", towerps::common::BlasRestartNote().c_str());
   std::printf("pid=%d coretype_env=%s corename=%s\n", static_cast<int>(getpid()),
               env != nullptr ? env : "", openblas_get_corename());
   return 0;

@@ -179,6 +179,9 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                                                    : "",
                                                ")"),
                             ", OpenBLAS kernels ", common::BlasCoreName(),
+                            common::BlasRestartNote().empty()
+                                ? ""
+                                : absl::StrCat(" (", common::BlasRestartNote(), ")"),
                             "; reduction: ", towers->reducer().Name()));
   }
 
