@@ -43,23 +43,40 @@ class Sgd : public Optimizer {
   void Apply(absl::Span<float> value, absl::Span<const float> grad,
              int64_t step) override {
     const float lr = static_cast<float>(StepLearningRate(spec_, step));
-    float* w = value.data();
-    const float* g = grad.data();
     const int64_t n = static_cast<int64_t>(value.size());
     if (weight_decay_ == 0.0f) {
-      cblas_saxpy(static_cast<int>(n), -lr, g, 1, w, 1);
+      cblas_saxpy(static_cast<int>(n), -lr, grad.data(), 1, value.data(), 1);
       return;
     }
     // g + wd * w is formed one cache-sized block at a time, so w and g stream
     // from memory once; a scratch the size of the variable would cost n more
     // floats and measured ~1.5x slower for large variables. (saxpby with
     // beta = 1 - lr * wd would be one call, but rounds lr * wd < 6e-8 away.)
-    float* s = scratch_.data();
     for (int64_t i = 0; i < n; i += kBlock) {
       const int k = static_cast<int>(std::min(kBlock, n - i));
-      cblas_scopy(k, g + i, 1, s, 1);
-      cblas_saxpy(k, weight_decay_, w + i, 1, s, 1);
-      cblas_saxpy(k, -lr, s, 1, w + i, 1);
+      DecayedStep(k, value.data() + i, grad.data() + i, scratch_.data());
+      cblas_saxpy(k, -lr, scratch_.data(), 1, value.data() + i, 1);
+    }
+  }
+  bool CanApplyInto() const override { return true; }
+  void ApplyInto(absl::Span<const float> value, absl::Span<float> grad,
+                 int64_t step) const override {
+    const float lr = static_cast<float>(StepLearningRate(spec_, step));
+    const int64_t n = static_cast<int64_t>(value.size());
+    // Block by block, in cache: the new values are formed in a block of
+    // scratch with the same calls (and block boundaries, relative to the
+    // variable's start) as Apply's, then copied over the gradient.
+    float w[kBlock], s[kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int k = static_cast<int>(std::min(kBlock, n - i));
+      cblas_scopy(k, value.data() + i, 1, w, 1);
+      if (weight_decay_ == 0.0f) {
+        cblas_saxpy(k, -lr, grad.data() + i, 1, w, 1);
+      } else {
+        DecayedStep(k, value.data() + i, grad.data() + i, s);
+        cblas_saxpy(k, -lr, s, 1, w, 1);
+      }
+      cblas_scopy(k, w, 1, grad.data() + i, 1);
     }
   }
   int64_t slot_bytes() const override { return 0; }
@@ -68,7 +85,12 @@ class Sgd : public Optimizer {
   }
 
  private:
-  static constexpr int64_t kBlock = 4096;  // 16 KiB of floats.
+  static constexpr int64_t kBlock = kApplyBlock;
+  // s = g + wd * w for k elements (k <= kBlock).
+  void DecayedStep(int k, const float* w, const float* g, float* s) const {
+    cblas_scopy(k, g, 1, s, 1);
+    cblas_saxpy(k, weight_decay_, w, 1, s, 1);
+  }
   const v1::OptimizerSpec spec_;
   const float weight_decay_;
   std::vector<float> scratch_;  // Empty without weight decay.

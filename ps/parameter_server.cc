@@ -114,6 +114,11 @@ class Job {
   // leases not yet released), and pushes waiting for them to finish.
   int segment_writers ABSL_GUARDED_BY(mu) = 0;
   int pushes_waiting ABSL_GUARDED_BY(mu) = 0;
+  // Pushes reading the values to form their update ahead (PushSession::
+  // PrepareAhead), each for one pass with no wait inside: the values stay
+  // where they are until they finish.
+  int preparing ABSL_GUARDED_BY(mu) = 0;
+  int64_t updates_ahead ABSL_GUARDED_BY(mu) = 0;  // commits of values formed ahead
   // A Commit is updating the values without the lock: only it touches the
   // variables' values and slots until it clears this; every other writer
   // (pushes, saves, deletion) waits (AwaitWritableLocked), and pulls read
@@ -202,10 +207,16 @@ class Job {
   // pull writing them into a segment.
   void AwaitWritableLocked(const std::function<void()>& on_commit_wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    while (committing || segment_writers > 0) {
+    while (committing || segment_writers > 0 || preparing > 0) {
       AwaitCommitLocked(on_commit_wait);
       AwaitSegmentWritersLocked();
+      AwaitPreparingLocked();
     }
+  }
+
+  // Waits (releasing `mu`) until no push reads the values to update ahead.
+  void AwaitPreparingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    while (preparing > 0) changed.Wait(&mu);
   }
 
   // Waits (releasing `mu`) until no Commit is under way.
@@ -221,11 +232,26 @@ class Job {
   // weights; see Commit): views still held let go of the values, the step
   // advances (pulls wake), and the returned publication says which
   // variables are final. The caller fills in and runs the Commit.
-  // REQUIRES: !committing and no segment writers (AwaitWritableLocked).
-  std::shared_ptr<Publication> BeginCommitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // REQUIRES: !committing, no segment writers and no push preparing
+  // (AwaitWritableLocked).
+  //
+  // Variables whose new values were formed ahead (`prepared`, by var_index;
+  // PushSession::PrepareAhead) into `formed` (the one part's buffers, of
+  // weight 1) are swapped in here, under the lock, once views have let go,
+  // so that every snapshot taken from here on views them; the old values go
+  // back with the part's buffers, and the Commit only publishes them.
+  std::shared_ptr<Publication> BeginCommitLocked(
+      const std::vector<char>& prepared = {},
+      std::vector<std::vector<float>>* formed = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     DetachViewsLocked(/*keep_copies=*/true);
     committing = true;
     publishing = std::make_shared<Publication>();
+    if (!prepared.empty()) ++updates_ahead;
+    for (size_t v = 0; v < prepared.size(); ++v) {
+      if (!prepared[v]) continue;
+      vars[v].value.swap((*formed)[v]);
+      ++vars[v].updates;
+    }
     AdvanceLocked();
     return publishing;
   }
@@ -492,7 +518,66 @@ absl::Status PushSession::CheckFinite() {
     }
     checked_[v] = covered_[v];
   }
+  return ahead_of_ >= 0 ? PrepareAhead() : absl::OkStatus();
+}
+
+absl::Status PushSession::PrepareAhead() {
+  constexpr int64_t kBlock = Optimizer::kApplyBlock;
+  // The range of each variable to form: whole blocks checked, or up to its
+  // end once all of it is.
+  std::vector<std::pair<int64_t, int64_t>> todo(ahead_.size(), {0, 0});
+  bool any = false;
+  for (size_t v = 0; v < ahead_.size(); ++v) {
+    if (!ahead_[v]) continue;
+    const int64_t end =
+        checked_[v] == job_->sizes[v] ? checked_[v] : checked_[v] / kBlock * kBlock;
+    if (end > prepared_[v]) {
+      todo[v] = {prepared_[v], end};
+      any = true;
+    }
+  }
+  if (!any) return absl::OkStatus();
+  Job& job = *job_;
+  std::vector<const internal::Variable*> vars(ahead_.size(), nullptr);
+  {
+    absl::MutexLock lock(&job.mu);
+    // The last step's update may still run (Commit): its values are needed.
+    job.AwaitCommitLocked(nullptr);
+    if (job.deleted || job.steps_applied != ahead_of_) {
+      return absl::AbortedError(absl::StrCat(
+          "push: the values of job \"", job.id, "\" changed while the push of worker ",
+          header_.worker_task(), " (sequence ", header_.sequence(), ") arrived",
+          job.deleted ? " (the job was deleted)" : " (another push was applied first)",
+          "; nothing applied"));
+    }
+    for (size_t v = 0; v < ahead_.size(); ++v) {
+      if (todo[v].second > todo[v].first) vars[v] = &job.vars[v];
+    }
+    ++job.preparing;  // the values stay put (and `vars` valid) until released
+  }
+  for (size_t v = 0; v < vars.size(); ++v) {
+    if (vars[v] == nullptr) continue;
+    const auto [first, end] = todo[v];
+    vars[v]->optimizer->ApplyInto(
+        absl::MakeConstSpan(vars[v]->value).subspan(first, end - first),
+        absl::MakeSpan(grads_[v]).subspan(first, end - first), vars[v]->updates + 1);
+    prepared_[v] = end;
+  }
+  absl::MutexLock lock(&job.mu);
+  --job.preparing;
+  job.changed.SignalAll();
   return absl::OkStatus();
+}
+
+std::vector<char> PushSession::PreparedVariables() const {
+  std::vector<char> out(ahead_.size(), 0);
+  bool any = false;
+  for (size_t v = 0; v < ahead_.size(); ++v) {
+    out[v] = ahead_[v] && prepared_[v] == job_->sizes[v];
+    any = any || out[v];
+  }
+  if (!any) out.clear();
+  return out;
 }
 
 absl::StatusOr<char*> PushSession::Reserve(uint32_t v, uint64_t offset, uint64_t bytes) {
@@ -856,7 +941,9 @@ void Commit::Run() {
     }
     if (pending != 1.0f) cblas_sscal(n, pending, mean[v].data(), 1);
     internal::Variable& var = *vars[v];
-    var.optimizer->Apply(absl::MakeSpan(var.value), mean[v], ++var.updates);
+    if (prepared_.empty() || !prepared_[v]) {
+      var.optimizer->Apply(absl::MakeSpan(var.value), mean[v], ++var.updates);
+    }  // else formed ahead and swapped in already (MakeCommit)
     publication_->Publish(v + 1);
     if (after_publish_) after_publish_(v + 1);
   }
@@ -870,11 +957,13 @@ void Commit::Run() {
 
 std::unique_ptr<Commit> ParameterServer::MakeCommit(
     std::shared_ptr<Job> job, std::shared_ptr<Publication> publication,
-    std::vector<std::pair<float, std::vector<std::vector<float>>>> parts) const {
+    std::vector<std::pair<float, std::vector<std::vector<float>>>> parts,
+    std::vector<char> prepared) const {
   std::unique_ptr<Commit> c(new Commit());
   c->job_ = std::move(job);
   c->publication_ = std::move(publication);
   c->parts_ = std::move(parts);
+  c->prepared_ = std::move(prepared);
   c->after_publish_ = options_.after_publish;
   return c;
 }
@@ -915,6 +1004,26 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   }
   s->covered_.assign(job->sizes.size(), 0);
   s->checked_.assign(job->sizes.size(), 0);
+  {
+    // Updates ahead (parameter_server.h): this push is the step's only
+    // gradient, and nothing but it would change the values.
+    absl::MutexLock lock(&job->mu);
+    if (job->config.num_workers() == 1 && header.num_examples() > 0 && !job->deleted &&
+        (job->config.mode() == v1::ASYNC || header.step() == job->global_step)) {
+      s->ahead_.assign(job->sizes.size(), 0);
+      bool any = false;
+      for (size_t v = 0; v < job->vars.size(); ++v) {
+        s->ahead_[v] = job->vars[v].optimizer->CanApplyInto();
+        any = any || s->ahead_[v];
+      }
+      if (any) {
+        s->prepared_.assign(job->sizes.size(), 0);
+        s->ahead_of_ = job->steps_applied;
+      } else {
+        s->ahead_.clear();
+      }
+    }
+  }
   return s;
 }
 
@@ -963,6 +1072,17 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
         "push: step ", h.step(), " from worker ", h.worker_task(),
         " is ahead of the server's step ", job.global_step));
   }
+  // Updates ahead: formed from the values of step ahead_of_, which an
+  // applied push must still find (see PushSession::PrepareAhead).
+  std::vector<char> prepared = s->PreparedVariables();
+  const bool applies = job.config.mode() == v1::ASYNC ||
+                       (h.step() == job.global_step && !job.pushed.count(h.worker_task()));
+  if (!prepared.empty() && applies && job.steps_applied != s->ahead_of_) {
+    return absl::AbortedError(absl::StrCat(
+        "push: the values of job \"", job.id, "\" changed while the push of worker ",
+        h.worker_task(), " (sequence ", h.sequence(), ") arrived (another push was applied "
+        "first); nothing applied"));
+  }
   rec.seen = true;
   rec.incarnation = h.incarnation();
   rec.last_sequence = h.sequence();
@@ -972,7 +1092,10 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       std::vector<std::pair<float, std::vector<std::vector<float>>>> parts;
       parts.emplace_back(1.0f, std::move(s->grads_));
       s->grads_.clear();
-      *update = MakeCommit(s->job_, job.BeginCommitLocked(), std::move(parts));
+      std::shared_ptr<Publication> publication =
+          job.BeginCommitLocked(prepared, &parts[0].second);
+      *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
+                           std::move(prepared));
     } else {
       job.AdvanceLocked();
     }
@@ -1013,8 +1136,13 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
         parts.emplace_back(staged.first / total, std::move(staged.second));
       }
       job.staged.clear();
+      // Updates ahead come only from a job of one worker: its push is the
+      // one part, of weight w0 / w0, exactly 1.
       if (!parts.empty()) {
-        *update = MakeCommit(s->job_, job.BeginCommitLocked(), std::move(parts));
+        std::shared_ptr<Publication> publication =
+            job.BeginCommitLocked(prepared, &parts[0].second);
+        *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
+                             std::move(prepared));
       } else {
         job.AdvanceLocked();
       }
@@ -1223,6 +1351,7 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
         n > 0 ? 1e3 * (job->window_service_s[0] + job->window_service_s[1]) / n : 0);
     s->set_restored_step(job->restored_step);
     s->set_steps_applied(job->steps_applied);
+    s->set_updates_ahead(job->updates_ahead);
     s->set_slot_bytes(job->slot_bytes());
   }
   response.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
@@ -1277,7 +1406,12 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
   int64_t freed = job->bytes();
   {
     absl::MutexLock lock(&job->mu);
-    job->AwaitCommitLocked(options_.on_commit_wait);  // it updates the variables in place
+    // A Commit updates the variables in place; a push preparing ahead reads
+    // them.
+    while (job->committing || job->preparing > 0) {
+      job->AwaitCommitLocked(options_.on_commit_wait);
+      job->AwaitPreparingLocked();
+    }
     freed += job->slot_bytes();
     job->deleted = true;
     // Free the memory now, not when the last waiting pull lets go of the job.

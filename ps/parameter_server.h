@@ -19,6 +19,16 @@
 //   the update it decides (Commit) may run after the push is answered, but
 //   every reader sees whole steps (a pull waits for each variable of its
 //   step; saves, deletions and other pushes wait for the update).
+// Updates ahead: in a job with one worker, a push of the open step (SYNC) or
+// any push (ASYNC) is the step's only gradient, so the new values of its
+// variables whose rule has no slots (SGD: Optimizer::CanApplyInto) are
+// formed while the gradient still arrives, block by block as each block is
+// checked, out of place in the push's staging buffer (the values are only
+// read, as a pull writing a segment reads them). The Commit then swaps them
+// in, so the update costs the step no pass over memory after the last
+// gradient; if the push fails, the staging buffer is simply dropped. Should
+// the values change meanwhile (another incarnation's push applied first),
+// the push fails with ABORTED, nothing applied.
 // A push is identified by (worker_task, incarnation, sequence): a retry with a
 // sequence already taken is acknowledged as DUPLICATE and never applied twice.
 //
@@ -162,6 +172,9 @@ class Commit {
   // (examples over the step's total): the mean is formed in the first one's
   // buffers, variable by variable, just before that variable is updated.
   std::vector<std::pair<float, std::vector<std::vector<float>>>> parts_;
+  // By var_index: 1 where parts_[0] already holds the new values (updates
+  // ahead; then parts_ has that one part, of weight 1), swapped in by Run.
+  std::vector<char> prepared_;
   std::function<void(size_t)> after_publish_;
   bool done_ = false;
 };
@@ -208,7 +221,9 @@ class PushSession {
   absl::Status FinishSlice();
   // Checks the elements received since the last check for NaN and Inf (while
   // they are still in cache); FinishPush checks the rest. InvalidArgument
-  // naming the variable and worker.
+  // naming the variable and worker. In a push that updates ahead (see
+  // "Updates ahead" above), then forms the new values of the whole blocks
+  // checked (ABORTED if the job's values changed since BeginPush).
   absl::Status CheckFinite();
   const v1::PushHeader& header() const { return header_; }
   // The job's variables on this server: how many, and each one's elements.
@@ -223,6 +238,17 @@ class PushSession {
   std::vector<std::vector<float>> grads_;
   std::vector<int64_t> covered_;
   std::vector<int64_t> checked_;  // elements CheckFinite has passed, by variable
+  // Updates ahead, by variable: whether grads_ receives its new values, and
+  // up to which element they are formed; ahead_of_ is the job's
+  // steps_applied they are formed from.
+  std::vector<char> ahead_;
+  std::vector<int64_t> prepared_;
+  int64_t ahead_of_ = -1;
+  // Forms the new values of the checked blocks not formed yet.
+  absl::Status PrepareAhead();
+  // ahead_ where every element is formed (all of them once FinishPush ran
+  // CheckFinite); empty when nothing is.
+  std::vector<char> PreparedVariables() const;
   // An encoded slice reserved and not yet decoded: its variable (-1: none)
   // and its payload.
   int64_t pending_var_ = -1;
@@ -342,7 +368,8 @@ class ParameterServer {
                                               std::unique_ptr<Commit>* update);
   std::unique_ptr<Commit> MakeCommit(
       std::shared_ptr<internal::Job> job, std::shared_ptr<Publication> publication,
-      std::vector<std::pair<float, std::vector<std::vector<float>>>> parts) const;
+      std::vector<std::pair<float, std::vector<std::vector<float>>>> parts,
+      std::vector<char> prepared = {}) const;
 
   absl::StatusOr<std::shared_ptr<internal::Job>> CreateJob(
       const v1::RegisterRequest& request, const v1::TrainingConfig& config);

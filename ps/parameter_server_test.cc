@@ -18,6 +18,7 @@
 #include "proto/job.pb.h"
 #include "proto/ps.pb.h"
 #include "proto/tensor.pb.h"
+#include "ps/optimizer.h"
 
 namespace towerps::ps {
 namespace {
@@ -280,7 +281,9 @@ TEST(ParameterServerTest, SyncMeanOfThreeWorkersIsWeightedAndIndependentOfArriva
 // place and pulls stream from the variables themselves, with no copy.
 TEST(ParameterServerTest, HeldSnapshotKeepsItsValuesWhileTheJobMovesOn) {
   ParameterServer ps({});
-  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  // Two workers (only worker 0 pushes): a job of one would form its updates
+  // ahead, in the push's buffer (UpdateAheadTest).
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 2)).ok());
   auto held = PullNow(ps);  // step 0: a = 1
   const float* viewed = held->values[0].data();
   ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());  // a = 1 - 0.5 = 0.5
@@ -306,12 +309,13 @@ TEST(ParameterServerTest, HeldSnapshotKeepsItsValuesWhileTheJobMovesOn) {
   EXPECT_TRUE(after->owned.empty());
 }
 
-// Job "j" (ASYNC, 1 worker, a = 1) with a pull that writes into a worker's
-// segment holding its lease, and a push (a -= 0.5) waiting for it.
+// Job "j" (ASYNC, 2 workers of which worker 0 pushes, a = 1: updated in
+// place, not ahead) with a pull that writes into a worker's segment holding
+// its lease, and a push (a -= 0.5) waiting for it.
 class SegmentLeaseTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(ps_.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+    ASSERT_TRUE(ps_.Register(TwoVarJob(v1::ASYNC, 2)).ok());
     v1::PullRequest r;
     r.set_job_id("j");
     snap_ = ps_.Pull(r, absl::Now() + absl::Seconds(5), &lease_);
@@ -1545,6 +1549,186 @@ TEST(CommitTest, RunLaterUpdatesOnTheServersThreadAndItsEndWaitsForIt) {
   ps->RunLater(std::move(commit), absl::Milliseconds(1));
   ps.reset();
   EXPECT_EQ(published.load(), 4);  // both variables, twice
+}
+
+
+// --- Updates ahead (one worker, SGD) ----------------------------------------
+
+// Job "j" of one worker and one GLOROT_UNIFORM variable of `n` elements,
+// trained by SGD (lr 0.5, weight decay `wd`).
+v1::RegisterRequest OneBigVarJob(v1::Mode mode, int64_t n, float wd) {
+  v1::RegisterRequest r;
+  r.set_job_id("j");
+  r.mutable_config()->set_mode(mode);
+  r.mutable_config()->set_num_workers(1);
+  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
+  r.mutable_config()->mutable_optimizer()->set_learning_rate(kLr);
+  r.mutable_config()->mutable_optimizer()->set_weight_decay(wd);
+  auto* a = r.add_variables();
+  a->set_name("w");
+  a->add_shape(n);
+  a->set_dtype(v1::DT_FLOAT32);
+  a->mutable_initializer()->set_type(v1::Initializer::GLOROT_UNIFORM);
+  a->mutable_initializer()->set_seed(3);
+  a->mutable_initializer()->set_fan_in(n);
+  a->mutable_initializer()->set_fan_out(1);
+  return r;
+}
+
+// The new values formed ahead, as the gradient arrives in slices that cut
+// Optimizer::kApplyBlock's blocks anywhere, are those of the update done
+// in place afterwards, bit for bit, in both modes, with and without weight
+// decay, over two steps; and the job's values do not change before the
+// push is finished.
+TEST(UpdateAheadTest, FormedAsTheGradientArrivesEqualsTheUpdateInPlace) {
+  const int64_t n = 3 * Optimizer::kApplyBlock + 123;  // and a partial block
+  for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
+    for (float wd : {0.0f, 0.01f}) {
+      SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " weight_decay ", wd));
+      ParameterServer ps({});
+      const v1::RegisterRequest job = OneBigVarJob(mode, n, wd);
+      ASSERT_TRUE(ps.Register(job).ok());
+      std::vector<float> want(PullNow(ps)->values[0].begin(), PullNow(ps)->values[0].end());
+      auto optimizer = NewOptimizer(job.config().optimizer(), n);
+      ASSERT_TRUE(optimizer.ok());
+      for (int64_t step = 0; step < 2; ++step) {
+        std::vector<float> g(n);
+        for (int64_t i = 0; i < n; ++i) {
+          g[i] = 0.001f * static_cast<float>((i * 7919 + step * 31) % 2001 - 1000);
+        }
+        const std::vector<float> before = want;
+        (*optimizer)->Apply(absl::MakeSpan(want), g, step + 1);
+        auto s = ps.BeginPush(Header(0, step + 1, step, 10));
+        ASSERT_TRUE(s.ok()) << s.status();
+        for (int64_t first = 0; first < n; first += 1000) {  // 1000: not a block's divisor
+          const int64_t k = std::min<int64_t>(1000, n - first);
+          ASSERT_TRUE((*s)->AddSlice(Slice(0, first, std::vector<float>(g.begin() + first,
+                                                                        g.begin() + first + k)))
+                          .ok());
+          ASSERT_TRUE((*s)->CheckFinite().ok());
+        }
+        // Formed, not applied: the values are the step's until the finish.
+        EXPECT_EQ(PullNow(ps, step)->global_step, step);
+        ASSERT_EQ(std::vector<float>(PullNow(ps, step)->values[0].begin(),
+                                     PullNow(ps, step)->values[0].end()),
+                  before);
+        auto r = ps.FinishPush(std::move(*s));
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+        auto after = PullNow(ps, step + 1);
+        ASSERT_EQ(after->global_step, step + 1);
+        ASSERT_EQ(std::vector<float>(after->values[0].begin(), after->values[0].end()), want);
+        EXPECT_TRUE(WaitForJob(ps, [&](const v1::JobStatus& j) {
+          return j.updates_ahead() == step + 1;  // formed ahead indeed
+        }));
+      }
+    }
+  }
+}
+
+// A push that fails after its first variable was formed ahead (a NaN in
+// the second, or the second missing) changes nothing; the next push
+// updates from the same values.
+TEST(UpdateAheadTest, APushThatFailsAfterFormingChangesNothing) {
+  for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
+    SCOPED_TRACE(v1::Mode_Name(mode));
+    ParameterServer ps({});
+    ASSERT_TRUE(ps.Register(TwoVarJob(mode, 1)).ok());
+    {
+      auto s = ps.BeginPush(Header(0, 1, 0, 1));
+      ASSERT_TRUE(s.ok());
+      ASSERT_TRUE((*s)->AddSlice(Slice(0, 0, std::vector<float>(6, 1.0f))).ok());
+      ASSERT_TRUE((*s)->CheckFinite().ok());  // a's new values formed: 0.5
+      ASSERT_TRUE((*s)->AddSlice(Slice(1, 0, {1.0f, NAN})).ok());
+      const absl::Status st = (*s)->CheckFinite();
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    }  // the stream fails: its session is dropped
+    {
+      auto s = ps.BeginPush(Header(0, 2, 0, 1));
+      ASSERT_TRUE(s.ok());
+      ASSERT_TRUE((*s)->AddSlice(Slice(0, 0, std::vector<float>(6, 1.0f))).ok());
+      ASSERT_TRUE((*s)->CheckFinite().ok());
+      auto r = ps.FinishPush(std::move(*s));  // b missing
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    }
+    auto snap = PullNow(ps);
+    EXPECT_EQ(snap->global_step, 0);
+    EXPECT_EQ(snap->values[0], std::vector<float>(6, 1.0f));
+    EXPECT_EQ(snap->values[1], std::vector<float>(2, 0.0f));
+    snap.reset();
+    auto r = PushConst(ps, Header(0, 3, 0, 1), 1.0f);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+    snap = PullNow(ps, 1);
+    EXPECT_EQ(snap->values[0], std::vector<float>(6, 0.5f));
+    EXPECT_EQ(snap->values[1], std::vector<float>(2, -0.5f));
+    EXPECT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.updates_ahead() == 1; }));
+  }
+}
+
+// Only a job of one worker with rules without slots updates ahead: two
+// workers (each push one of the step's parts) or Adam (whose moments would
+// change) update in place after the push, as before.
+TEST(UpdateAheadTest, OnlyOneWorkerAndRulesWithoutSlots) {
+  for (int workers : {1, 2}) {
+    for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::ADAM}) {
+      SCOPED_TRACE(absl::StrCat(workers, " workers, ", v1::OptimizerSpec::Type_Name(type)));
+      ParameterServer ps({});
+      v1::RegisterRequest job = TwoVarJob(v1::ASYNC, workers);
+      job.mutable_config()->mutable_optimizer()->set_type(type);
+      ASSERT_TRUE(ps.Register(job).ok());
+      auto r = PushConst(ps, Header(0, 1, 0, 1), 1.0f);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+      const bool ahead = workers == 1 && type == v1::OptimizerSpec::SGD;
+      EXPECT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.steps_applied() == 1; }));
+      v1::StatusRequest req;
+      req.set_job_id("j");
+      EXPECT_EQ(ps.Status(req).jobs(0).updates_ahead(), ahead ? 1 : 0);
+      auto snap = PullNow(ps, 1);
+      if (type == v1::OptimizerSpec::SGD) {
+        EXPECT_EQ(snap->values[0], std::vector<float>(6, 0.5f));
+      } else {
+        // Adam's first step moves each element by about lr (0.5) against g.
+        for (float x : snap->values[0]) EXPECT_NEAR(x, 0.5f, 1e-3f);
+      }
+    }
+  }
+}
+
+// Values formed ahead from a step that another push moved on from (a
+// second incarnation of the worker, applied first) are never applied: the
+// push fails with ABORTED, whether the change comes while it still forms
+// values or before it finishes, and the job has the other push's update
+// only.
+TEST(UpdateAheadTest, ValuesChangedWhileFormingAbortThePush) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  auto forming = ps.BeginPush(Header(0, 1, 0, 1, /*incarnation=*/7));
+  auto finishing = ps.BeginPush(Header(0, 2, 0, 1, /*incarnation=*/7));
+  ASSERT_TRUE(forming.ok() && finishing.ok());
+  ASSERT_TRUE((*forming)->AddSlice(Slice(0, 0, std::vector<float>(6, 4.0f))).ok());
+  ASSERT_TRUE((*forming)->CheckFinite().ok());
+  ASSERT_TRUE((*finishing)->AddSlice(Slice(0, 0, std::vector<float>(6, 4.0f))).ok());
+  ASSERT_TRUE((*finishing)->AddSlice(Slice(1, 0, std::vector<float>(2, 4.0f))).ok());
+  ASSERT_TRUE((*finishing)->CheckFinite().ok());  // all formed
+
+  auto other = PushConst(ps, Header(0, 1, 0, 1, /*incarnation=*/8), 1.0f);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->outcome(), v1::PushResponse::APPLIED);
+
+  ASSERT_TRUE((*forming)->AddSlice(Slice(1, 0, std::vector<float>(2, 4.0f))).ok());
+  const absl::Status st = (*forming)->CheckFinite();
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_NE(st.message().find("changed while the push of worker 0"), std::string::npos) << st;
+  auto r = ps.FinishPush(std::move(*finishing));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  forming->reset();
+
+  auto snap = PullNow(ps, 1);
+  EXPECT_EQ(snap->global_step, 1);
+  EXPECT_EQ(snap->values[0], std::vector<float>(6, 0.5f));
+  EXPECT_EQ(snap->values[1], std::vector<float>(2, -0.5f));
 }
 
 }  // namespace
