@@ -521,6 +521,19 @@ absl::Status PushSession::CheckFinite() {
   return ahead_of_ >= 0 ? PrepareAhead() : absl::OkStatus();
 }
 
+namespace {
+
+// A push whose values were formed ahead from values that have changed since.
+absl::Status ValuesChangedError(const Job& job, const v1::PushHeader& h, bool deleted) {
+  return absl::AbortedError(absl::StrCat(
+      "push: the values of job \"", job.id, "\" changed while the push of worker ",
+      h.worker_task(), " (sequence ", h.sequence(), ") arrived",
+      deleted ? " (the job was deleted)" : " (another push was applied first)",
+      "; nothing applied"));
+}
+
+}  // namespace
+
 absl::Status PushSession::PrepareAhead() {
   constexpr int64_t kBlock = Optimizer::kApplyBlock;
   // The range of each variable to form: whole blocks checked, or up to its
@@ -544,11 +557,7 @@ absl::Status PushSession::PrepareAhead() {
     // The last step's update may still run (Commit): its values are needed.
     job.AwaitCommitLocked(nullptr);
     if (job.deleted || job.steps_applied != ahead_of_) {
-      return absl::AbortedError(absl::StrCat(
-          "push: the values of job \"", job.id, "\" changed while the push of worker ",
-          header_.worker_task(), " (sequence ", header_.sequence(), ") arrived",
-          job.deleted ? " (the job was deleted)" : " (another push was applied first)",
-          "; nothing applied"));
+      return ValuesChangedError(job, header_, job.deleted);
     }
     for (size_t v = 0; v < ahead_.size(); ++v) {
       if (todo[v].second > todo[v].first) vars[v] = &job.vars[v];
@@ -921,6 +930,12 @@ void Commit::Run() {
   // slots (Job::committing), so the lock is not held while they change.
   std::vector<std::vector<float>>& mean = parts_[0].second;
   for (size_t v = 0; v < vars.size(); ++v) {
+    if (!prepared_.empty() && prepared_[v]) {
+      // Formed ahead and already swapped in (Job::BeginCommitLocked).
+      publication_->Publish(v + 1);
+      if (after_publish_) after_publish_(v + 1);
+      continue;
+    }
     // The weighted mean in the first worker's buffer, with one pass per
     // further worker and none for a lone worker (a0 = w0 / w0 is exactly
     // 1): saxpby makes a1 g1 + a0 g0, saxpy adds the rest, in worker order
@@ -941,9 +956,7 @@ void Commit::Run() {
     }
     if (pending != 1.0f) cblas_sscal(n, pending, mean[v].data(), 1);
     internal::Variable& var = *vars[v];
-    if (prepared_.empty() || !prepared_[v]) {
-      var.optimizer->Apply(absl::MakeSpan(var.value), mean[v], ++var.updates);
-    }  // else formed ahead and swapped in already (MakeCommit)
+    var.optimizer->Apply(absl::MakeSpan(var.value), mean[v], ++var.updates);
     publication_->Publish(v + 1);
     if (after_publish_) after_publish_(v + 1);
   }
@@ -1078,10 +1091,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
   const bool applies = job.config.mode() == v1::ASYNC ||
                        (h.step() == job.global_step && !job.pushed.count(h.worker_task()));
   if (!prepared.empty() && applies && job.steps_applied != s->ahead_of_) {
-    return absl::AbortedError(absl::StrCat(
-        "push: the values of job \"", job.id, "\" changed while the push of worker ",
-        h.worker_task(), " (sequence ", h.sequence(), ") arrived (another push was applied "
-        "first); nothing applied"));
+    return ValuesChangedError(job, h, /*deleted=*/false);
   }
   rec.seen = true;
   rec.incarnation = h.incarnation();

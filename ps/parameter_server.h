@@ -172,8 +172,10 @@ class Commit {
   // (examples over the step's total): the mean is formed in the first one's
   // buffers, variable by variable, just before that variable is updated.
   std::vector<std::pair<float, std::vector<std::vector<float>>>> parts_;
-  // By var_index: 1 where parts_[0] already holds the new values (updates
-  // ahead; then parts_ has that one part, of weight 1), swapped in by Run.
+  // By var_index: 1 where the new values were formed ahead in parts_[0]
+  // (then parts_ has that one part, of weight 1) and already swapped in by
+  // Job::BeginCommitLocked, so that parts_[0] holds the old ones: Run only
+  // publishes them.
   std::vector<char> prepared_;
   std::function<void(size_t)> after_publish_;
   bool done_ = false;
