@@ -382,10 +382,14 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
       pending += bytes;
       ++in_segment;
       // Say what is in place once a chunk's worth is (so that the worker
-      // starts on the first layers), and at the end.
+      // starts on the first layers), and at the end: then with the call's
+      // status (one write and one wake-up on each side, not two).
       if (pending >= chunk || in_segment == w.values.size()) {
         grpc::Slice slice(message);
-        if (!stream->Write(grpc::ByteBuffer(&slice, 1))) {
+        grpc::WriteOptions options;
+        if (in_segment == w.values.size()) options.set_last_message();
+        const bool sent = stream->Write(grpc::ByteBuffer(&slice, 1), options);
+        if (!sent) {
           return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
         }
         message = prefix;

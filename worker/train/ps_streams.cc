@@ -544,7 +544,17 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     const bool in_place = compressor_ == nullptr && peers_.PushSegmentFor(s, &segment);
     if (in_place) *h->mutable_segment() = std::move(segment);
     int64_t bytes_in_place = 0;
-    bool ok = writer->Write(common::ToByteBuffer(msg));
+    // In place, each message only names variables: the header goes with
+    // the first batch's names, the commit and the end of the stream with
+    // the last's (each message is a write and a wake-up on both sides).
+    std::string named;
+    bool ok = true;
+    if (in_place) {
+      named = msg.SerializeAsString();
+    } else {
+      ok = writer->Write(common::ToByteBuffer(msg));
+    }
+    bool closed = false;  // the last message carried the end of the stream
     // The messages point into the gradients (or their encoding, which they
     // hold), which stay unchanged until the stream finished: gRPC is done
     // with them when Finish returns.
@@ -560,7 +570,6 @@ class GrpcPushStream final : public PushStream, private StreamBase {
           continue;
         }
         if (in_place) {
-          std::string named;
           for (int v : b.vars) {
             for (int k : parts_of[v]) {
               const int64_t bytes = parts[k].count * static_cast<int64_t>(sizeof(float));
@@ -572,10 +581,6 @@ class GrpcPushStream final : public PushStream, private StreamBase {
               bytes_in_place += bytes;
             }
           }
-          if (!named.empty() && ok) {
-            grpc::Slice slice(named);
-            ok = writer->Write(grpc::ByteBuffer(&slice, 1));
-          }
           continue;
         }
         for (int v : b.vars) {
@@ -585,8 +590,18 @@ class GrpcPushStream final : public PushStream, private StreamBase {
           }
         }
       }
+      const bool last = left == 0 && sent_vars == grads_.size();
+      if (in_place && ok && !named.empty()) {
+        if (last) common::AppendVarintField(v1::ps_wire::kPushCommitField, 1, &named);
+        grpc::Slice slice(named);
+        named.clear();
+        grpc::WriteOptions options;
+        if (last) options.set_last_message();  // with the end of the stream
+        ok = writer->Write(grpc::ByteBuffer(&slice, 1), options);
+        closed = last;
+      }
       if (ok) ok = out.Finish();  // what was added goes now, not when a chunk fills
-      if ((left == 0 && sent_vars == grads_.size()) || !ok) break;
+      if (last || !ok) break;
       if (!NextSent(&next, &batches)) {  // abandoned: no commit, the call is cancelled
         ok = false;
         ctx.TryCancel();
@@ -594,12 +609,12 @@ class GrpcPushStream final : public PushStream, private StreamBase {
       }
       for (const Batch& b : batches) sent_vars += b.vars.size();
     }
-    if (ok) {
-      v1::PushRequest commit;
-      commit.set_commit(true);
-      ok = writer->Write(common::ToByteBuffer(commit));
+    if (ok && !closed) {
+      std::string commit;
+      common::AppendVarintField(v1::ps_wire::kPushCommitField, 1, &commit);
+      grpc::Slice slice(commit);
+      ok = writer->Write(grpc::ByteBuffer(&slice, 1), grpc::WriteOptions().set_last_message());
     }
-    if (ok) writer->WritesDone();
     absl::Status st = FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
     if (st.ok() && in_place) peers_.NotePushedInPlace(bytes_in_place);
     if (in_place && absl::IsFailedPrecondition(st) &&

@@ -167,8 +167,25 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     Progress(absl::StrFormat("worker %d: servers at step %d (restored); continuing", w, start_step));
   }
   Batch batch;
+  int64_t batch_position = -1;  // the position `batch` holds; -1: none
   std::vector<int64_t> perm;
   int64_t perm_epoch = -1;
+  // Fills `batch` with the batch at `position` (by global step in SYNC, own
+  // iteration in ASYNC), unless it holds it already.
+  auto gather = [&](int64_t position) {
+    if (position == batch_position) return;
+    const int64_t epoch = position / spe, b = position % spe;
+    if (epoch != perm_epoch) {
+      // Sharded: each worker shuffles its own shard, with its own stream
+      // (worker 0's is the unsharded one, so one worker trains as unsharded).
+      perm = EpochPermutation(train_.size(), job.data().shuffle_seed() + (sharded ? w : 0),
+                              epoch, !job.data().no_shuffle());
+      perm_epoch = epoch;
+    }
+    GatherBatch(train_,
+                sharded ? ShardSlice(perm, n, G, b, W, w) : WorkerSlice(perm, G, b, W, w), &batch);
+    batch_position = position;
+  };
   double window_loss = 0;
   int64_t window_examples = 0, window_correct = 0;
   absl::Time window_start = absl::Now();
@@ -221,15 +238,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       bd.eval_s += seconds_since(eval_start);
       last_eval_epoch = epoch;
     }
-    if (epoch != perm_epoch) {
-      // Sharded: each worker shuffles its own shard, with its own stream
-      // (worker 0's is the unsharded one, so one worker trains as unsharded).
-      perm = EpochPermutation(train_.size(), job.data().shuffle_seed() + (sharded ? w : 0),
-                              epoch, !job.data().no_shuffle());
-      perm_epoch = epoch;
-    }
-    GatherBatch(train_, sharded ? ShardSlice(perm, n, G, b, W, w) : WorkerSlice(perm, G, b, W, w),
-                &batch);
+    gather(position);  // gathered already while the last step's push finished, as a rule
     TOWERPS_ASSIGN_OR_RETURN(std::unique_ptr<PushStream> push,
                              client_.StartPush(pulled, batch.size(), grads));
     // Time blocked on weights inside the compute: pull time, not compute
@@ -259,6 +268,12 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     if (sync) {
       TOWERPS_ASSIGN_OR_RETURN(pull, client_.StartPull(pulled + 1, it + 1, weights));
     }
+    const int64_t examples = batch.size();
+    // The next batch, while the servers take this step's push (the worker
+    // would wait): at the next position, as it will be unless the servers'
+    // step moved past this worker's (SYNC), when it is gathered again once
+    // known.
+    if (position + 1 < total) gather(position + 1);
     const absl::Time push_start = absl::Now();
     TOWERPS_ASSIGN_OR_RETURN(PushResult pr, push->Finish());
     bd.push_s += seconds_since(push_start);
@@ -269,11 +284,11 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     ++bd.steps;
     ++result.iterations;
     if (options_.iterations != nullptr) options_.iterations->store(result.iterations);
-    if (options_.on_iteration) options_.on_iteration(batch.size());
+    if (options_.on_iteration) options_.on_iteration(examples);
     if (pr.stale > 0) ++result.stale_pushes;
     step = pulled + 1;
     window_loss += r.loss_sum;
-    window_examples += batch.size();
+    window_examples += examples;
     window_correct += r.correct;
     const int64_t done = position + 1;
     if ((options_.log_every_steps > 0 && done % options_.log_every_steps == 0) ||
