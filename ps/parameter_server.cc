@@ -1192,8 +1192,19 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   }
   const int64_t staleness = job.config.max_staleness();
   const bool bounded = job.config.mode() == v1::ASYNC && staleness > 0;
+  if (request.after_push() > 0) {
+    TOWERPS_RETURN_IF_ERROR(
+        CheckWorkerTask("pull", request.worker_task(), job.config.num_workers()));
+  }
   absl::MutexLock lock(&job.mu);
   job.HeardLocked(request.worker_task(), "pull");
+  // The caller's own push this pull comes after is taken (or none is named).
+  auto own_push_taken = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+    if (request.after_push() == 0) return true;
+    const internal::WorkerRecord& rec = job.workers[request.worker_task()];
+    return rec.seen && rec.incarnation == request.incarnation() &&
+           rec.last_sequence >= request.after_push();
+  };
   auto slowest = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
     int64_t m = INT64_MAX;
     for (const auto& w : job.workers) m = std::min(m, w.completed);
@@ -1201,7 +1212,7 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   };
   // The step (and staleness) this pull waits for is there.
   auto step_ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
-    if (job.global_step < request.min_step()) return false;
+    if (job.global_step < request.min_step() || !own_push_taken()) return false;
     return !bounded || slowest() >= request.worker_iteration() - staleness;
   };
   // And a push waiting for the segment writers goes first.
@@ -1212,6 +1223,7 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   auto awaited = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
     std::vector<int> out;
     const bool step_wait = job.global_step < request.min_step();
+    if (!step_wait && !bounded) return out;  // only for its own push
     const int64_t need = step_wait ? request.worker_iteration()
                                    : request.worker_iteration() - staleness;
     for (int w = 0; w < job.config.num_workers(); ++w) {
@@ -1280,6 +1292,12 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
     absl::Time wake = std::min(deadline, next_log);
     // Waiting only for a push to go first waits for no worker.
     if (!step_ready()) TOWERPS_RETURN_IF_ERROR(check_lost(now, &wake));
+    if (now >= deadline && !own_push_taken()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "pull: job \"", job.id, "\" on ps ", options_.task_index, ": waited ",
+          absl::FormatDuration(now - start), " for push ", request.after_push(),
+          " of worker ", request.worker_task(), " (this pull comes after it)"));
+    }
     if (now >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "pull: job \"", job.id, "\" on ps ", options_.task_index, " is at step ",

@@ -509,6 +509,60 @@ TEST(ParameterServerTest, AsyncStalenessBoundMakesFastWorkerWait) {
   EXPECT_TRUE(ps.Pull(r, absl::Now() + absl::Seconds(1)).ok());
 }
 
+TEST(ParameterServerTest, AsyncPullAfterPushWaitsForThatPushOfThatIncarnation) {
+  ParameterServer ps({.task_index = 0});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 2)).ok());
+  v1::PullRequest r;
+  r.set_job_id("j");
+  r.set_worker_task(0);
+  r.set_worker_iteration(1);
+  r.set_after_push(2);
+  r.set_incarnation(7);
+  auto expect_waits = [&](const char* why) {
+    auto st = ps.Pull(r, absl::Now() + absl::Milliseconds(200)).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << why << ": " << st;
+    EXPECT_NE(st.message().find("for push 2 of worker 0"), std::string::npos) << st;
+  };
+  expect_waits("nothing pushed");
+  ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());
+  expect_waits("an earlier push");
+  ASSERT_TRUE(PushConst(ps, Header(1, 2, 1, 1), 1.0f).ok());
+  expect_waits("another worker's push");
+  ASSERT_TRUE(PushConst(ps, Header(0, 2, 2, 1, /*incarnation=*/8), 1.0f).ok());
+  expect_waits("another incarnation's push");
+  // Without after_push, an unbounded ASYNC pull waits for nothing.
+  v1::PullRequest plain = r;
+  plain.clear_after_push();
+  auto now = ps.Pull(plain, absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ((*now)->global_step, 3);
+  // Its push arrives while it waits (a new incarnation 7 record: the
+  // worker's sequence 1, then 2): the answer includes it.
+  std::thread pusher([&] {
+    ASSERT_TRUE(WaitForWaitingPulls(ps, 1));
+    ASSERT_TRUE(PushConst(ps, Header(0, 1, 3, 1), 1.0f).ok());
+    ASSERT_TRUE(WaitForWaitingPulls(ps, 1));
+    ASSERT_TRUE(PushConst(ps, Header(0, 2, 4, 1), 1.0f).ok());
+  });
+  auto snap = ps.Pull(r, absl::Now() + absl::Seconds(60));
+  pusher.join();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ((*snap)->global_step, 5);
+  auto after = PullNow(ps);
+  for (size_t v = 0; v < after->values.size(); ++v) {
+    (*snap)->AwaitReady(v);
+    EXPECT_EQ((*snap)->values[v], after->values[v]) << "variable " << v;
+  }
+  // A later push of the same incarnation counts too.
+  r.set_after_push(1);
+  EXPECT_TRUE(ps.Pull(r, absl::Now() + absl::Seconds(10)).ok());
+  // A worker the job does not have is named.
+  r.set_worker_task(5);
+  auto bad = ps.Pull(r, absl::Now() + absl::Seconds(10)).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(bad.message().find("worker_task 5"), std::string::npos) << bad;
+}
+
 // Liveness: small peer timeouts; the waits below end by the timeout or by
 // the awaited push, never by a sleep of the test's own.
 v1::RegisterRequest LiveJob(v1::Mode mode, int workers, double peer_timeout_s,

@@ -101,6 +101,21 @@ class GrpcParameterClient : public ParameterClient {
   absl::StatusOr<std::unique_ptr<PullStream>> StartPull(
       int64_t min_step, int64_t iteration,
       const std::vector<common::Tensor*>& weights) override {
+    return StartPullAfter(min_step, iteration, 0, weights);
+  }
+
+  absl::StatusOr<std::unique_ptr<PullStream>> StartPullAfterPush(
+      int64_t min_step, int64_t iteration,
+      const std::vector<common::Tensor*>& weights) override {
+    if (sequence_ == 0) {
+      return absl::FailedPreconditionError("pull after push: no push was started");
+    }
+    return StartPullAfter(min_step, iteration, sequence_, weights);
+  }
+
+  absl::StatusOr<std::unique_ptr<PullStream>> StartPullAfter(
+      int64_t min_step, int64_t iteration, uint64_t after_push,
+      const std::vector<common::Tensor*>& weights) {
     const std::vector<v1::VariableDef>& vars = peers_.vars();
     if (weights.size() != vars.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -110,7 +125,7 @@ class GrpcParameterClient : public ParameterClient {
       TOWERPS_RETURN_IF_ERROR(Fits("pull", vars[v], *weights[v]));
     }
     TOWERPS_RETURN_IF_ERROR(peers_.LostServer());
-    return internal::StartGrpcPull(peers_, min_step, iteration, weights);
+    return internal::StartGrpcPull(peers_, min_step, iteration, after_push, weights);
   }
 
   absl::StatusOr<std::unique_ptr<PushStream>> StartPush(

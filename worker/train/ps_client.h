@@ -99,7 +99,8 @@ class PullStream {
   // Blocks until every variable arrived; returns the step (as Step()).
   virtual absl::StatusOr<int64_t> Finish() = 0;
   // After Finish: the longest any server held the pull for its step (the
-  // sync barrier, the staleness bound), retries included.
+  // sync barrier, the staleness bound, the push it comes after), retries
+  // included.
   virtual absl::Duration server_wait() const = 0;
 };
 
@@ -148,6 +149,14 @@ class ParameterClient {
   // Pull, returning at once: the values arrive while the caller goes on.
   // InvalidArgument for buffers that do not match the variables.
   virtual absl::StatusOr<std::unique_ptr<PullStream>> StartPull(
+      int64_t min_step, int64_t iteration, const std::vector<common::Tensor*>& weights) = 0;
+  // StartPull that each server also answers only once it has taken this
+  // client's latest push (StartPush), so that the values include its
+  // gradient. Started while that push still finishes (ASYNC), the wait for
+  // the answer overlaps the push's last round trip. A push that fails leaves
+  // the pull waiting (retried to wait_timeout): abandon it then.
+  // FailedPrecondition if no push was started.
+  virtual absl::StatusOr<std::unique_ptr<PullStream>> StartPullAfterPush(
       int64_t min_step, int64_t iteration, const std::vector<common::Tensor*>& weights) = 0;
 
   // Pushes one mean gradient per variable (VariableDef order) computed on

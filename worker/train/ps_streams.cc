@@ -92,11 +92,12 @@ class StreamBase {
 
 class GrpcPullStream final : public PullStream, private StreamBase {
  public:
-  GrpcPullStream(PsPeers& peers, int64_t min_step, int64_t iteration,
+  GrpcPullStream(PsPeers& peers, int64_t min_step, int64_t iteration, uint64_t after_push,
                  std::vector<common::Tensor*> weights)
       : StreamBase(peers),
         min_step_(min_step),
         iteration_(iteration),
+        after_push_(after_push),
         weights_(std::move(weights)),
         servers_(peers.size()) {
     absl::MutexLock lock(&mu_);
@@ -205,6 +206,10 @@ class GrpcPullStream final : public PullStream, private StreamBase {
     req.set_min_step(min_step_);
     req.set_worker_task(o.worker_task);
     req.set_worker_iteration(iteration_);
+    if (after_push_ > 0) {
+      req.set_after_push(after_push_);
+      req.set_incarnation(o.incarnation);
+    }
     req.set_chunk_bytes(o.chunk_bytes);
     // Short server-side waits, so that a lost peer elsewhere is noticed
     // between them.
@@ -330,6 +335,7 @@ class GrpcPullStream final : public PullStream, private StreamBase {
   // Constant after construction.
   const int64_t min_step_;
   const int64_t iteration_;
+  const uint64_t after_push_;  // 0: none
   const std::vector<common::Tensor*> weights_;
   std::vector<PerServer> servers_;  // [s]: touched only by server s's call
 
@@ -646,8 +652,10 @@ class GrpcPushStream final : public PushStream, private StreamBase {
 }  // namespace
 
 std::unique_ptr<PullStream> StartGrpcPull(PsPeers& peers, int64_t min_step, int64_t iteration,
+                                          uint64_t after_push,
                                           std::vector<common::Tensor*> weights) {
-  auto stream = std::make_unique<GrpcPullStream>(peers, min_step, iteration, std::move(weights));
+  auto stream = std::make_unique<GrpcPullStream>(peers, min_step, iteration, after_push,
+                                                 std::move(weights));
   stream->Start();
   return stream;
 }

@@ -18,8 +18,10 @@
 namespace towerps::worker::internal {
 
 // REQUIRES: weights match peers.vars() in number and element counts.
-// `peers` and the buffers must outlive the stream.
+// `peers` and the buffers must outlive the stream. `after_push` > 0: each
+// server answers once it has taken this client's push of that sequence too.
 std::unique_ptr<PullStream> StartGrpcPull(PsPeers& peers, int64_t min_step, int64_t iteration,
+                                          uint64_t after_push,
                                           std::vector<common::Tensor*> weights);
 
 // REQUIRES: grads match peers.vars(). `sequence` is the push's (new for each

@@ -101,6 +101,40 @@ TEST(PsStreamsTest, SyncPullSentBeforeThePushIsAnsweredWithTheNextStep) {
   ExpectUpdated(w, true);
 }
 
+// ASYNC: a pull started after a push (StartPullAfterPush) is held by each
+// server until it has taken that push, so the values include it, through
+// buffers and through the shared segment; with no push yet it is refused.
+TEST(PsStreamsTest, AsyncPullAfterPushIsAnsweredWithThatPushApplied) {
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "shared segment" : "slices");
+    LocalPsCluster cluster(2);
+    ParameterClientOptions o = Options(cluster, "j");
+    o.shared_memory = shared;
+    auto client = NewClient(o);
+    ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
+    Buffers w(Vars());
+    auto none = client->StartPullAfterPush(0, 1, w.ptrs);
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition) << none.status();
+    Buffers g = Grads();
+    auto push = client->StartPush(0, 4, g.const_ptrs);
+    ASSERT_TRUE(push.ok()) << push.status();
+    // Sent before any gradient: both servers hold it.
+    auto pull = client->StartPullAfterPush(0, 1, w.ptrs);
+    ASSERT_TRUE(pull.ok()) << pull.status();
+    ASSERT_TRUE(WaitFor([&] {
+      return JobOn(cluster, 0).pulls_waiting() > 0 && JobOn(cluster, 1).pulls_waiting() > 0;
+    }));
+    for (int v = 2; v >= 0; --v) ASSERT_TRUE((*push)->Send(v, 1).ok());
+    auto r = (*push)->Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->applied, 2);
+    auto step = (*pull)->Finish();
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(*step, 1);
+    ExpectUpdated(w, true);
+  }
+}
+
 // A server answers the push that completes a step before it updates its
 // variables, and the next pull, already waiting, reads each variable only
 // once it is final: the push's Finish returns while the server is held part

@@ -262,11 +262,14 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     bd.pull_s += seconds_since(pull_start);
     bd.pull_wait_s += absl::ToDoubleSeconds(pull->server_wait());
     pull.reset();
-    // SYNC: the next step's pull goes out now; the servers hold it until
-    // this step is complete. ASYNC: after the push, whose gradient the next
-    // weights then include (as without overlap).
+    // The next step's pull goes out now, while the push finishes. SYNC:
+    // the servers hold it until this step is complete; ASYNC: until they
+    // have taken this push, whose gradient the next weights then include
+    // (as without overlap).
     if (sync) {
       TOWERPS_ASSIGN_OR_RETURN(pull, client_.StartPull(pulled + 1, it + 1, weights));
+    } else if (it + 1 < iterations) {
+      TOWERPS_ASSIGN_OR_RETURN(pull, client_.StartPullAfterPush(0, it + 1, weights));
     }
     const int64_t examples = batch.size();
     // The next batch, while the servers take this step's push (the worker
@@ -278,9 +281,6 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     TOWERPS_ASSIGN_OR_RETURN(PushResult pr, push->Finish());
     bd.push_s += seconds_since(push_start);
     push.reset();
-    if (!sync && it + 1 < iterations) {
-      TOWERPS_ASSIGN_OR_RETURN(pull, client_.StartPull(0, it + 1, weights));
-    }
     ++bd.steps;
     ++result.iterations;
     if (options_.iterations != nullptr) options_.iterations->store(result.iterations);
