@@ -44,6 +44,13 @@ v1::JobStatus JobOn(LocalPsCluster& cluster, int s) {
   return resp.jobs_size() == 1 ? resp.jobs(0) : v1::JobStatus();
 }
 
+// Options for job "j", through the shared segment or not.
+ParameterClientOptions SharedOrNot(LocalPsCluster& cluster, bool shared) {
+  ParameterClientOptions o = Options(cluster, "j");
+  o.shared_memory = shared;
+  return o;
+}
+
 // Every element of every variable is `1 - kLr * Grad` (one update) or 1
 // (none).
 void ExpectUpdated(const Buffers& w, bool updated) {
@@ -108,9 +115,7 @@ TEST(PsStreamsTest, AsyncPullAfterPushIsAnsweredWithThatPushApplied) {
   for (const bool shared : {false, true}) {
     SCOPED_TRACE(shared ? "shared segment" : "slices");
     LocalPsCluster cluster(2);
-    ParameterClientOptions o = Options(cluster, "j");
-    o.shared_memory = shared;
-    auto client = NewClient(o);
+    auto client = NewClient(SharedOrNot(cluster, shared));
     ASSERT_TRUE(client->Register(Config(v1::ASYNC, 1)).ok());
     Buffers w(Vars());
     auto none = client->StartPullAfterPush(0, 1, w.ptrs);
@@ -153,9 +158,7 @@ TEST(PsStreamsTest, APushIsAnsweredBeforeTheUpdateAndThePullReadsEachVariableOnc
     };
     cluster.set_server_options(so);
     ASSERT_TRUE(cluster.Start(0).ok());
-    ParameterClientOptions o = Options(cluster, "j");
-    o.shared_memory = shared;
-    auto client = NewClient(o);
+    auto client = NewClient(SharedOrNot(cluster, shared));
     ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
     Buffers w(Vars());
     auto pull = client->StartPull(1, 1, w.ptrs);
