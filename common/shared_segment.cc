@@ -183,4 +183,9 @@ absl::Status SegmentFile::Read(int64_t offset, void* data, int64_t bytes) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<char*> SegmentFile::Region(int64_t offset, int64_t bytes) {
+  TOWERPS_RETURN_IF_ERROR(CheckFits(offset, bytes));
+  return base_ + offset;
+}
+
 }  // namespace towerps::common

@@ -99,6 +99,9 @@ class SegmentFile {
   // do not fit.
   absl::Status Write(int64_t offset, const void* data, int64_t bytes);
   absl::Status Read(int64_t offset, void* data, int64_t bytes);
+  // The mapping's bytes [offset, offset + bytes), for memory both sides use
+  // at once (common/shm_channel.h). InvalidArgument when they do not fit.
+  absl::StatusOr<char*> Region(int64_t offset, int64_t bytes);
 
  private:
   SegmentFile(char* base, int64_t size) : base_(base), size_(size) {}

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ALL_TARGETS=(job_spec_fuzzer cluster_spec_fuzzer checkpoint_fuzzer manifest_fuzzer
-             record_event_fuzzer dataset_fuzzer ps_fuzzer job_service_fuzzer)
+             record_event_fuzzer dataset_fuzzer ps_fuzzer job_service_fuzzer shm_ring_fuzzer)
 
 usage() {
   echo "usage: tests/fuzz.sh SECONDS [TARGET...]" >&2

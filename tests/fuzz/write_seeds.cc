@@ -16,8 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/gradient_codec.h"
 #include "common/job_spec.h"
+#include "common/shm_channel.h"
+#include "common/shm_ring.h"
 #include "common/storage/checkpoint.h"
 #include "common/storage/record_io.h"
 #include "google/protobuf/text_format.h"
@@ -413,6 +416,45 @@ void JobServiceRequests() {
 
 }  // namespace
 
+// Rings as a worker's channel holds them: calls' messages written by the
+// real writer, some read already, one wrapped past the end of the data.
+void ShmRings() {
+  using towerps::common::ShmCallHeader;
+  using towerps::common::ShmCallKind;
+  constexpr int64_t kBytes = towerps::common::kShmRingHeaderBytes + 1024;
+  auto header = [](ShmCallKind kind, uint64_t id) {
+    ShmCallHeader h;
+    h.kind = kind;
+    h.call_id = id;
+    return towerps::common::EncodeShmCallHeader(h);
+  };
+  for (int variant = 0; variant < 3; ++variant) {
+    alignas(64) char memory[kBytes];
+    std::memset(memory, 0, sizeof(memory));
+    towerps::common::ShmRing::Init(memory, kBytes);
+    towerps::common::ShmRing ring(memory, kBytes);
+    const absl::Time past = absl::InfinitePast();
+    std::string scratch;
+    // Variant 2 moves the positions near the end first, so that the next
+    // message wraps (a skip marker).
+    for (int i = 0; variant == 2 && i < 3; ++i) {
+      if (!ring.Write({std::string(330, 'p')}, past).ok() || !ring.Read(&scratch, past).ok()) {
+        std::fprintf(stderr, "write_seeds: ring\n");
+        std::exit(1);
+      }
+    }
+    for (uint64_t id = 1; id <= 3; ++id) {
+      if (!ring.Write({header(ShmCallKind::kOpen, id), "request"}, past).ok() ||
+          !ring.Write({header(ShmCallKind::kData, id), std::string(40, 'n')}, past).ok()) {
+        std::fprintf(stderr, "write_seeds: ring\n");
+        std::exit(1);
+      }
+    }
+    if (variant == 1 && !ring.Read(&scratch, past).ok()) std::exit(1);
+    Write("shm_ring_fuzzer", absl::StrCat("ring", variant), std::string(memory, sizeof(memory)));
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: write_seeds OUT_DIR (run from the repository root)\n");
@@ -428,6 +470,7 @@ int main(int argc, char** argv) {
   PsRequests();
   PsCompressedRequests();
   JobServiceRequests();
+  ShmRings();
   std::printf("write_seeds: seeds written under %s\n", out_dir.c_str());
   return 0;
 }
