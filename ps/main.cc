@@ -185,6 +185,7 @@ int main(int argc, char** argv) {
   // Long polls (up to --max_pull_wait_s) are answered UNAVAILABLE now: the
   // server's Shutdown waits for every handler, whatever its deadline.
   ps.StopWaiting();
+  service.shm_calls().StopServing();  // same-host calls end too
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   TLOG(INFO) << "ps " << spec->task_index << ": stopped; peak resident memory (VmHWM) "
              << towerps::common::PeakResidentBytes()

@@ -28,7 +28,12 @@ ParameterServiceImpl::ParameterServiceImpl(ParameterServer& ps,
     : ps_(ps),
       default_chunk_bytes_(default_chunk_bytes),
       metrics_(metrics),
-      shared_memory_(shared_memory) {
+      shared_memory_(shared_memory),
+      shm_calls_(std::make_unique<ShmCallServer>(
+          [this](common::ShmMethod method, CallStream* stream) {
+            return method == common::ShmMethod::kPush ? ServePush(stream, /*attach=*/false)
+                                                      : ServePull(stream, /*attach=*/false);
+          })) {
   // Push and Pull get handlers on byte buffers in place of the generated ones.
   MarkMethodStreamed(v1::ps_wire::kPushMethodIndex,
                      new grpc::internal::BidiStreamingHandler<ParameterServiceImpl,
@@ -51,12 +56,45 @@ void ParameterServiceImpl::RecordRpc(const char* method, const grpc::Status& sta
                       absl::ToDoubleSeconds(absl::Now() - start));
 }
 
-grpc::Status ParameterServiceImpl::PushTensors(grpc::ServerContext*, TensorStream* stream) {
+namespace {
+
+// A gRPC call's stream as a CallStream.
+class GrpcCallStream final : public CallStream {
+ public:
+  GrpcCallStream(grpc::ServerContext* context, ParameterServiceImpl::TensorStream* stream)
+      : context_(context), stream_(stream) {}
+  bool Read(grpc::ByteBuffer* message) override { return stream_->Read(message); }
+  bool Write(const grpc::ByteBuffer& message, grpc::WriteOptions options) override {
+    return stream_->Write(message, options);
+  }
+  absl::Time deadline() const override { return absl::FromChrono(context_->deadline()); }
+  bool IsCancelled() override { return context_->IsCancelled(); }
+
+ private:
+  grpc::ServerContext* const context_;
+  ParameterServiceImpl::TensorStream* const stream_;
+};
+
+}  // namespace
+
+grpc::Status ParameterServiceImpl::PushTensors(grpc::ServerContext* context,
+                                               TensorStream* stream) {
+  GrpcCallStream call(context, stream);
+  return ServePush(&call, /*attach=*/true);
+}
+
+grpc::Status ParameterServiceImpl::PullTensors(grpc::ServerContext* context,
+                                               TensorStream* stream) {
+  GrpcCallStream call(context, stream);
+  return ServePull(&call, /*attach=*/true);
+}
+
+grpc::Status ParameterServiceImpl::ServePush(CallStream* stream, bool attach) {
   const absl::Time start = absl::Now();
   v1::PushResponse response;
   std::unique_ptr<Commit> commit;
   Served served;
-  grpc::Status s = DoPush(stream, &response, &commit, &served);
+  grpc::Status s = DoPush(stream, attach, &response, &commit, &served);
   // The update runs on the server's updater thread, and this call ends with
   // the answer: the worker starts its next step while the variables are
   // updated, and its pull streams each one as soon as it is final. Run even
@@ -73,8 +111,7 @@ grpc::Status ParameterServiceImpl::PushTensors(grpc::ServerContext*, TensorStrea
   return s;
 }
 
-grpc::Status ParameterServiceImpl::PullTensors(grpc::ServerContext* context,
-                                               TensorStream* stream) {
+grpc::Status ParameterServiceImpl::ServePull(CallStream* stream, bool attach) {
   const absl::Time start = absl::Now();
   grpc::ByteBuffer buffer;
   v1::PullRequest request;
@@ -84,7 +121,7 @@ grpc::Status ParameterServiceImpl::PullTensors(grpc::ServerContext* context,
   } else if (!grpc::SerializationTraits<v1::PullRequest>::Deserialize(&buffer, &request).ok()) {
     s = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "pull: the request does not parse");
   } else {
-    s = DoPull(context, request, stream);
+    s = DoPull(stream, attach, request);
   }
   RecordRpc("Pull", s, start);
   return s;
@@ -213,7 +250,8 @@ absl::StatusOr<v1::PushResponse> PushStreamDecoder::Finish(std::unique_ptr<Commi
   return ps_.FinishPush(std::move(session_), commit);
 }
 
-grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse* response,
+grpc::Status ParameterServiceImpl::DoPush(CallStream* stream, bool attach,
+                                          v1::PushResponse* response,
                                           std::unique_ptr<Commit>* commit, Served* served) {
   grpc::ByteBuffer buffer;
   if (!stream->Read(&buffer)) {
@@ -221,9 +259,11 @@ grpc::Status ParameterServiceImpl::DoPush(TensorStream* stream, v1::PushResponse
   }
   const absl::Time start = absl::Now();
   PushStreamDecoder decoder(
-      ps_, shared_memory_.load(), [this](const v1::SharedSegment& segment) {
+      ps_, shared_memory_.load(), [this, attach](const v1::SharedSegment& segment) {
         std::shared_ptr<SegmentGates::Gate> gate;
-        return segments_.Map(segment, &gate);
+        auto file = segments_.Map(segment, &gate);
+        if (file.ok() && attach) AttachChannel(segment, *file);
+        return file;
       });
   do {
     absl::Status s = decoder.Add(buffer);
@@ -248,7 +288,7 @@ namespace {
 
 // Sends `*message` (encoded fields after `prefix`) and starts the next one
 // with `prefix`; false if the stream broke.
-bool SendPrefixed(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
+bool SendPrefixed(CallStream* stream,
                   std::string* message, const std::string& prefix) {
   grpc::Slice slice(*message);
   const bool ok = stream->Write(grpc::ByteBuffer(&slice, 1));
@@ -295,9 +335,9 @@ absl::Status CheckPushSegment(const v1::SharedSegment& segment, const PushSessio
   return CheckSegmentFor(segment, elements, file);
 }
 
-grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
-                                          const v1::PullRequest& request, TensorStream* stream) {
-  const absl::Time deadline = absl::FromChrono(context->deadline());
+grpc::Status ParameterServiceImpl::DoPull(CallStream* stream, bool attach,
+                                          const v1::PullRequest& request) {
+  const absl::Time deadline = stream->deadline();
   const absl::Time asked = absl::Now();
   // A pull into a segment holds a lease while it writes: a push that would
   // change the values waits for it instead of copying them (see
@@ -334,6 +374,7 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
     if (file.ok()) {
       if (absl::Status fits = CheckPullSegment(seg, w, **file); !fits.ok()) file = fits;
     }
+    if (file.ok() && attach) AttachChannel(seg, *file);
     if (file.ok()) {
       absl::MutexLock lock(&gate->mu);
       gate->used = absl::Now();
@@ -351,7 +392,7 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
     std::string message = prefix;
     int64_t pending = 0;  // bytes written since `message` was last sent
     while (file.ok() && in_segment < w.values.size()) {
-      if (context->IsCancelled()) {
+      if (stream->IsCancelled()) {
         return grpc::Status(grpc::StatusCode::CANCELLED, "pull: client went away");
       }
       if (!w.Ready(in_segment)) {
@@ -443,6 +484,16 @@ grpc::Status ParameterServiceImpl::DoPull(grpc::ServerContext* context,
     metrics_->SetGlobalStep(request.job_id(), global_step);
   }
   return grpc::Status::OK;
+}
+
+void ParameterServiceImpl::AttachChannel(const v1::SharedSegment& segment,
+                                         const std::shared_ptr<common::SegmentFile>& file) {
+  if (segment.channel_offset() == 0) return;
+  // Refused (it does not fit the segment): the worker sees no generation
+  // served and goes on over gRPC.
+  shm_calls_->Attach(file, segment.nonce(), segment.channel_offset(),
+                     segment.channel_generation())
+      .IgnoreError();
 }
 
 grpc::Status ParameterServiceImpl::DeleteJob(grpc::ServerContext*,

@@ -14,7 +14,10 @@
 // another user, --shared_memory=false) the values go as slices as always,
 // and the first message says why (segment_error). A push that names it
 // (PushHeader.segment) is read from there. The service keeps each segment
-// mapped between calls (segment_gates.h).
+// mapped between calls (segment_gates.h). A call whose segment names a
+// channel (SharedSegment.channel_offset) sets up same-host calls: the
+// worker's next Push and Pull calls come through that channel and are
+// served by the same code (shm_calls.h, call_stream.h).
 //
 // Thread-safe (gRPC calls handlers concurrently).
 #ifndef TOWERPS_PS_PS_SERVICE_H_
@@ -35,9 +38,11 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
 #include "proto/ps.grpc.pb.h"
+#include "ps/call_stream.h"
 #include "ps/parameter_server.h"
 #include "ps/ps_metrics.h"
 #include "ps/segment_gates.h"
+#include "ps/shm_calls.h"
 
 namespace towerps::ps {
 
@@ -134,6 +139,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   void set_shared_memory(bool on) { shared_memory_.store(on); }
   // The workers' segments as this service maps them (segment_gates.h).
   SegmentGates& segments() { return segments_; }
+  // The same-host channels this service serves (shm_calls.h).
+  ShmCallServer& shm_calls() { return *shm_calls_; }
   // Tests only, set before any call: in a pull written into a worker's
   // segment, called each time the server has told the worker of more
   // variables in place, with the request and how many are; a status other
@@ -149,12 +156,19 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
     std::string job_id;
     absl::Duration time;
   };
+  // Push and Pull on either transport. `attach`: a call over gRPC, which
+  // may set up a same-host channel for the worker's next calls (the
+  // segment's channel_offset; shm_calls.h).
+  grpc::Status ServePush(CallStream* stream, bool attach);
+  grpc::Status ServePull(CallStream* stream, bool attach);
   // *commit: the update, for ParameterServer::RunLater (null: none); *served: set
   // when the push was decided.
-  grpc::Status DoPush(TensorStream* stream, v1::PushResponse* response,
+  grpc::Status DoPush(CallStream* stream, bool attach, v1::PushResponse* response,
                       std::unique_ptr<Commit>* commit, Served* served);
-  grpc::Status DoPull(grpc::ServerContext* context, const v1::PullRequest& request,
-                      TensorStream* stream);
+  grpc::Status DoPull(CallStream* stream, bool attach, const v1::PullRequest& request);
+  // Serves the channel `segment` names (none: channel_offset 0) in `file`.
+  void AttachChannel(const v1::SharedSegment& segment,
+                     const std::shared_ptr<common::SegmentFile>& file);
   // Counts one finished RPC that started at `start` (no-op without metrics).
   void RecordRpc(const char* method, const grpc::Status& status, absl::Time start);
 
@@ -164,6 +178,8 @@ class ParameterServiceImpl final : public v1::ParameterService::Service {
   std::atomic<bool> shared_memory_;
   std::function<grpc::Status(const v1::PullRequest&, size_t)> pull_fault_for_testing_;
   SegmentGates segments_;
+  // Last: its threads call into this service; destroyed (stopped) first.
+  std::unique_ptr<ShmCallServer> shm_calls_;
 };
 
 }  // namespace towerps::ps
