@@ -82,6 +82,10 @@ ABSL_FLAG(int64_t, chunk_bytes, towerps::common::kDefaultChunkBytes,
 ABSL_FLAG(bool, shared_memory, true,
           "Offer parameter servers on this host a shared memory segment to write pulls "
           "into (they stream them where they cannot); false: always over gRPC.");
+ABSL_FLAG(bool, same_host_calls, true,
+          "With --shared_memory: make Push and Pull calls to parameter servers on this "
+          "host through the shared memory (no gRPC call per step) where they serve "
+          "them; false: always gRPC calls.");
 ABSL_FLAG(int, log_every_steps, 50, "Progress line every N steps.");
 ABSL_FLAG(int, towers, 0, "Override: data-parallel towers in this worker.");
 ABSL_FLAG(std::string, tower_devices, "",
@@ -376,6 +380,7 @@ int main(int argc, char** argv) {
   env.devices = devices->get();
   env.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   env.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  env.same_host_calls = absl::GetFlag(FLAGS_same_host_calls);
   env.wait_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s));
   env.blas_threads = absl::GetFlag(FLAGS_blas_threads);
   env.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);

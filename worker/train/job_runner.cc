@@ -225,6 +225,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   copts.worker_task = spec.task_index;
   copts.chunk_bytes = env.chunk_bytes;
   copts.shared_memory = env.shared_memory;
+  copts.same_host_calls = env.same_host_calls;
   copts.wait_timeout = env.wait_timeout;
   copts.peer_timeout = absl::Seconds(job.peer_timeout_s() > 0 ? job.peer_timeout_s()
                                                               : kDefaultPeerTimeoutS);

@@ -35,6 +35,7 @@ struct WorkerEnv {
   DeviceManager* devices = nullptr;     // REQUIRED.
   int64_t chunk_bytes = 1 << 20;
   bool shared_memory = true;     // ParameterClientOptions.shared_memory
+  bool same_host_calls = true;   // ParameterClientOptions.same_host_calls
   absl::Duration wait_timeout = absl::Minutes(10);
   int blas_threads = 0;          // CPU math threads per tower; 0: CpuThreadsPerTower's rule.
   bool log_device_placement = false;

@@ -49,6 +49,10 @@ struct ParameterClientOptions {
   // Offer servers on this host a shared memory segment to write pulls into
   // (common/shared_segment.h); a server that cannot use it streams them.
   bool shared_memory = true;
+  // With shared memory: Push and Pull calls to a server that serves them
+  // through channels in the segment go there (common/shm_channel.h), not
+  // through gRPC; false: always gRPC calls.
+  bool same_host_calls = true;
   absl::Duration rpc_timeout = absl::Seconds(60);   // Per attempt.
   // How long a Pull waits for its step (while logging) before giving up,
   // while every peer is alive. Default: 10 minutes.

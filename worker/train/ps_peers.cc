@@ -54,6 +54,9 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
       end += region_bytes_[v];
     }
   }
+  // Then each server's two channels (pulls, pushes) for same-host calls.
+  const int64_t channels_at = end;
+  if (options_.same_host_calls) end += 2 * n * common::kShmChannelBytes;
   if (vars_.empty()) return;
   auto segment = common::SharedSegment::Create(end - common::kSegmentHeaderBytes);
   if (!segment.ok()) {
@@ -71,6 +74,13 @@ PsPeers::PsPeers(ParameterClientOptions options, std::vector<v1::VariableDef> va
       server->push_offsets.push_back(grad_at_[part.var] + skip);
       server->landing_offsets.push_back(landing_at[part.var] + skip);
     }
+  }
+  if (!options_.same_host_calls) return;
+  for (int s = 0; s < n; ++s) {
+    const int64_t at = channels_at + 2 * s * common::kShmChannelBytes;
+    servers_[s]->pull_channel = std::make_unique<ShmCallClient>(segment_->mutable_at(0), at);
+    servers_[s]->push_channel = std::make_unique<ShmCallClient>(
+        segment_->mutable_at(0), at + common::kShmChannelBytes);
   }
 }
 

@@ -33,6 +33,7 @@
 #include "proto/tensor.pb.h"
 #include "worker/train/placement.h"
 #include "worker/train/ps_client.h"
+#include "worker/train/shm_call_client.h"
 
 namespace towerps::worker::internal {
 
@@ -102,6 +103,11 @@ class PsPeers {
   // Gives the pages of variable `var`'s values and gradient back to the
   // system (their contents are lost; they come back as zeros if written).
   void ReleaseSegmentMemory(int var);
+  // Server `s`'s same-host channel for pushes / pulls (shm_call_client.h),
+  // used by its push / pull executor only; null without a segment or with
+  // options.same_host_calls false.
+  ShmCallClient* push_channel(int s) { return servers_[s]->push_channel.get(); }
+  ShmCallClient* pull_channel(int s) { return servers_[s]->pull_channel.get(); }
   // Where part `k` of server `s` lies in the segment: the gradient pushed.
   int64_t push_offset(int s, size_t k) const { return servers_[s]->push_offsets[k]; }
   // The server wrote `bytes` in place (the first time is logged) / said why
@@ -152,6 +158,7 @@ class PsPeers {
     std::atomic<bool> segment_refused{false};
     std::atomic<bool> segment_used{false};  // logged once
     std::atomic<uint64_t> pull_ids{0};
+    std::unique_ptr<ShmCallClient> push_channel, pull_channel;
   };
   struct Health {
     bool registered = false;   // The job is registered there.

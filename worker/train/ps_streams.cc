@@ -26,6 +26,12 @@ namespace towerps::worker::internal {
 namespace {
 
 using common::FromGrpcStatus;
+
+// A same-host call's status, worded as FromGrpcStatus words a gRPC call's.
+absl::Status FromShmStatus(const absl::Status& st, const std::string& call) {
+  return FromGrpcStatus(
+      grpc::Status(static_cast<grpc::StatusCode>(st.code()), std::string(st.message())), call);
+}
 using v1::ps_wire::kPullSegmentErrorField;
 using v1::ps_wire::kPullSegmentVarField;
 using v1::ps_wire::kPullSlicesField;
@@ -171,7 +177,15 @@ class GrpcPullStream final : public PullStream, private StreamBase {
     while (true) {
       const absl::Time attempt = absl::Now();
       absl::Duration server_wait;
-      absl::Status st = PullOnce(s, &server_wait);
+      bool channel_broke = false;
+      absl::Status st = PullOnce(s, &server_wait, &channel_broke);
+      // The same-host channel broke (it was given up): the same pull at
+      // once over gRPC, which offers the channel afresh.
+      if (channel_broke) {
+        TLOG(WARNING) << "worker " << o.worker_task << ": pull from " << peers_.ServerName(s)
+                      << " goes over gRPC again: " << st.message();
+        continue;
+      }
       {
         absl::MutexLock lock(&mu_);
         waited_[s] += server_wait;
@@ -199,7 +213,9 @@ class GrpcPullStream final : public PullStream, private StreamBase {
 
   // One call. Parts complete from an earlier call are not written again
   // (someone may be reading them): a retry's copy of them is discarded.
-  absl::Status PullOnce(int s, absl::Duration* server_wait) {
+  // Through the server's same-host channel when it is ready (*channel_broke:
+  // it broke part way; parts complete stay complete).
+  absl::Status PullOnce(int s, absl::Duration* server_wait, bool* channel_broke) {
     const ParameterClientOptions& o = peers_.options();
     v1::PullRequest req;
     req.set_job_id(o.job_id);
@@ -225,14 +241,9 @@ class GrpcPullStream final : public PullStream, private StreamBase {
     v1::SharedSegment segment;
     const bool offered = peers_.SegmentFor(s, retry, &segment);
     if (offered) *req.mutable_segment() = std::move(segment);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
-    const common::ScopedCancellationCallback cancel_call(&abandon_, [&ctx] { ctx.TryCancel(); });
-    // Payload goes from gRPC's receive buffers (or the segment) straight
-    // into the tensors.
-    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-            &peers_.channel(s), peers_.pull_method(s), &ctx, req));
+    ShmCallClient* const channel = offered ? peers_.pull_channel(s) : nullptr;
+    const bool via_channel = channel != nullptr && channel->Ready();
+    if (channel != nullptr && !via_channel) channel->Offer(req.mutable_segment());
     std::vector<int64_t> got(parts.size(), 0);  // elements this call delivered, by part
     std::vector<uint32_t> touched;              // parts the current message reached
     common::TensorWireHandler handler;
@@ -289,15 +300,14 @@ class GrpcPullStream final : public PullStream, private StreamBase {
       }
       return reinterpret_cast<char*>(weights_[part.var]->data() + part.offset + offset);
     };
-    grpc::ByteBuffer msg;
     absl::Status bad;
     std::vector<std::pair<int, int64_t>> finished;  // (variable, elements) completed now
-    while (reader->Read(&msg)) {
-      if (!bad.ok()) continue;  // drain the stream, then report
+    auto take = [&](const grpc::ByteBuffer& msg) {
+      if (!bad.ok()) return;  // drain the stream, then report
       touched.clear();
       bad = common::ReadTensorMessage(msg, kPullSlicesField, handler);
       if (absl::IsInvalidArgument(bad)) bad = absl::DataLossError(bad.message());
-      if (!bad.ok()) continue;
+      if (!bad.ok()) return;
       finished.clear();
       for (uint32_t k : touched) {
         if (!me.part_done[k] && got[k] == parts[k].count) {
@@ -312,8 +322,50 @@ class GrpcPullStream final : public PullStream, private StreamBase {
         cv_.SignalAll();
       }
       first = false;
+    };
+    absl::Status call_status;
+    if (via_channel && channel->Start(common::ShmMethod::kPull, o.rpc_timeout,
+                                      req.SerializeAsString(), /*last=*/true)) {
+      if (channel->FirstUse()) {
+        TLOG(INFO) << "worker " << o.worker_task << ": pulls from " << peers_.ServerName(s)
+                   << " go through shared memory (no gRPC call per step)";
+      }
+      const common::ScopedCancellationCallback wake(&abandon_, [channel] { channel->Wake(); });
+      std::string bytes;
+      absl::Status st;
+      while (true) {
+        const ShmCallClient::Got got =
+            channel->Receive(&bytes, &st, [this] { return abandon_.cancelled(); });
+        if (got == ShmCallClient::Got::kMessage) {
+          grpc::Slice slice(bytes);
+          take(grpc::ByteBuffer(&slice, 1));
+          continue;
+        }
+        if (got == ShmCallClient::Got::kBroken) {
+          *channel_broke = true;
+          return st;
+        }
+        call_status = FromShmStatus(st, peers_.Call("Pull", s));
+        break;
+      }
+    } else if (via_channel && !channel->Ready()) {  // it broke before the call started
+      *channel_broke = true;
+      return absl::UnavailableError("same-host call: the channel broke");
+    } else {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
+      const common::ScopedCancellationCallback cancel_call(&abandon_,
+                                                           [&ctx] { ctx.TryCancel(); });
+      // Payload goes from gRPC's receive buffers (or the segment) straight
+      // into the tensors.
+      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
+              &peers_.channel(s), peers_.pull_method(s), &ctx, req));
+      grpc::ByteBuffer msg;
+      while (reader->Read(&msg)) take(msg);
+      call_status = FromGrpcStatus(reader->Finish(), peers_.Call("Pull", s));
     }
-    TOWERPS_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish(), peers_.Call("Pull", s)));
+    TOWERPS_RETURN_IF_ERROR(call_status);
     TOWERPS_RETURN_IF_ERROR(bad);
     if (in_place > 0) peers_.NoteInPlace(s, in_place);
     // A server that cannot use the segment is not offered it again (one
@@ -458,7 +510,15 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     int timeouts = 0;
     bool segment_refused = false;
     while (true) {
-      absl::Status st = PushOnce(s, &responses_[s]);
+      bool channel_broke = false;
+      absl::Status st = PushOnce(s, &responses_[s], &channel_broke);
+      // The same-host channel broke (it was given up): the same push (same
+      // sequence: applied once) at once over gRPC, which offers it afresh.
+      if (channel_broke) {
+        TLOG(WARNING) << "worker " << o.worker_task << ": push to " << peers_.ServerName(s)
+                      << " goes over gRPC again: " << st.message();
+        continue;
+      }
       if (st.ok()) peers_.NoteReachable(s);
       if (st.ok()) return st;
       if (!segment_refused && absl::IsFailedPrecondition(st) &&
@@ -503,7 +563,9 @@ class GrpcPushStream final : public PushStream, private StreamBase {
   // call does not wait out the forward pass; each batch of sent gradients
   // goes out at once in messages pointing into the gradients (no copy); the
   // call ends when every gradient was sent.
-  absl::Status PushOnce(int s, v1::PushResponse* response) {
+  // Through the server's same-host channel when it is ready and the push
+  // goes in place (*channel_broke: it broke; nothing was answered).
+  absl::Status PushOnce(int s, v1::PushResponse* response, bool* channel_broke) {
     const ParameterClientOptions& o = peers_.options();
     const std::vector<VariablePart>& parts = peers_.parts_on(s);
     const std::vector<std::vector<int>>& parts_of = parts_of_[s];
@@ -522,12 +584,6 @@ class GrpcPushStream final : public PushStream, private StreamBase {
       for (const Batch& b : batches) sent_vars += b.vars.size();
     } while (parts.empty() ? sent_vars < grads_.size() : !holds_any());
 
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
-    const common::ScopedCancellationCallback cancel_call(&abandon_, [&ctx] { ctx.TryCancel(); });
-    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-            &peers_.channel(s), peers_.push_method(s), &ctx, response));
     v1::PushRequest msg;
     v1::PushHeader* h = msg.mutable_header();
     h->set_job_id(o.job_id);
@@ -549,6 +605,45 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     v1::SharedSegment segment;
     const bool in_place = compressor_ == nullptr && peers_.PushSegmentFor(s, &segment);
     if (in_place) *h->mutable_segment() = std::move(segment);
+    ShmCallClient* const channel = in_place ? peers_.push_channel(s) : nullptr;
+    bool via_channel = channel != nullptr && channel->Ready();
+    if (channel != nullptr && !via_channel) channel->Offer(h->mutable_segment());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + o.rpc_timeout));
+    const common::ScopedCancellationCallback cancel_call(&abandon_, [&ctx, channel] {
+      ctx.TryCancel();
+      if (channel != nullptr) channel->Wake();
+    });
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer;
+    auto open_grpc = [&] {
+      writer.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+          &peers_.channel(s), peers_.push_method(s), &ctx, response));
+    };
+    if (!via_channel) open_grpc();
+    bool started = false;  // through the channel
+    // One message in place (names, the header, the commit): through the
+    // channel, or the gRPC call.
+    auto send_named = [&](const std::string& bytes, bool last) -> bool {
+      if (via_channel && !started) {
+        started = channel->Start(common::ShmMethod::kPush, o.rpc_timeout, bytes, last);
+        if (started) return true;
+        if (!channel->Ready()) {
+          *channel_broke = true;
+          return false;
+        }
+        via_channel = false;  // too long for the channel: this push goes over gRPC
+        open_grpc();
+      }
+      if (via_channel) {
+        if (channel->Send(bytes, last)) return true;
+        *channel_broke = true;
+        return false;
+      }
+      grpc::Slice slice(bytes);
+      grpc::WriteOptions options;
+      if (last) options.set_last_message();  // with the end of the stream
+      return writer->Write(grpc::ByteBuffer(&slice, 1), options);
+    };
     int64_t bytes_in_place = 0;
     // In place, each message only names variables: the header goes with
     // the first batch's names, the commit and the end of the stream with
@@ -599,11 +694,8 @@ class GrpcPushStream final : public PushStream, private StreamBase {
       const bool last = left == 0 && sent_vars == grads_.size();
       if (in_place && ok && !named.empty()) {
         if (last) common::AppendVarintField(v1::ps_wire::kPushCommitField, 1, &named);
-        grpc::Slice slice(named);
+        ok = send_named(named, last);
         named.clear();
-        grpc::WriteOptions options;
-        if (last) options.set_last_message();  // with the end of the stream
-        ok = writer->Write(grpc::ByteBuffer(&slice, 1), options);
         closed = last;
       }
       if (ok) ok = out.Finish();  // what was added goes now, not when a chunk fills
@@ -611,6 +703,7 @@ class GrpcPushStream final : public PushStream, private StreamBase {
       if (!NextSent(&next, &batches)) {  // abandoned: no commit, the call is cancelled
         ok = false;
         ctx.TryCancel();
+        if (started) channel->GiveUp();
         break;
       }
       for (const Batch& b : batches) sent_vars += b.vars.size();
@@ -618,10 +711,42 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     if (ok && !closed) {
       std::string commit;
       common::AppendVarintField(v1::ps_wire::kPushCommitField, 1, &commit);
-      grpc::Slice slice(commit);
-      ok = writer->Write(grpc::ByteBuffer(&slice, 1), grpc::WriteOptions().set_last_message());
+      ok = send_named(commit, /*last=*/true);
     }
-    absl::Status st = FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
+    absl::Status st;
+    if (*channel_broke) return absl::UnavailableError("same-host call: the channel broke");
+    if (via_channel && !started) {  // abandoned before its first message
+      return abandon_.Check("push");
+    }
+    if (via_channel) {
+      if (!ok) return abandon_.Check("push");  // given up above
+      if (channel->FirstUse()) {
+        TLOG(INFO) << "worker " << o.worker_task << ": pushes to " << peers_.ServerName(s)
+                   << " go through shared memory (no gRPC call per step)";
+      }
+      std::string bytes;
+      absl::Status got_status;
+      while (true) {
+        const ShmCallClient::Got got =
+            channel->Receive(&bytes, &got_status, [this] { return abandon_.cancelled(); });
+        if (got == ShmCallClient::Got::kMessage) {
+          if (!response->ParseFromString(bytes)) {
+            channel->GiveUp();
+            *channel_broke = true;
+            return absl::DataLossError("same-host call: the push's answer does not parse");
+          }
+          continue;
+        }
+        if (got == ShmCallClient::Got::kBroken) {
+          *channel_broke = true;
+          return got_status;
+        }
+        st = FromShmStatus(got_status, peers_.Call("Push", s));
+        break;
+      }
+    } else {
+      st = FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
+    }
     if (st.ok() && in_place) peers_.NotePushedInPlace(bytes_in_place);
     if (in_place && absl::IsFailedPrecondition(st) &&
         absl::StrContains(st.message(), v1::ps_wire::kPushSegmentRefused)) {

@@ -82,6 +82,70 @@ TEST(PsStreamsTest, PullStreamFillsEachVariableAndReportsTheStep) {
   EXPECT_EQ(*finished, 0);
 }
 
+// Same host: after the first step's gRPC calls set the channels up, pushes
+// and pulls go through the shared segment (no gRPC call); when a server
+// stops serving its channels while a pull waits there, the pull goes on over
+// gRPC and the channels are set up again. The values are the same all along.
+TEST(PsStreamsTest, SameHostCallsFallBackToGrpcWhenAServerStopsServingThem) {
+  LocalPsCluster cluster(2);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+  Buffers w(Vars());
+  Buffers g = Grads();
+  // Expected values after each step, updated as the servers do (within the
+  // rounding of a fused multiply-add, one ulp of the value per step).
+  std::vector<std::vector<float>> want(w.tensors.size());
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    want[v].assign(static_cast<size_t>(w.tensors[v].num_elements()), 1.0f);
+  }
+  auto step = [&](int64_t s, bool stop_first) {
+    auto pull = client->StartPull(s + 1, s + 1, w.ptrs);
+    ASSERT_TRUE(pull.ok()) << pull.status();
+    if (stop_first) {
+      // Both servers hold the pull for step s + 1; server 0 stops serving
+      // its channels under it.
+      ASSERT_TRUE(WaitFor([&] {
+        return JobOn(cluster, 0).pulls_waiting() > 0 && JobOn(cluster, 1).pulls_waiting() > 0;
+      }));
+      cluster.service(0).shm_calls().StopServing();
+    }
+    auto push = client->StartPush(s, 4, g.const_ptrs);
+    ASSERT_TRUE(push.ok()) << push.status();
+    ASSERT_TRUE((*push)->Send(0, static_cast<int>(w.tensors.size())).ok());
+    auto r = (*push)->Finish();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->applied, 2);
+    auto got = (*pull)->Finish();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, s + 1);
+    for (size_t v = 0; v < w.tensors.size(); ++v) {
+      for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
+        float& e = want[v][static_cast<size_t>(i)];
+        e -= kLr * Grad(static_cast<int>(v), i);
+        ASSERT_NEAR(w.tensors[v][i], e, 2 * (s + 1) * 1.2e-7f * std::max(1.0f, std::abs(e)))
+            << "step " << s << " variable " << v << " element " << i;
+      }
+    }
+  };
+  auto served = [&](int s) { return cluster.service(s).shm_calls().calls_served(); };
+  // Over gRPC, offering the channels: the pull's in step 0; the push's in
+  // step 1 (a push goes into the segment once a pull came through it).
+  step(0, false);
+  step(1, false);
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(cluster.service(s).shm_calls().serving(), 2) << s;
+  const int64_t before0 = served(0), before1 = served(1);
+  step(2, false);
+  step(3, false);
+  // A pull and a push per step, on each server.
+  EXPECT_EQ(served(0) - before0, 4);
+  EXPECT_EQ(served(1) - before1, 4);
+  step(4, /*stop_first=*/true);
+  EXPECT_EQ(cluster.service(0).shm_calls().serving(), 2);  // set up again
+  const int64_t again = served(0);
+  step(5, false);
+  EXPECT_EQ(served(0) - again, 2);
+}
+
 TEST(PsStreamsTest, SyncPullSentBeforeThePushIsAnsweredWithTheNextStep) {
   LocalPsCluster cluster(2);
   auto client = NewClient(Options(cluster, "j"));
