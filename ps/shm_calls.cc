@@ -86,11 +86,13 @@ class ChannelCallStream final : public CallStream {
     ShmCallHeader h;
     h.kind = ShmCallKind::kData;
     h.call_id = call_id_;
-    // A message too long for the ring (slices, where the segment could not
-    // be used) breaks the call: the worker goes on over gRPC.
     absl::Status st = out_.Write({common::EncodeShmCallHeader(h), payload},
                                  absl::Now() + kWriteTimeout);
-    return st.ok() || Break(false);
+    if (st.ok()) return true;
+    // A message too long for the ring (slices, where the segment could not
+    // be used) closes the channel, so that the worker, which waits for an
+    // answer, makes the call again over gRPC.
+    return Break(absl::IsInvalidArgument(st), st.message());
   }
 
   absl::Time deadline() const override { return deadline_; }

@@ -240,6 +240,24 @@ TEST(ShmCallServerTest, GarbageClosesTheChannelNotTheServer) {
   EXPECT_EQ(w.Next().second, "pull:a");
 }
 
+// An answer too long for the channel (slices, where the segment could not be
+// used) closes it, so that the worker, waiting, goes back to gRPC at once.
+TEST(ShmCallServerTest, AnAnswerTooLongForTheChannelClosesIt) {
+  Worker w;
+  ShmCallServer server([](ShmMethod, CallStream* stream) {
+    grpc::ByteBuffer b;
+    while (stream->Read(&b)) {
+    }
+    EXPECT_FALSE(stream->Write(ToBuffer(std::string(common::kShmChannelRingBytes, 's'))));
+    EXPECT_TRUE(stream->IsCancelled());
+    return grpc::Status::OK;
+  });
+  ASSERT_TRUE(server.Attach(w.file, "k", kOffset, 1).ok());
+  w.Send(ShmCallKind::kOpen, 1, "a", /*last=*/true);
+  ASSERT_TRUE(WaitFor([&] { return w.view().served_generation().load() == 0; }));
+  EXPECT_FALSE(w.view().to_worker().HasMessage());
+}
+
 TEST(ShmCallServerTest, IdleChannelsEndAndStopServingEndsTheRest) {
   Worker a, b;
   ShmCallServer server(Echo, /*idle_exit=*/absl::Milliseconds(200));
