@@ -526,7 +526,7 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
                "everything over gRPC;\n"
             << "         ps_shm = the same through the client's shared memory segment "
                "(common/shared_segment.h), where its weights and gradients live as a "
-               "trainer's do: gRPC carries only which variables are there;\n"
+               "trainer's do: the calls carry only which variables are there (through its same-host channels once the first calls set them up);\n"
             << "         grpc_echo_{bytes,floats} = plain gRPC (its default settings) "
                "client-stream up + server-stream down, payload `bytes` / packed `repeated "
                "float`;\n"
