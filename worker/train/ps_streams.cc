@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -73,6 +74,39 @@ class StreamBase {
     --running_;
     cv_.SignalAll();
   }
+  // The answers of a same-host call of `method` ("Pull", "Push") to server
+  // `s` through `channel`, each given to `take`, until the call's status,
+  // returned worded as FromGrpcStatus words a gRPC call's. When the channel
+  // broke (or `take` refused an answer: the channel is given up), sets
+  // *broke and says how: the caller makes the call again over gRPC.
+  absl::Status ReceiveShm(ShmCallClient* channel, int s, const char* method,
+                          const std::function<absl::Status(const std::string&)>& take,
+                          bool* broke) {
+    if (channel->FirstUse()) {
+      TLOG(INFO) << "worker " << peers_.options().worker_task << ": " << method
+                 << " calls to " << peers_.ServerName(s)
+                 << " go through shared memory (no gRPC call per step)";
+    }
+    const common::ScopedCancellationCallback wake(&abandon_, [channel] { channel->Wake(); });
+    std::string bytes;
+    absl::Status st;
+    while (true) {
+      switch (channel->Receive(&bytes, &st, [this] { return abandon_.cancelled(); })) {
+        case ShmCallClient::Got::kMessage:
+          st = take(bytes);
+          if (st.ok()) continue;
+          channel->GiveUp();
+          *broke = true;
+          return st;
+        case ShmCallClient::Got::kBroken:
+          *broke = true;
+          return st;
+        case ShmCallClient::Got::kStatus:
+          return FromShmStatus(st, peers_.Call(method, s));
+      }
+    }
+  }
+
   absl::Status WaitAll() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     while (running_ > 0) cv_.Wait(&mu_);
@@ -326,28 +360,15 @@ class GrpcPullStream final : public PullStream, private StreamBase {
     absl::Status call_status;
     if (via_channel && channel->Start(common::ShmMethod::kPull, o.rpc_timeout,
                                       req.SerializeAsString(), /*last=*/true)) {
-      if (channel->FirstUse()) {
-        TLOG(INFO) << "worker " << o.worker_task << ": pulls from " << peers_.ServerName(s)
-                   << " go through shared memory (no gRPC call per step)";
-      }
-      const common::ScopedCancellationCallback wake(&abandon_, [channel] { channel->Wake(); });
-      std::string bytes;
-      absl::Status st;
-      while (true) {
-        const ShmCallClient::Got got =
-            channel->Receive(&bytes, &st, [this] { return abandon_.cancelled(); });
-        if (got == ShmCallClient::Got::kMessage) {
-          grpc::Slice slice(bytes);
-          take(grpc::ByteBuffer(&slice, 1));
-          continue;
-        }
-        if (got == ShmCallClient::Got::kBroken) {
-          *channel_broke = true;
-          return st;
-        }
-        call_status = FromShmStatus(st, peers_.Call("Pull", s));
-        break;
-      }
+      call_status = ReceiveShm(
+          channel, s, "Pull",
+          [&take](const std::string& bytes) {
+            grpc::Slice slice(bytes);
+            take(grpc::ByteBuffer(&slice, 1));
+            return absl::OkStatus();
+          },
+          channel_broke);
+      if (*channel_broke) return call_status;
     } else if (via_channel && !channel->Ready()) {  // it broke before the call started
       *channel_broke = true;
       return absl::UnavailableError("same-host call: the channel broke");
@@ -720,30 +741,15 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     }
     if (via_channel) {
       if (!ok) return abandon_.Check("push");  // given up above
-      if (channel->FirstUse()) {
-        TLOG(INFO) << "worker " << o.worker_task << ": pushes to " << peers_.ServerName(s)
-                   << " go through shared memory (no gRPC call per step)";
-      }
-      std::string bytes;
-      absl::Status got_status;
-      while (true) {
-        const ShmCallClient::Got got =
-            channel->Receive(&bytes, &got_status, [this] { return abandon_.cancelled(); });
-        if (got == ShmCallClient::Got::kMessage) {
-          if (!response->ParseFromString(bytes)) {
-            channel->GiveUp();
-            *channel_broke = true;
-            return absl::DataLossError("same-host call: the push's answer does not parse");
-          }
-          continue;
-        }
-        if (got == ShmCallClient::Got::kBroken) {
-          *channel_broke = true;
-          return got_status;
-        }
-        st = FromShmStatus(got_status, peers_.Call("Push", s));
-        break;
-      }
+      st = ReceiveShm(
+          channel, s, "Push",
+          [response](const std::string& bytes) {
+            return response->ParseFromString(bytes)
+                       ? absl::OkStatus()
+                       : absl::DataLossError("same-host call: the push's answer does not parse");
+          },
+          channel_broke);
+      if (*channel_broke) return st;
     } else {
       st = FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
     }
