@@ -85,9 +85,11 @@ WK0=$!; PIDS+=($!)
 await_health "127.0.0.1:$P1" "$PS1" "ps 1"
 await_health "$TOWERCTL_CHIEF" "$WK0" "the chief"
 
-# 12000 examples, batch 50, 8 epochs = 1920 steps (long enough to be
-# stopped in the middle on a fast machine); a checkpoint every 50 steps.
-TOTAL_STEPS=1920
+# 12000 examples, batch 50, 24 epochs = 5760 steps: long enough that the job
+# still runs when the stopped ps's drain ends, also on a fast machine (with
+# same-host calls a step of this job takes about 1.5 ms, and 8 epochs could
+# end within trial 1's probe and the drain); a checkpoint every 50 steps.
+TOTAL_STEPS=5760
 job_file() {
   cat >"$TMP/$1.txtpb" <<JOB
 job_id: "$1"
@@ -96,7 +98,7 @@ optimizer { type: ADAM learning_rate: 0.002 }
 data { max_train_examples: 12000 max_test_examples: 1000 }
 mode: SYNC
 global_batch_size: 50
-epochs: 8
+epochs: 24
 log_every_steps: 100
 checkpoint { every_steps: 50 }
 max_restarts: 5
