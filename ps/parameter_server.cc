@@ -80,7 +80,8 @@ class Job {
   // (no accumulator of its own). Summing as pushes arrive would make the
   // result depend on their order (saxpy's FMA rounds fma(w1, g1, w0 g0) and
   // fma(w0, g0, w1 g1) differently): the same job must give the same weights.
-  std::map<int, std::pair<float, std::vector<std::vector<float>>>> staged ABSL_GUARDED_BY(mu);
+  // A same-host push's part views the worker's segment instead (GradientPart).
+  std::map<int, GradientPart> staged ABSL_GUARDED_BY(mu);
   int64_t acc_examples ABSL_GUARDED_BY(mu) = 0;
   std::set<int> pushed ABSL_GUARDED_BY(mu);
   absl::Time step_opened ABSL_GUARDED_BY(mu) = absl::Now();
@@ -98,6 +99,10 @@ class Job {
   std::vector<std::vector<float>> spare ABSL_GUARDED_BY(mu);
   // Staging buffers of finished pushes, reused to avoid fresh pages each step.
   std::vector<std::vector<std::vector<float>>> free_buffers ABSL_GUARDED_BY(mu);
+  // Where a Commit forms the mean of a variable whose first part has no
+  // buffer of its own (it is read in place from a segment): one variable's
+  // size at most. Only the Commit under way (`committing`) touches it.
+  std::vector<float> mean_scratch;
   bool deleted ABSL_GUARDED_BY(mu) = false;
   // The lost workers and step last logged, so that each loss is logged once.
   std::string lost_logged ABSL_GUARDED_BY(mu);
@@ -150,6 +155,16 @@ class Job {
   // RegisterFootprintBytes counted against the server's budget; returned by
   // DeleteJob. Set before the job is published.
   int64_t reserved = 0;
+
+  // Keeps a push's staging buffers for the next push when they are a whole
+  // set (a push that shared some variables has none for them).
+  void KeepBuffersLocked(std::vector<std::vector<float>> set) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (set.size() != sizes.size()) return;
+    for (size_t v = 0; v < set.size(); ++v) {
+      if (static_cast<int64_t>(set[v].size()) != sizes[v]) return;
+    }
+    free_buffers.push_back(std::move(set));
+  }
 
   int64_t bytes() const {
     int64_t b = 0;
@@ -479,8 +494,51 @@ int64_t RegisterFootprintBytes(const v1::RegisterRequest& request,
 PushSession::~PushSession() {
   if (job_ && !grads_.empty()) {
     absl::MutexLock lock(&job_->mu);
-    job_->free_buffers.push_back(std::move(grads_));
+    job_->KeepBuffersLocked(std::move(grads_));
   }
+}
+
+absl::Status PushSession::NotFiniteError(size_t v) const {
+  // A MOVING_AVERAGE variable's push is a batch statistic: a NaN would stay
+  // in the average forever, so it is refused like a gradient.
+  const bool statistic = job_->update_kinds[v] == v1::VariableDef::MOVING_AVERAGE;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "push: ", statistic ? "batch statistic" : "gradient", " of variable ", v,
+      " from worker ", header_.worker_task(), " contains NaN or Inf; nothing applied"));
+}
+
+GradientPart PushSession::TakePart(float weight) {
+  GradientPart part;
+  part.weight = weight;
+  part.owned = std::move(grads_);
+  part.shared = std::move(shared_);
+  part.segment = std::move(segment_);
+  grads_.clear();
+  shared_.clear();
+  return part;
+}
+
+int64_t PushSession::num_elements(size_t var) const { return job_->sizes[var]; }
+
+bool PushSession::CanShare(size_t var) const {
+  return var < shared_.size() && (ahead_.empty() || !ahead_[var]);
+}
+
+absl::Status PushSession::AddShared(size_t v, const float* values,
+                                    std::shared_ptr<const void> segment) {
+  if (!CanShare(v) || pending_var_ >= 0) {  // our caller's bug, not the sender's
+    return absl::InternalError(absl::StrCat("push: variable ", v, " cannot be shared"));
+  }
+  if (covered_[v] != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push: variable ", v, " named again (", covered_[v], " of its ", job_->sizes[v],
+        " elements came already; each comes once)"));
+  }
+  if (!AllFinite(values, job_->sizes[v])) return NotFiniteError(v);
+  shared_[v] = values;
+  segment_ = std::move(segment);
+  covered_[v] = checked_[v] = job_->sizes[v];
+  return absl::OkStatus();
 }
 
 absl::Status PushSession::AddSlice(const v1::TensorSlice& slice) {
@@ -509,12 +567,7 @@ absl::Status PushSession::FinishSlice() {
 absl::Status PushSession::CheckFinite() {
   for (size_t v = 0; v < covered_.size(); ++v) {
     if (!AllFinite(grads_[v].data() + checked_[v], covered_[v] - checked_[v])) {
-      // A MOVING_AVERAGE variable's push is a batch statistic: a NaN would
-      // stay in the average forever, so it is refused like a gradient.
-      const bool statistic = job_->update_kinds[v] == v1::VariableDef::MOVING_AVERAGE;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "push: ", statistic ? "batch statistic" : "gradient", " of variable ", v,
-          " from worker ", header_.worker_task(), " contains NaN or Inf; nothing applied"));
+      return NotFiniteError(v);
     }
     checked_[v] = covered_[v];
   }
@@ -627,6 +680,8 @@ absl::StatusOr<char*> PushSession::Reserve(uint32_t v, uint64_t offset, uint64_t
         "push: slice of variable ", v, " runs past its end (", covered_[v], " + ", n,
         " > ", job_->sizes[v], " elements)"));
   }
+  // A push that may share took no buffers: this variable comes as slices.
+  if (grads_[v].empty()) grads_[v].resize(static_cast<size_t>(job_->sizes[v]));
   char* dst = reinterpret_cast<char*>(grads_[v].data() + covered_[v]);
   covered_[v] += static_cast<int64_t>(n);
   return dst;
@@ -692,6 +747,11 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
   v1::RegisterResponse response;
   {
     absl::MutexLock lock(&mu_);
+    if (creating_.count(request.job_id()) > 0) {
+      ++registers_waiting_;
+      while (creating_.count(request.job_id()) > 0) created_.Wait(&mu_);
+      --registers_waiting_;
+    }
     auto it = jobs_.find(request.job_id());
     if (it != jobs_.end()) {
       Job& job = *it->second;
@@ -733,12 +793,16 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
           options_.memory_budget_bytes, " bytes (--memory_budget_bytes)"));
     }
     reserved_bytes_ += need;
+    creating_.insert(request.job_id());
   }
   // Build outside the server lock: initialization of large jobs takes time.
   // The bytes are reserved first, so that concurrent registers cannot pass
-  // the budget together.
+  // the budget together, and other registers of this job wait for it.
+  if (options_.before_create_job) options_.before_create_job();
   absl::StatusOr<std::shared_ptr<Job>> created = CreateJob(request, config);
   absl::MutexLock lock(&mu_);
+  creating_.erase(request.job_id());
+  created_.SignalAll();
   if (!created.ok()) {
     reserved_bytes_ -= need;
     return created.status();
@@ -746,7 +810,7 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
   std::shared_ptr<Job> job = *std::move(created);
   job->reserved = need;
   auto [it, inserted] = jobs_.emplace(request.job_id(), job);
-  if (!inserted) reserved_bytes_ -= need;  // the winner holds its own
+  if (!inserted) reserved_bytes_ -= need;  // (creating_ rules it out; a guard)
   response.set_created(inserted);
   if (inserted && options_.apply_log != nullptr) {
     absl::MutexLock job_lock(&job->mu);
@@ -767,8 +831,6 @@ absl::StatusOr<v1::RegisterResponse> ParameterServer::Register(
                << ", replicas_to_aggregate=" << job->replicas << ", optimizer "
                << config.optimizer().ShortDebugString();
   }
-  // A concurrent registration may have won: it is identical (validated above
-  // for the common case), so returning its step is correct.
   absl::MutexLock job_lock(&it->second->mu);
   if (request.has_worker_task()) it->second->HeardLocked(request.worker_task(), "register");
   response.set_global_step(it->second->global_step);
@@ -928,7 +990,6 @@ void Commit::Run() {
   }
   // Until `committing` is cleared below, only this touches the values and
   // slots (Job::committing), so the lock is not held while they change.
-  std::vector<std::vector<float>>& mean = parts_[0].second;
   for (size_t v = 0; v < vars.size(); ++v) {
     if (!prepared_.empty() && prepared_[v]) {
       // Formed ahead and already swapped in (Job::BeginCommitLocked).
@@ -936,41 +997,81 @@ void Commit::Run() {
       if (after_publish_) after_publish_(v + 1);
       continue;
     }
-    // The weighted mean in the first worker's buffer, with one pass per
-    // further worker and none for a lone worker (a0 = w0 / w0 is exactly
-    // 1): saxpby makes a1 g1 + a0 g0, saxpy adds the rest, in worker order
-    // (summing as pushes arrive would make the result depend on their
-    // order: saxpy's FMA rounds fma(w1, g1, w0 g0) and fma(w0, g0, w1 g1)
-    // differently, and the same job must give the same weights).
-    const int n = static_cast<int>(job.sizes[v]);
-    float pending = parts_[0].first;  // the factor mean[v] still needs (a0)
-    for (size_t k = 1; k < parts_.size(); ++k) {
-      const float a = parts_[k].first;
-      const float* g = parts_[k].second[v].data();
-      if (pending != 1.0f) {
-        cblas_saxpby(n, a, g, 1, pending, mean[v].data(), 1);
-      } else {
-        cblas_saxpy(n, a, g, 1, mean[v].data(), 1);
-      }
-      pending = 1.0f;
-    }
-    if (pending != 1.0f) cblas_sscal(n, pending, mean[v].data(), 1);
     internal::Variable& var = *vars[v];
-    var.optimizer->Apply(absl::MakeSpan(var.value), mean[v], ++var.updates);
+    const absl::Span<const float> mean = FormMean(v);
+    if (!mean.empty()) {
+      var.optimizer->Apply(absl::MakeSpan(var.value), mean, ++var.updates);
+    }
     publication_->Publish(v + 1);
     if (after_publish_) after_publish_(v + 1);
   }
   absl::MutexLock lock(&job.mu);
-  for (auto& part : parts_) job.free_buffers.push_back(std::move(part.second));
-  parts_.clear();
+  for (GradientPart& part : parts_) job.KeepBuffersLocked(std::move(part.owned));
+  parts_.clear();  // and the segments they read
   job.committing = false;
   job.publishing.reset();
   job.changed.SignalAll();
 }
 
+absl::Span<const float> Commit::FormMean(size_t v) {
+  Job& job = *job_;
+  const int64_t n = job.sizes[v];
+  // The weighted mean, in the first part's buffer where it has one (else
+  // in the job's scratch), with one pass per further part and none for a
+  // lone one (a0 = w0 / w0 is exactly 1): saxpby makes a1 g1 + a0 g0,
+  // saxpy adds the rest, in worker order (summing as pushes arrive would
+  // make the result depend on their order: saxpy's FMA rounds fma(w1, g1,
+  // w0 g0) and fma(w0, g0, w1 g1) differently, and the same job must give
+  // the same weights). Block by block, so that each block is formed (and
+  // checked) while in cache: the BLAS calls work element by element, and
+  // blocks of kApplyBlock cut no kernel's stride, so that the rounding is
+  // that of whole-variable calls.
+  const GradientPart& first = parts_[0];
+  bool any_shared = false;
+  for (const GradientPart& p : parts_) any_shared = any_shared || p.is_shared(v);
+  float* mean;
+  if (first.is_shared(v)) {
+    if (static_cast<int64_t>(job.mean_scratch.size()) < n) job.mean_scratch.resize(n);
+    mean = job.mean_scratch.data();
+  } else {
+    mean = parts_[0].owned[v].data();
+  }
+  // A part read in place was checked when it came, but the worker's memory
+  // could have changed since (a worker breaking the protocol) and a sum can
+  // overflow: what is formed is checked before it is applied.
+  const bool check = any_shared || parts_.size() > 1;
+  bool finite = true;
+  constexpr int64_t kBlock = Optimizer::kApplyBlock;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int m = static_cast<int>(std::min(kBlock, n - b));
+    float* y = mean + b;
+    if (first.is_shared(v)) std::memcpy(y, first.data(v) + b, m * sizeof(float));
+    float pending = first.weight;  // the factor y still needs (a0)
+    for (size_t k = 1; k < parts_.size(); ++k) {
+      const float a = parts_[k].weight;
+      const float* g = parts_[k].data(v) + b;
+      if (pending != 1.0f) {
+        cblas_saxpby(m, a, g, 1, pending, y, 1);
+      } else {
+        cblas_saxpy(m, a, g, 1, y, 1);
+      }
+      pending = 1.0f;
+    }
+    if (pending != 1.0f) cblas_sscal(m, pending, y, 1);
+    if (check) finite = finite && AllFinite(y, m);
+  }
+  if (!finite) {
+    TLOG(ERROR) << "job \"" << job.id << "\": the mean of variable " << v
+                << "'s gradients is not finite (a sum overflowed, or a worker changed "
+                   "its shared gradient after the push was checked): not applied this step";
+    return {};
+  }
+  return absl::MakeConstSpan(mean, static_cast<size_t>(n));
+}
+
 std::unique_ptr<Commit> ParameterServer::MakeCommit(
     std::shared_ptr<Job> job, std::shared_ptr<Publication> publication,
-    std::vector<std::pair<float, std::vector<std::vector<float>>>> parts,
+    std::vector<GradientPart> parts,
     std::vector<char> prepared) const {
   std::unique_ptr<Commit> c(new Commit());
   c->job_ = std::move(job);
@@ -1000,21 +1101,6 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   std::unique_ptr<PushSession> s(new PushSession());
   s->job_ = job;
   s->header_ = header;
-  {
-    absl::MutexLock lock(&job->mu);
-    // A Commit gives back the buffers it averages when it ends, a moment
-    // after the weights it publishes last (which this worker's push needed
-    // first): wait for them rather than allocate another set.
-    if (job->free_buffers.empty()) job->AwaitCommitLocked(options_.on_commit_wait);
-    if (!job->free_buffers.empty()) {
-      s->grads_ = std::move(job->free_buffers.back());
-      job->free_buffers.pop_back();
-    }
-  }
-  if (s->grads_.size() != job->sizes.size()) {
-    s->grads_.clear();
-    for (int64_t n : job->sizes) s->grads_.emplace_back(n);
-  }
   s->covered_.assign(job->sizes.size(), 0);
   s->checked_.assign(job->sizes.size(), 0);
   {
@@ -1036,6 +1122,30 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
         s->ahead_.clear();
       }
     }
+  }
+  // Same host: the variables not formed ahead are read in place
+  // (PushSession::CanShare), and a buffer is made only for one that comes
+  // as slices after all.
+  const bool in_segment = header.has_segment() && header.slice_encoding() == v1::SLICE_FLOAT32;
+  if (in_segment) s->shared_.assign(job->sizes.size(), nullptr);
+  if (in_segment && s->ahead_.empty()) {
+    s->grads_.resize(job->sizes.size());
+    return s;
+  }
+  {
+    absl::MutexLock lock(&job->mu);
+    // A Commit gives back the buffers it averages when it ends, a moment
+    // after the weights it publishes last (which this worker's push needed
+    // first): wait for them rather than allocate another set.
+    if (job->free_buffers.empty()) job->AwaitCommitLocked(options_.on_commit_wait);
+    if (!job->free_buffers.empty()) {
+      s->grads_ = std::move(job->free_buffers.back());
+      job->free_buffers.pop_back();
+    }
+  }
+  if (s->grads_.size() != job->sizes.size()) {
+    s->grads_.clear();
+    for (int64_t n : job->sizes) s->grads_.emplace_back(n);
   }
   return s;
 }
@@ -1099,11 +1209,10 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
   if (job.config.mode() == v1::ASYNC) {
     rec.completed = std::max<int64_t>(rec.completed, h.sequence());
     if (h.num_examples() > 0) {
-      std::vector<std::pair<float, std::vector<std::vector<float>>>> parts;
-      parts.emplace_back(1.0f, std::move(s->grads_));
-      s->grads_.clear();
+      std::vector<GradientPart> parts;
+      parts.push_back(s->TakePart(1.0f));
       std::shared_ptr<Publication> publication =
-          job.BeginCommitLocked(prepared, &parts[0].second);
+          job.BeginCommitLocked(prepared, &parts[0].owned);
       *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                            std::move(prepared));
     } else {
@@ -1127,8 +1236,8 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
     response.set_outcome(v1::PushResponse::DUPLICATE);
   } else {
     if (h.num_examples() > 0) {
-      job.staged[h.worker_task()] = {static_cast<float>(h.num_examples()), std::move(s->grads_)};
-      s->grads_.clear();  // kept by the job until the step completes
+      // Kept by the job until the step completes.
+      job.staged[h.worker_task()] = s->TakePart(static_cast<float>(h.num_examples()));
     }
     job.acc_examples += h.num_examples();
     job.pushed.insert(h.worker_task());
@@ -1140,17 +1249,18 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
     if (static_cast<int>(job.pushed.size()) >= job.replicas) {
       // The weighted mean a0 g0 + a1 g1 + ... with a_i = w_i / (w0 + w1 +
       // ...), in worker order, formed by the Commit (see Commit::Run).
-      std::vector<std::pair<float, std::vector<std::vector<float>>>> parts;
+      std::vector<GradientPart> parts;
       const float total = static_cast<float>(job.acc_examples);
       for (auto& [worker, staged] : job.staged) {  // ascending worker order
-        parts.emplace_back(staged.first / total, std::move(staged.second));
+        parts.push_back(std::move(staged));
+        parts.back().weight /= total;
       }
       job.staged.clear();
       // Updates ahead come only from a job of one worker: its push is the
       // one part, of weight w0 / w0, exactly 1.
       if (!parts.empty()) {
         std::shared_ptr<Publication> publication =
-            job.BeginCommitLocked(prepared, &parts[0].second);
+            job.BeginCommitLocked(prepared, &parts[0].owned);
         *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                              std::move(prepared));
       } else {
@@ -1412,6 +1522,11 @@ void ParameterServer::StopWaiting() {
     absl::MutexLock lock(&job->mu);
     job->changed.SignalAll();
   }
+}
+
+int ParameterServer::registers_waiting() {
+  absl::MutexLock lock(&mu_);
+  return registers_waiting_;
 }
 
 int64_t ParameterServer::reserved_bytes() {

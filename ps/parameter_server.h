@@ -14,7 +14,9 @@
 //
 // Push protocol (so that a broken or malformed stream never touches state):
 //   BeginPush(header) -> session; session.AddSlice(...) for every slice
-//   (validated and copied into a staging buffer); FinishPush(session) checks
+//   (validated and copied into a staging buffer; on the same host, a
+//   variable in the worker's segment is validated and read in place by the
+//   update instead, AddShared); FinishPush(session) checks
 //   that every variable was covered exactly once and commits atomically:
 //   the update it decides (Commit) may run after the push is answered, but
 //   every reader sees whole steps (a pull waits for each variable of its
@@ -55,6 +57,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -106,6 +109,9 @@ struct ParameterServerOptions {
   // Tests only: called by Save between taking its view of the job and
   // writing it (without the job's lock), to interleave an update.
   std::function<void()> after_save_view;
+  // Tests only: called by Register before it builds a new job, without any
+  // lock, to hold it there.
+  std::function<void()> before_create_job;
   // Tests only: called by a Commit after it published each variable (with
   // the count published), without any lock, to hold an update part way.
   std::function<void(size_t)> after_publish;
@@ -145,6 +151,25 @@ namespace internal {
 class Job;
 }
 
+// One worker's gradient (or batch statistic) for an update, variable by
+// variable: in the server's own buffer (`owned[v]`: copied in from slices,
+// or from a segment where the update is formed ahead), or read in place
+// from the worker's shared segment (`shared[v]` non-null), which `segment`
+// keeps mapped. A worker leaves its pushed gradients unchanged until its
+// next forward has pulled every variable of the update (ps_client.h), so
+// the update reads them there, after the push was answered, and a server
+// holds no copy of a same-host push (issue 16: with several workers a copy
+// each was most of a server's memory).
+struct GradientPart {
+  float weight = 1.0f;  // examples over the step's total (1 in ASYNC)
+  std::vector<std::vector<float>> owned;  // by var_index (empty where shared)
+  std::vector<const float*> shared;       // by var_index, or empty
+  std::shared_ptr<const void> segment;
+
+  bool is_shared(size_t v) const { return v < shared.size() && shared[v] != nullptr; }
+  const float* data(size_t v) const { return is_shared(v) ? shared[v] : owned[v].data(); }
+};
+
 // The update a push completes, handed to the caller of
 // ParameterServer::FinishPush so that it can answer the push first: the
 // step has already advanced (the push is answered APPLIED, pulls of the new
@@ -166,12 +191,17 @@ class Commit {
  private:
   friend class ParameterServer;
   Commit() = default;
+  // Variable `v`'s weighted mean of parts_, formed; empty when it is not
+  // finite (logged; the variable keeps its values this step).
+  absl::Span<const float> FormMean(size_t v);
   std::shared_ptr<internal::Job> job_;
   std::shared_ptr<Publication> publication_;
   // The gradients to average, by ascending worker, with their weights
-  // (examples over the step's total): the mean is formed in the first one's
-  // buffers, variable by variable, just before that variable is updated.
-  std::vector<std::pair<float, std::vector<std::vector<float>>>> parts_;
+  // (examples over the step's total): the mean is formed variable by
+  // variable, just before that variable is updated, in the first one's
+  // buffer where it has one, else in the job's scratch buffer (one
+  // variable's size).
+  std::vector<GradientPart> parts_;
   // By var_index: 1 where the new values were formed ahead in parts_[0]
   // (then parts_ has that one part, of weight 1) and already swapped in by
   // Job::BeginCommitLocked, so that parts_[0] holds the old ones: Run only
@@ -189,7 +219,9 @@ class Commit {
 // slots (ADAM 2, MOMENTUM 1, SGD none; a MOVING_AVERAGE variable none) and
 // one push staging buffer per worker (SYNC stages each worker's gradient
 // until its step is complete and sums them into the first one; ASYNC has at
-// most one push per worker in flight).
+// most one push per worker in flight). An upper bound: a same-host push
+// read in place (GradientPart) stages nothing, and its update needs at most
+// one variable's scratch.
 int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& config);
 
 // Bytes the job of `request` will hold on this server (FloatsPerElement times
@@ -227,17 +259,33 @@ class PushSession {
   // "Updates ahead" above), then forms the new values of the whole blocks
   // checked (ABORTED if the job's values changed since BeginPush).
   absl::Status CheckFinite();
+  // Same host: whether variable `var` may be read in place from the
+  // worker's segment (AddShared) rather than copied in: a float32 push
+  // naming a segment, where the variable's update is not formed ahead
+  // (which needs a buffer of the server's own to form it in).
+  bool CanShare(size_t var) const;
+  // Variable `var`, whole, at `values` in a worker's segment that `segment`
+  // keeps mapped: covered as a slice of it all would be (InvalidArgument if
+  // any of it came already) and checked for NaN and Inf, but not copied;
+  // the update reads it there (GradientPart). REQUIRES: CanShare(var);
+  // `values` holds num_elements(var) floats, aligned.
+  absl::Status AddShared(size_t var, const float* values, std::shared_ptr<const void> segment);
   const v1::PushHeader& header() const { return header_; }
   // The job's variables on this server: how many, and each one's elements.
   size_t num_variables() const { return covered_.size(); }
-  int64_t num_elements(size_t var) const { return static_cast<int64_t>(grads_[var].size()); }
+  int64_t num_elements(size_t var) const;
 
  private:
   friend class ParameterServer;
   PushSession() = default;
   std::shared_ptr<internal::Job> job_;
   v1::PushHeader header_;
+  // By variable: the staging buffer (empty until a slice of it comes when
+  // the push may share), or, where non-null in shared_, nothing: that
+  // variable is read in place (AddShared) from the segment segment_ maps.
   std::vector<std::vector<float>> grads_;
+  std::vector<const float*> shared_;
+  std::shared_ptr<const void> segment_;
   std::vector<int64_t> covered_;
   std::vector<int64_t> checked_;  // elements CheckFinite has passed, by variable
   // Updates ahead, by variable: whether grads_ receives its new values, and
@@ -246,6 +294,11 @@ class PushSession {
   std::vector<char> ahead_;
   std::vector<int64_t> prepared_;
   int64_t ahead_of_ = -1;
+  // What the push holds, as an update's part of `weight`; the session keeps
+  // nothing of it.
+  GradientPart TakePart(float weight);
+  // InvalidArgument: variable `v`'s gradient (or statistic) is not finite.
+  absl::Status NotFiniteError(size_t v) const;
   // Forms the new values of the checked blocks not formed yet.
   absl::Status PrepareAhead();
   // ahead_ where every element is formed (all of them once FinishPush ran
@@ -271,8 +324,12 @@ class ParameterServer {
   // created then); ResourceExhausted if too large. On restore_from,
   // FailedPrecondition if the shard's variables (names, shapes, update rule,
   // optimizer slots) do not match; InvalidArgument naming restore_from when it
-  // is outside options.checkpoint_roots.
+  // is outside options.checkpoint_roots. Every worker registers the job:
+  // one creates it, and the others wait for it and are checked against it
+  // (a job is never built twice, which held twice its bytes for a moment).
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // Registers waiting for another one to create their job.
+  int registers_waiting();
 
   // NotFound for an unknown job; InvalidArgument for a bad header (an
   // unknown slice_encoding included).
@@ -370,8 +427,7 @@ class ParameterServer {
                                               std::unique_ptr<Commit>* update);
   std::unique_ptr<Commit> MakeCommit(
       std::shared_ptr<internal::Job> job, std::shared_ptr<Publication> publication,
-      std::vector<std::pair<float, std::vector<std::vector<float>>>> parts,
-      std::vector<char> prepared = {}) const;
+      std::vector<GradientPart> parts, std::vector<char> prepared = {}) const;
 
   absl::StatusOr<std::shared_ptr<internal::Job>> CreateJob(
       const v1::RegisterRequest& request, const v1::TrainingConfig& config);
@@ -385,6 +441,10 @@ class ParameterServer {
   // Sum of RegisterFootprintBytes of the jobs in jobs_ and of those being
   // created (reserved before CreateJob, returned if it fails).
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Jobs being created (outside mu_), which other Registers of them await.
+  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
+  int registers_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::CondVar created_;
   // RunLater's threads; a job's updates always go to the same one (by its
   // id), and different jobs' updates mostly to different ones. Last: they
   // stop first (the destructor also waits for them before anything else).

@@ -130,6 +130,42 @@ TEST(ParameterServerTest, RegisterIsIdempotentAndInitializes) {
   EXPECT_NE(st.message().find("\"b\""), std::string::npos) << st;
 }
 
+// Workers register a job at once: one builds it, the others wait for it
+// (never a second copy of its values) and are checked against it, so that
+// one with another config is refused even while the job is being built.
+TEST(ParameterServerTest, ConcurrentRegistersWaitForTheOneThatCreates) {
+  absl::Notification release;
+  std::atomic<int> builds{0};
+  ParameterServerOptions options;
+  options.before_create_job = [&] {
+    if (builds.fetch_add(1) == 0) release.WaitForNotification();
+  };
+  ParameterServer ps(options);
+  absl::StatusOr<v1::RegisterResponse> first, same, other;
+  std::thread creator([&] { first = ps.Register(TwoVarJob(v1::SYNC, 2)); });
+  while (builds.load() == 0) absl::SleepFor(absl::Milliseconds(1));  // it is building
+  std::thread twin([&] { same = ps.Register(TwoVarJob(v1::SYNC, 2)); });
+  std::thread odd([&] { other = ps.Register(TwoVarJob(v1::ASYNC, 2)); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (ps.registers_waiting() < 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(ps.registers_waiting(), 2);
+  release.Notify();
+  creator.join();
+  twin.join();
+  odd.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->created());
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_FALSE(same->created());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
+  EXPECT_EQ(builds.load(), 1);
+  ParameterServer alone({});
+  ASSERT_TRUE(alone.Register(TwoVarJob(v1::SYNC, 2)).ok());
+  EXPECT_EQ(ps.reserved_bytes(), alone.reserved_bytes());  // reserved once
+}
+
 TEST(ParameterServerTest, BadRegistrationsAreRejected) {
   ParameterServer ps({.task_index = 0, .max_job_bytes = 1 << 20});
   auto r = TwoVarJob(v1::SYNC, 2);
@@ -1783,6 +1819,216 @@ TEST(UpdateAheadTest, ValuesChangedWhileFormingAbortThePush) {
   EXPECT_EQ(snap->global_step, 1);
   EXPECT_EQ(snap->values[0], std::vector<float>(6, 0.5f));
   EXPECT_EQ(snap->values[1], std::vector<float>(2, -0.5f));
+}
+
+// Shared pushes (GradientPart): a same-host push's variables read in place
+// from the worker's segment, here memory of the test's own.
+
+// Job "j" of `workers` workers and two variables: "w" of `n` elements
+// (several of Optimizer::kApplyBlock's blocks and a partial one) and "b" of 5.
+v1::RegisterRequest SharedPairJob(v1::Mode mode, int workers, v1::OptimizerSpec::Type type,
+                                  int64_t n) {
+  v1::RegisterRequest r;
+  r.set_job_id("j");
+  r.mutable_config()->set_mode(mode);
+  r.mutable_config()->set_num_workers(workers);
+  r.mutable_config()->mutable_optimizer()->set_type(type);
+  r.mutable_config()->mutable_optimizer()->set_learning_rate(kLr);
+  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"w", n}, {"b", 5}}) {
+    auto* v = r.add_variables();
+    v->set_name(name);
+    v->add_shape(size);
+    v->set_dtype(v1::DT_FLOAT32);
+    v->mutable_initializer()->set_type(v1::Initializer::GLOROT_UNIFORM);
+    v->mutable_initializer()->set_seed(5);
+    v->mutable_initializer()->set_fan_in(size);
+    v->mutable_initializer()->set_fan_out(1);
+  }
+  return r;
+}
+
+// Worker `w`'s gradient of `n` elements at `step`: values that round
+// differently from element to element and from worker to worker.
+std::vector<float> WorkerGradient(int w, int64_t step, int64_t n) {
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) {
+    g[i] = 0.001f * static_cast<float>((i * 7919 + w * 104729 + step * 31) % 2001 - 1000) +
+           1e-4f * static_cast<float>(w + 1);
+  }
+  return g;
+}
+
+// Pushes grads[v] for each variable: as slices (copied in), or, with
+// `shared`, read in place where the session may share it (then `grads`
+// must stay until the update ran, like a worker's segment).
+absl::StatusOr<v1::PushResponse> PushGrads(ParameterServer& ps, v1::PushHeader h,
+                                           const std::vector<std::vector<float>>& grads,
+                                           bool shared) {
+  if (shared) h.mutable_segment()->set_size(1);  // names a segment (the service opens it)
+  auto s = ps.BeginPush(h);
+  if (!s.ok()) return s.status();
+  for (size_t v = 0; v < grads.size(); ++v) {
+    absl::Status st;
+    if (shared && (*s)->CanShare(v)) {
+      st = (*s)->AddShared(v, grads[v].data(), nullptr);
+    } else {
+      st = (*s)->AddSlice(Slice(static_cast<uint32_t>(v), 0, grads[v]));
+    }
+    if (!st.ok()) return st;
+  }
+  return ps.FinishPush(std::move(*s));
+}
+
+std::vector<std::vector<float>> Values(const WeightsSnapshot& snap) {
+  std::vector<std::vector<float>> out;
+  for (size_t v = 0; v < snap.values.size(); ++v) {
+    snap.AwaitReady(v);
+    out.emplace_back(snap.values[v].begin(), snap.values[v].end());
+  }
+  return out;
+}
+
+// Read in place or copied in, by some workers or all, in any order of
+// arrival: the same bits, in SYNC (three workers, weighted, two steps, SGD
+// and Adam) and ASYNC (two workers, each push applied alone).
+TEST(SharedPushTest, ReadInPlaceGivesTheBitsOfACopyInAnyOrder) {
+  const int64_t n = 3 * Optimizer::kApplyBlock + 123;
+  const int64_t examples[3] = {1, 2, 5};
+  for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
+    for (v1::OptimizerSpec::Type type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::ADAM}) {
+      const int workers = mode == v1::SYNC ? 3 : 2;
+      std::vector<std::vector<float>> want_w, want_b;
+      // Which workers share (bit w), and the order they arrive in.
+      for (const auto& [sharing, order] :
+           {std::pair<int, std::vector<int>>{0, {0, 1, 2}}, {7, {0, 1, 2}}, {7, {2, 0, 1}},
+            {5, {1, 2, 0}}, {2, {2, 1, 0}}}) {
+        SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type),
+                                  " sharing ", sharing, " order ", order[0], order[1],
+                                  order[2]));
+        if (mode == v1::ASYNC && order != std::vector<int>{0, 1, 2}) continue;  // order counts
+        ParameterServer ps({});
+        ASSERT_TRUE(ps.Register(SharedPairJob(mode, workers, type, n)).ok());
+        std::vector<std::vector<std::vector<float>>> segments;  // the workers' memory
+        segments.reserve(2 * workers);
+        for (int64_t step = 0; step < 2; ++step) {
+          for (int w : order) {
+            if (w >= workers) continue;
+            const uint64_t seq = static_cast<uint64_t>(step + 1);
+            segments.push_back({WorkerGradient(w, step, n), WorkerGradient(w, step, 5)});
+            auto r = PushGrads(ps, Header(w, seq, step, examples[w]), segments.back(),
+                               (sharing >> w) & 1);
+            ASSERT_TRUE(r.ok()) << r.status();
+            ASSERT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+          }
+        }
+        auto snap = PullNow(ps, 2);
+        ASSERT_NE(snap, nullptr);
+        const std::vector<std::vector<float>> got = Values(*snap);
+        if (want_w.empty()) {
+          // Each update moved the values (an update not applied would not).
+          want_w.push_back(got[0]);
+          want_b.push_back(got[1]);
+          continue;
+        }
+        EXPECT_TRUE(got[0] == want_w[0]);
+        EXPECT_TRUE(got[1] == want_b[0]);
+      }
+    }
+  }
+}
+
+// A shared variable is read when the update runs, not copied when the push
+// comes: the worker's memory is what the update uses (which is why a
+// worker leaves it unchanged until its next forward has pulled the
+// update), and the server holds no copy of it.
+TEST(SharedPushTest, TheUpdateReadsTheWorkersMemoryNotACopy) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
+  std::vector<std::vector<float>> g0 = {std::vector<float>(6, 1.0f), std::vector<float>(2, 1.0f)};
+  auto r = PushGrads(ps, Header(0, 1, 0, 1), g0, /*shared=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  g0[0].assign(6, 3.0f);  // after the push was answered, before the step is complete
+  r = PushGrads(ps, Header(1, 1, 0, 1), {std::vector<float>(6, 1.0f), std::vector<float>(2, 1.0f)},
+                /*shared=*/false);  // copied: the temporary may go
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto snap = PullNow(ps, 1);
+  ASSERT_NE(snap, nullptr);
+  const std::vector<std::vector<float>> got = Values(*snap);
+  EXPECT_EQ(got[0], std::vector<float>(6, 1.0f - kLr * 2.0f));  // mean of 3 and 1
+  EXPECT_EQ(got[1], std::vector<float>(2, 0.0f - kLr * 1.0f));
+}
+
+// A worker that writes NaN into its shared gradient after the push was
+// checked (or weights whose sum overflows) cannot put a NaN or Inf into the
+// values: that variable keeps its values this step, the others are
+// updated, and the job goes on.
+TEST(SharedPushTest, AMeanThatIsNotFiniteIsNotApplied) {
+  const int64_t n = 2 * Optimizer::kApplyBlock + 7;
+  for (int64_t bad : {int64_t{0}, n - 1}) {
+    SCOPED_TRACE(absl::StrCat("NaN at ", bad));
+    ParameterServer ps({});
+    ASSERT_TRUE(ps.Register(SharedPairJob(v1::SYNC, 2, v1::OptimizerSpec::SGD, n)).ok());
+    const std::vector<std::vector<float>> before = Values(*PullNow(ps, 0));
+    std::vector<std::vector<float>> g0 = {WorkerGradient(0, 0, n), WorkerGradient(0, 0, 5)};
+    auto r = PushGrads(ps, Header(0, 1, 0, 1), g0, /*shared=*/true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    g0[0][bad] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<std::vector<float>> g1 = {WorkerGradient(1, 0, n), WorkerGradient(1, 0, 5)};
+    r = PushGrads(ps, Header(1, 1, 0, 1), g1, /*shared=*/true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+    std::vector<std::vector<float>> after = Values(*PullNow(ps, 1));
+    EXPECT_TRUE(after[0] == before[0]) << "the variable with the NaN changed";
+    EXPECT_TRUE(after[1] != before[1]) << "the other variable was not updated";
+    // The next step is applied as usual.
+    std::vector<std::vector<float>> g[2];
+    for (int w = 0; w < 2; ++w) {
+      g[w] = {WorkerGradient(w, 1, n), WorkerGradient(w, 1, 5)};
+      r = PushGrads(ps, Header(w, 2, 1, 1), g[w], /*shared=*/true);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    const std::vector<std::vector<float>> next = Values(*PullNow(ps, 2));
+    EXPECT_TRUE(next[0] != after[0]);
+    for (float x : next[0]) ASSERT_TRUE(std::isfinite(x));
+  }
+}
+
+// A variable shared and then sent again (or sent, then shared) is refused
+// like a slice that came twice, and nothing of the push is applied; a
+// variable whose update is formed ahead (one worker, SGD) is not shared.
+TEST(SharedPushTest, AVariableComesOnceAndFormedAheadIsNotShared) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 2)).ok());
+  v1::PushHeader h = Header(0, 1, 0, 1);
+  h.mutable_segment()->set_size(1);
+  const std::vector<float> a(6, 1.0f);
+  {
+    auto s = ps.BeginPush(h);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->CanShare(0));
+    ASSERT_TRUE((*s)->AddShared(0, a.data(), nullptr).ok());
+    const absl::Status again = (*s)->AddShared(0, a.data(), nullptr);
+    EXPECT_EQ(again.code(), absl::StatusCode::kInvalidArgument) << again;
+    EXPECT_NE(again.message().find("variable 0 named again"), std::string::npos) << again;
+    const absl::Status slice = (*s)->AddSlice(Slice(0, 0, a));
+    EXPECT_EQ(slice.code(), absl::StatusCode::kInvalidArgument) << slice;
+  }
+  {
+    auto s = ps.BeginPush(h);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->AddSlice(Slice(0, 0, {1, 1, 1})).ok());
+    const absl::Status shared = (*s)->AddShared(0, a.data(), nullptr);
+    EXPECT_EQ(shared.code(), absl::StatusCode::kInvalidArgument) << shared;
+  }
+  EXPECT_EQ(PullNow(ps)->global_step, 0);
+  EXPECT_EQ(Values(*PullNow(ps))[0], std::vector<float>(6, 1.0f));
+
+  ParameterServer lone({});
+  ASSERT_TRUE(lone.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  auto s = lone.BeginPush(h);
+  ASSERT_TRUE(s.ok());
+  EXPECT_FALSE((*s)->CanShare(0));  // its update is formed ahead
+  EXPECT_EQ((*s)->AddShared(0, a.data(), nullptr).code(), absl::StatusCode::kInternal);
 }
 
 }  // namespace

@@ -204,6 +204,14 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory,
       }
       const size_t v = static_cast<size_t>(value);
       const int64_t n = session_->num_elements(v);
+      const int64_t at = segment_offsets_[v];
+      if (at % static_cast<int64_t>(alignof(float)) == 0 && session_->CanShare(v)) {
+        // Read in place by the update (PushSession::AddShared): no copy.
+        TOWERPS_ASSIGN_OR_RETURN(char* values,
+                                 segment_->Region(at, n * static_cast<int64_t>(sizeof(float))));
+        bytes_ += n * static_cast<int64_t>(sizeof(float));
+        return session_->AddShared(v, reinterpret_cast<const float*>(values), segment_);
+      }
       // The same checks as slices of the whole variable, in pieces small
       // enough that each is checked for NaN and Inf while still in cache.
       for (int64_t first = 0; first == 0 || first < n; first += kSegmentReadElements) {

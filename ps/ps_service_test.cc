@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
@@ -603,6 +604,125 @@ TEST_F(PsServiceSegmentTest, PushReadsTheGradientFromTheSegment) {
   int messages = 0;
   const std::vector<float> w = Pull(&messages);
   for (int i = 0; i < 5000; ++i) ASSERT_EQ(w[i], -2.0f - g[i]) << i;  // lr 1
+}
+
+// With two workers (no update formed ahead), each worker's gradient is read
+// in place from its segment by the step's update: the values are those of
+// the same gradients sent as slices, bit for bit; a variable named twice is
+// refused and nothing of that push is applied.
+TEST_F(PsServiceSegmentTest, TwoWorkersGradientsAreReadInPlaceAsIfSent) {
+  auto job = [&](const std::string& id) {
+    v1::RegisterRequest r;
+    r.set_job_id(id);
+    r.mutable_config()->set_mode(v1::SYNC);
+    r.mutable_config()->set_num_workers(2);
+    r.mutable_config()->mutable_optimizer()->set_learning_rate(0.5f);
+    auto* v = r.add_variables();
+    v->set_name("big");
+    v->add_shape(5000);
+    v->set_dtype(v1::DT_FLOAT32);
+    ASSERT_TRUE(ps_.Register(r).ok());
+  };
+  job("shared");
+  job("sliced");
+  std::vector<std::unique_ptr<common::SharedSegment>> segs;
+  std::vector<float> g[2];
+  for (int w = 0; w < 2; ++w) {
+    auto seg = common::SharedSegment::Create(64 + 5000 * 4);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    g[w].resize(5000);
+    for (int i = 0; i < 5000; ++i) g[w][i] = 0.37f * static_cast<float>((i * (w + 3)) % 11) - 1.1f;
+    std::memcpy((*seg)->mutable_at(kAt), g[w].data(), 5000 * 4);
+    segs.push_back(std::move(*seg));
+  }
+  auto where = [&](int w) {
+    v1::SharedSegment s;
+    s.set_pid(segs[w]->pid());
+    s.set_fd(segs[w]->fd());
+    s.set_nonce(segs[w]->nonce());
+    s.set_size(segs[w]->size());
+    s.add_offsets(kAt);
+    return s;
+  };
+  // Worker w's push of step 0, `examples` examples.
+  auto header = [&](const std::string& id, int w, int64_t examples) {
+    v1::PushRequest m = HeaderMessage(1, id);
+    m.mutable_header()->set_worker_task(w);
+    m.mutable_header()->set_num_examples(examples);
+    return m;
+  };
+  v1::PushResponse resp;
+  {
+    // An offset that leaves the variable no room is refused, as with copies.
+    v1::SharedSegment past = where(0);
+    past.set_offsets(0, kAt + 128);
+    const grpc::Status st = PushFromSegment(*stub_, past, 1, {SegmentVars({0})}, &resp, "shared");
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+    EXPECT_NE(st.error_message().find("do not fit"), std::string::npos) << st.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    auto w = stub_->Push(&ctx, &resp);
+    v1::PushRequest m = header("shared", 0, 3);
+    m.mutable_header()->set_ends_with_commit(true);
+    *m.mutable_header()->mutable_segment() = where(0);
+    w->Write(m);
+    v1::PushRequest twice;
+    ASSERT_TRUE(twice.ParseFromString(SegmentVars({0, 0})));
+    twice.set_commit(true);
+    w->Write(twice);
+    w->WritesDone();
+    const grpc::Status st = w->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find("variable 0 named again"), std::string::npos)
+        << st.error_message();
+  }
+  for (int w = 0; w < 2; ++w) {
+    const int64_t examples = w == 0 ? 3 : 5;
+    grpc::ClientContext ctx;
+    auto writer = stub_->Push(&ctx, &resp);
+    v1::PushRequest m = header("shared", w, examples);
+    m.mutable_header()->set_ends_with_commit(true);
+    *m.mutable_header()->mutable_segment() = where(w);
+    writer->Write(m);
+    v1::PushRequest names;
+    ASSERT_TRUE(names.ParseFromString(SegmentVars({0})));
+    names.set_commit(true);
+    writer->Write(names);
+    writer->WritesDone();
+    const grpc::Status st = writer->Finish();
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(resp.outcome(), v1::PushResponse::APPLIED);
+    auto s = ps_.BeginPush(header("sliced", w, examples).header());
+    ASSERT_TRUE(s.ok()) << s.status();
+    v1::TensorSlice slice;
+    slice.set_var_index(0);
+    slice.set_data(g[w].data(), g[w].size() * 4);
+    ASSERT_TRUE((*s)->AddSlice(slice).ok());
+    auto r = ps_.FinishPush(std::move(*s));
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  auto values = [&](const std::string& id) {
+    v1::PullRequest req;
+    req.set_job_id(id);
+    req.set_min_step(1);
+    auto snap = ps_.Pull(req, absl::Now() + absl::Seconds(10));
+    EXPECT_TRUE(snap.ok()) << snap.status();
+    if (!snap.ok()) return std::vector<float>();
+    (*snap)->AwaitReady(0);
+    return std::vector<float>((*snap)->values[0].begin(), (*snap)->values[0].end());
+  };
+  const std::vector<float> shared = values("shared");
+  ASSERT_EQ(shared.size(), 5000u);
+  EXPECT_TRUE(shared == values("sliced"));
+  // And they moved by the weighted mean: 3/8 g0 + 5/8 g1, at learning rate
+  // 0.5, from 0: a few float roundings, each within half an ulp of a value
+  // at most (3 |g0| + 5 |g1|) / 8.
+  for (int i = 0; i < 5000; ++i) {
+    const double mean = (3.0 * g[0][i] + 5.0 * g[1][i]) / 8.0;
+    const double bound = (3.0 * std::abs(g[0][i]) + 5.0 * std::abs(g[1][i])) / 8.0;
+    ASSERT_NEAR(shared[i], -0.5 * mean, 8 * bound * std::ldexp(1.0, -24)) << i;
+  }
 }
 
 // The service keeps a segment mapped between calls, and lets it go once it

@@ -193,8 +193,11 @@ class ParameterClient {
   // the client), or null without it. The caller's weight and gradient
   // tensors may live there (Model::PlaceHostTensors): pulls written in
   // place and pushes read from there then copy nothing on this side. Such
-  // a tensor must not be written while a pull is under way, nor changed
-  // while a push is.
+  // a tensor must not be written while a pull is under way, nor a gradient
+  // changed while its push is, nor after it until the next pull has every
+  // variable: a server's update reads the gradient there after answering
+  // the push (ps/parameter_server.h, GradientPart), and the next step's
+  // weights are what it publishes.
   virtual float* SharedValues(int /*var*/) { return nullptr; }
   virtual float* SharedGradients(int /*var*/) { return nullptr; }
   // Gives that memory of variable `var` back to the system once the caller
