@@ -69,6 +69,12 @@ class ShmChannelView {
   // serves the channel: a worker waiting for an answer that sees it stand
   // still for long takes the server as gone.
   std::atomic<uint64_t>& heartbeat() { return Word(8); }
+  // The serving process's pid, written before served_generation: a worker
+  // watches that process (a pidfd) to notice at once that it exited, where
+  // the heartbeat takes its silence limit to. Only a hint (a server in
+  // another pid namespace writes a pid the worker cannot watch; the
+  // heartbeat still counts).
+  std::atomic<uint64_t>& server_pid() { return Word(16); }
 
   ShmRing to_server() { return ShmRing(base_ + kShmChannelControlBytes, kShmChannelRingBytes); }
   ShmRing to_worker() {

@@ -1,5 +1,7 @@
 #include "ps/shm_calls.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <optional>
@@ -225,6 +227,7 @@ absl::Status ShmCallServer::Attach(std::shared_ptr<common::SegmentFile> file,
   }
   auto c = std::make_unique<Channel>(std::move(file), base, generation);
   c->view.Reset();
+  c->view.server_pid().store(static_cast<uint64_t>(getpid()), std::memory_order_relaxed);
   c->view.served_generation().store(generation, std::memory_order_release);
   Channel* raw = c.get();
   raw->thread = std::thread([this, raw] { Serve(raw); });

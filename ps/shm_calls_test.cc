@@ -6,6 +6,8 @@
 // right closes the channel, not the server; idle channels end and say so.
 #include "ps/shm_calls.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstring>
 #include <tuple>
@@ -116,6 +118,7 @@ TEST(ShmCallServerTest, ServesCallsWithTheirMessagesAndStatus) {
   ShmCallServer server(Echo);
   ASSERT_TRUE(server.Attach(w.file, w.segment->nonce(), kOffset, 5).ok());
   EXPECT_EQ(w.view().served_generation().load(), 5u);
+  EXPECT_EQ(w.view().server_pid().load(), static_cast<uint64_t>(getpid()));  // for a pidfd
   EXPECT_EQ(server.serving(), 1);
 
   // A call of one message.

@@ -1,6 +1,11 @@
 #include "worker/train/shm_call_client.h"
 
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -24,8 +29,32 @@ ShmCallClient::ShmCallClient(char* base, int64_t offset)
     : view_(base + offset), offset_(offset) {}
 
 bool ShmCallClient::Ready() {
-  return !given_up_ && offered_ != 0 &&
-         view_.served_generation().load(std::memory_order_acquire) == offered_;
+  const bool ready = !given_up_ && offered_ != 0 &&
+                     view_.served_generation().load(std::memory_order_acquire) == offered_;
+  if (ready && watched_ != offered_) WatchServer();
+  return ready;
+}
+
+ShmCallClient::~ShmCallClient() {
+  if (server_pidfd_ >= 0) close(server_pidfd_);
+}
+
+void ShmCallClient::WatchServer() {
+  watched_ = offered_;
+  if (server_pidfd_ >= 0) close(server_pidfd_);
+  server_pidfd_ = -1;
+  // Written by the server before it served this generation (read after it).
+  const uint64_t pid = view_.server_pid().load(std::memory_order_relaxed);
+  if (pid == 0 || pid > static_cast<uint64_t>(std::numeric_limits<pid_t>::max())) return;
+  // No pidfd (an old kernel, a sandbox): the heartbeat alone tells.
+  const long fd = syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0);
+  if (fd >= 0) server_pidfd_ = static_cast<int>(fd);
+}
+
+bool ShmCallClient::ServerExited() const {
+  if (server_pidfd_ < 0) return false;
+  pollfd p{server_pidfd_, POLLIN, 0};
+  return poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
 }
 
 void ShmCallClient::Offer(v1::SharedSegment* segment) {
@@ -105,6 +134,11 @@ ShmCallClient::Got ShmCallClient::Receive(std::string* message, absl::Status* st
     }
     absl::Status st = in.Read(&raw, std::min(deadline_, now + kWaitSlice));
     if (absl::IsDeadlineExceeded(st)) {
+      if (ServerExited()) {
+        GiveUp();
+        *status = absl::UnavailableError("same-host call: the server process exited");
+        return Got::kBroken;
+      }
       const uint64_t b = view_.heartbeat().load(std::memory_order_acquire);
       if (b != beat) {
         beat = b;

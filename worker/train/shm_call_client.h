@@ -63,10 +63,19 @@ class ShmCallClient {
   bool FirstUse() { return !std::exchange(used_, true); }
 
   // A server that does not bump the heartbeat this long while a call waits
-  // is taken as gone. Default: 2 s.
+  // is taken as gone. Default: 2 s. A server process that exited is taken
+  // as gone at once (its pid, from the channel, watched through a pidfd).
   void set_server_silence(absl::Duration d) { server_silence_ = d; }
 
+  ShmCallClient(const ShmCallClient&) = delete;
+  ShmCallClient& operator=(const ShmCallClient&) = delete;
+  ~ShmCallClient();
+
  private:
+  // Watches the process serving generation offered_ (server_pid), once.
+  void WatchServer();
+  // Whether the watched server process has exited.
+  bool ServerExited() const;
   common::ShmChannelView view_;
   const int64_t offset_;
   uint64_t offered_ = 0;  // the generation offered last (0: none yet)
@@ -75,6 +84,8 @@ class ShmCallClient {
   uint64_t call_id_ = 0;  // the current (or last) call's
   absl::Time deadline_;   // the current call's
   absl::Duration server_silence_ = absl::Seconds(2);
+  int server_pidfd_ = -1;   // the serving process (-1: none watched)
+  uint64_t watched_ = 0;    // the generation whose server it watches
 };
 
 }  // namespace towerps::worker::internal

@@ -7,6 +7,8 @@
 #include "worker/train/shm_call_client.h"
 
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <string>
@@ -161,6 +163,37 @@ TEST_F(ShmCallClientTest, AServerWhoseHeartbeatStopsIsTakenAsGone) {
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;
   EXPECT_NE(st.message().find("heartbeat"), absl::string_view::npos) << st;
   EXPECT_FALSE(c.Ready());
+}
+
+// A server process that exits while a call waits breaks the call at once
+// (its pid in the channel, watched through a pidfd), though the heartbeat's
+// silence limit here is an hour.
+TEST_F(ShmCallClientTest, AServerProcessThatExitsBreaksTheCallAtOnce) {
+  ShmCallClient c(base_, kOffset);
+  c.set_server_silence(absl::Hours(1));
+  v1::SharedSegment seg;
+  c.Offer(&seg);
+  const pid_t child = fork();
+  if (child == 0) {
+    // The server: serves the generation offered, takes the call, exits.
+    server().server_pid().store(static_cast<uint64_t>(getpid()));
+    server().served_generation().store(seg.channel_generation());
+    std::string raw;
+    (void)server().to_server().Read(&raw, absl::Now() + kLong);
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  const absl::Time deadline = absl::Now() + kLong;
+  while (!c.Ready() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(c.Ready());
+  ASSERT_TRUE(c.Start(ShmMethod::kPull, absl::Hours(1), "req", /*last=*/true));
+  std::string m;
+  absl::Status st;
+  EXPECT_EQ(c.Receive(&m, &st, kNever), ShmCallClient::Got::kBroken);
+  EXPECT_NE(st.message().find("the server process exited"), std::string::npos) << st;
+  EXPECT_FALSE(c.Ready());  // given up: the call goes over gRPC, which offers it afresh
+  int wstatus = 0;
+  EXPECT_EQ(waitpid(child, &wstatus, 0), child);
 }
 
 TEST_F(ShmCallClientTest, GarbageFromTheServerBreaksTheCall) {
