@@ -200,8 +200,10 @@ class ParameterClient {
   // weights are what it publishes.
   virtual float* SharedValues(int /*var*/) { return nullptr; }
   virtual float* SharedGradients(int /*var*/) { return nullptr; }
-  // Gives that memory of variable `var` back to the system once the caller
-  // moved its tensors out (the contents are lost).
+  // Gives the pulled values' memory of variable `var` back to the system
+  // once the caller moved its tensors out (the contents are lost); the
+  // pushed gradient's stays as long as the client (a server may still read
+  // the last push there).
   virtual void ReleaseShared(int /*var*/) {}
 
  private:

@@ -96,10 +96,12 @@ float* PsPeers::SegmentGradients(int var) {
 
 void PsPeers::ReleaseSegmentMemory(int var) {
   if (segment_ == nullptr) return;
-  for (int64_t at : {value_at_[var], grad_at_[var]}) {
-    // Best effort: the pages come back (zero) if anyone writes them again.
-    (void)madvise(segment_->mutable_at(at), static_cast<size_t>(region_bytes_[var]), MADV_REMOVE);
-  }
+  // Best effort: the pages come back (zero) if anyone writes them again.
+  // Only the pulled values: a server's update may still read the last push
+  // in the gradient's pages after answering it (ps::GradientPart), and a
+  // hole there would read as zeros; those pages go with the segment.
+  (void)madvise(segment_->mutable_at(value_at_[var]), static_cast<size_t>(region_bytes_[var]),
+                MADV_REMOVE);
 }
 
 void PsPeers::DescribeSegment(v1::SharedSegment* request) const {

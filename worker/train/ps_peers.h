@@ -100,8 +100,10 @@ class PsPeers {
   // are skipped for a tensor that does.
   float* SegmentValues(int var);
   float* SegmentGradients(int var);
-  // Gives the pages of variable `var`'s values and gradient back to the
-  // system (their contents are lost; they come back as zeros if written).
+  // Gives the pages of variable `var`'s pulled values back to the system
+  // (their contents are lost; they come back as zeros if written). The
+  // pushed gradient's stay until the segment goes: a server may still read
+  // the last push there.
   void ReleaseSegmentMemory(int var);
   // Server `s`'s same-host channel for pushes / pulls (shm_call_client.h),
   // used by its push / pull executor only; null without a segment or with

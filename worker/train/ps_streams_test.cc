@@ -499,6 +499,50 @@ TEST(PsStreamsTest, TensorsLivingInTheSegmentArePulledAndPushedInPlace) {
 }
 
 
+// A server's update reads a push's gradient in the segment after answering
+// it (several workers: no copy), so a client that gives its memory back as
+// soon as its last push is answered must not take the gradient's pages
+// with it: the update, held after its first variable until then, still
+// finds every gradient whole.
+TEST(PsStreamsTest, TheLastPushIsReadWholeAfterTheClientReleasedItsMemory) {
+  LocalPsCluster cluster(1, /*start=*/false, /*shared_memory=*/true);
+  std::atomic<bool> hold{false};
+  std::atomic<bool> held{false};
+  absl::Notification go;
+  ps::ParameterServerOptions options;
+  options.after_publish = [&](size_t published) {
+    if (published != 1 || !hold.load()) return;
+    held.store(true);
+    go.WaitForNotification();
+  };
+  cluster.set_server_options(options);
+  ASSERT_TRUE(cluster.Start(0).ok());
+  auto client = NewClient(Options(cluster, "j"));
+  // Two workers: the update is not formed ahead, so it reads in place.
+  ASSERT_TRUE(client->Register(Config(v1::ASYNC, 2)).ok());
+  Buffers w(Vars());
+  Buffers g = Grads();
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    w.tensors[v].MoveTo(client->SharedValues(static_cast<int>(v)));
+    g.tensors[v].MoveTo(client->SharedGradients(static_cast<int>(v)));
+  }
+  ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());  // the server writes into the segment
+  hold.store(true);
+  auto pushed = client->Push(0, 1, g.const_ptrs);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  ASSERT_TRUE(WaitFor([&] { return held.load(); }));  // the update read variable 0 only
+  for (size_t v = 0; v < w.tensors.size(); ++v) {     // as the trainer does at its end
+    w.tensors[v].MoveTo(nullptr);
+    g.tensors[v].MoveTo(nullptr);
+    client->ReleaseShared(static_cast<int>(v));
+  }
+  go.Notify();
+  Buffers after(Vars());
+  ASSERT_TRUE(client->Pull(1, 0, after.ptrs).ok());
+  ExpectUpdated(after, true);
+  EXPECT_GT(client->bytes_pushed_in_place(), 0);
+}
+
 // A pull that fails part way, after a variable was written in place, is
 // retried into the segment's landing region: the variable the first call
 // completed (which the compute may already be reading, in the tensor that
