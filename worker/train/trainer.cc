@@ -140,7 +140,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // neither is copied on this side; back in their own memory when Run
   // returns (the client's may go before the towers). Each variable's old
   // memory goes back to the system as it moves, either way, so that the
-  // worker never holds the model twice.
+  // worker never holds the weights twice; the gradients' pages in the
+  // segment stay until the client goes, since a server may still read the
+  // last push there (ParameterClient::ReleaseShared).
   const size_t num_vars = towers_.weights().size();
   bool shared = false;
   for (size_t v = 0; v < num_vars; ++v) {
