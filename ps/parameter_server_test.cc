@@ -143,10 +143,12 @@ TEST(ParameterServerTest, ConcurrentRegistersWaitForTheOneThatCreates) {
   ParameterServer ps(options);
   absl::StatusOr<v1::RegisterResponse> first, same, other;
   std::thread creator([&] { first = ps.Register(TwoVarJob(v1::SYNC, 2)); });
-  while (builds.load() == 0) absl::SleepFor(absl::Milliseconds(1));  // it is building
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (builds.load() == 0 && absl::Now() < deadline) {  // until it is building
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   std::thread twin([&] { same = ps.Register(TwoVarJob(v1::SYNC, 2)); });
   std::thread odd([&] { other = ps.Register(TwoVarJob(v1::ASYNC, 2)); });
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (ps.registers_waiting() < 2 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(1));
   }
