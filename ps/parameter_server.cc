@@ -76,11 +76,12 @@ class Job {
   int64_t global_step ABSL_GUARDED_BY(mu) = 0;
   std::vector<WorkerRecord> workers ABSL_GUARDED_BY(mu);
   // SYNC: the open step's gradients by worker (weight = examples), summed in
-  // worker order, into the first worker's buffer, once the step is complete
-  // (no accumulator of its own). Summing as pushes arrive would make the
-  // result depend on their order (saxpy's FMA rounds fma(w1, g1, w0 g0) and
-  // fma(w0, g0, w1 g1) differently): the same job must give the same weights.
-  // A same-host push's part views the worker's segment instead (GradientPart).
+  // worker order once the step is complete, into the first worker's buffer
+  // (or, when that part views a worker's segment, GradientPart, into
+  // mean_scratch), variable by variable. Summing as pushes arrive would make
+  // the result depend on their order (saxpy's FMA rounds fma(w1, g1, w0 g0)
+  // and fma(w0, g0, w1 g1) differently): the same job must give the same
+  // weights.
   std::map<int, GradientPart> staged ABSL_GUARDED_BY(mu);
   int64_t acc_examples ABSL_GUARDED_BY(mu) = 0;
   std::set<int> pushed ABSL_GUARDED_BY(mu);
