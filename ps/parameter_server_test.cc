@@ -1646,6 +1646,18 @@ TEST(CommitTest, RunLaterUpdatesOnTheServersThreadAndItsEndWaitsForIt) {
 
 // --- Updates ahead (one worker, SGD) ----------------------------------------
 
+// Adds variable `name` of `n` elements, GLOROT_UNIFORM from `seed`, to `r`.
+void AddGlorotVariable(v1::RegisterRequest* r, const char* name, int64_t n, int seed) {
+  auto* v = r->add_variables();
+  v->set_name(name);
+  v->add_shape(n);
+  v->set_dtype(v1::DT_FLOAT32);
+  v->mutable_initializer()->set_type(v1::Initializer::GLOROT_UNIFORM);
+  v->mutable_initializer()->set_seed(seed);
+  v->mutable_initializer()->set_fan_in(n);
+  v->mutable_initializer()->set_fan_out(1);
+}
+
 // Job "j" of one worker and one GLOROT_UNIFORM variable of `n` elements,
 // trained by SGD (lr 0.5, weight decay `wd`).
 v1::RegisterRequest OneBigVarJob(v1::Mode mode, int64_t n, float wd) {
@@ -1656,14 +1668,7 @@ v1::RegisterRequest OneBigVarJob(v1::Mode mode, int64_t n, float wd) {
   r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
   r.mutable_config()->mutable_optimizer()->set_learning_rate(kLr);
   r.mutable_config()->mutable_optimizer()->set_weight_decay(wd);
-  auto* a = r.add_variables();
-  a->set_name("w");
-  a->add_shape(n);
-  a->set_dtype(v1::DT_FLOAT32);
-  a->mutable_initializer()->set_type(v1::Initializer::GLOROT_UNIFORM);
-  a->mutable_initializer()->set_seed(3);
-  a->mutable_initializer()->set_fan_in(n);
-  a->mutable_initializer()->set_fan_out(1);
+  AddGlorotVariable(&r, "w", n, /*seed=*/3);
   return r;
 }
 
@@ -1836,16 +1841,8 @@ v1::RegisterRequest SharedPairJob(v1::Mode mode, int workers, v1::OptimizerSpec:
   r.mutable_config()->set_num_workers(workers);
   r.mutable_config()->mutable_optimizer()->set_type(type);
   r.mutable_config()->mutable_optimizer()->set_learning_rate(kLr);
-  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"w", n}, {"b", 5}}) {
-    auto* v = r.add_variables();
-    v->set_name(name);
-    v->add_shape(size);
-    v->set_dtype(v1::DT_FLOAT32);
-    v->mutable_initializer()->set_type(v1::Initializer::GLOROT_UNIFORM);
-    v->mutable_initializer()->set_seed(5);
-    v->mutable_initializer()->set_fan_in(size);
-    v->mutable_initializer()->set_fan_out(1);
-  }
+  AddGlorotVariable(&r, "w", n, /*seed=*/5);
+  AddGlorotVariable(&r, "b", 5, /*seed=*/5);
   return r;
 }
 
