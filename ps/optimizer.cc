@@ -59,24 +59,27 @@ class Sgd : public Optimizer {
     }
   }
   bool CanApplyInto() const override { return true; }
-  void ApplyInto(absl::Span<const float> value, absl::Span<float> grad,
-                 int64_t step) const override {
+  void ApplyInto(absl::Span<const float> value, absl::Span<const float> grad,
+                 absl::Span<float> out, int64_t step) const override {
     const float lr = static_cast<float>(StepLearningRate(spec_, step));
     const int64_t n = static_cast<int64_t>(value.size());
-    // Block by block, in cache: the new values are formed in a block of
-    // scratch with the same calls (and block boundaries, relative to the
-    // variable's start) as Apply's, then copied over the gradient.
+    // Block by block, in cache: the new values are formed with the same
+    // calls (and block boundaries, relative to the variable's start) as
+    // Apply's, in `out`, or, where `out` is the gradient itself, in a
+    // block of scratch copied over it once the block's gradient is read.
+    const bool over_grad = out.data() == grad.data();
     float w[kBlock], s[kBlock];
     for (int64_t i = 0; i < n; i += kBlock) {
       const int k = static_cast<int>(std::min(kBlock, n - i));
-      cblas_scopy(k, value.data() + i, 1, w, 1);
+      float* formed = over_grad ? w : out.data() + i;
+      cblas_scopy(k, value.data() + i, 1, formed, 1);
       if (weight_decay_ == 0.0f) {
-        cblas_saxpy(k, -lr, grad.data() + i, 1, w, 1);
+        cblas_saxpy(k, -lr, grad.data() + i, 1, formed, 1);
       } else {
         DecayedStep(k, value.data() + i, grad.data() + i, s);
-        cblas_saxpy(k, -lr, s, 1, w, 1);
+        cblas_saxpy(k, -lr, s, 1, formed, 1);
       }
-      cblas_scopy(k, w, 1, grad.data() + i, 1);
+      if (over_grad) cblas_scopy(k, w, 1, out.data() + i, 1);
     }
   }
   int64_t slot_bytes() const override { return 0; }

@@ -62,15 +62,17 @@ class Optimizer {
   // rule's update without changing the optimizer (true for SGD, whose only
   // state is the value; false for rules with slots).
   virtual bool CanApplyInto() const { return false; }
-  // Writes into `grad` the values Apply(value, grad, step) would leave in
+  // Writes into `out` the values Apply(value, grad, step) would leave in
   // `value`, bit for bit, leaving `value` and the optimizer unchanged.
-  // `value` and `grad` may view a range of the variable that starts at a
-  // multiple of kApplyBlock (and runs to the variable's end or to another
-  // multiple): ranges so cut give the same rounding as one call. Const:
-  // callable from any thread, beside Apply() on another variable.
-  // REQUIRES: CanApplyInto(); value.size() == grad.size().
-  virtual void ApplyInto(absl::Span<const float> value, absl::Span<float> grad,
-                         int64_t step) const {}
+  // `out` may be `grad` itself (the gradient's buffer then receives the new
+  // values) or memory apart from both. The spans may view a range of the
+  // variable that starts at a multiple of kApplyBlock (and runs to the
+  // variable's end or to another multiple): ranges so cut give the same
+  // rounding as one call. Const: callable from any thread, beside Apply()
+  // on another variable.
+  // REQUIRES: CanApplyInto(); value, grad and out of one size.
+  virtual void ApplyInto(absl::Span<const float> value, absl::Span<const float> grad,
+                         absl::Span<float> out, int64_t step) const {}
   // The granularity of ApplyInto's ranges: ranges starting at multiples of it
   // give the same rounding as one Apply over the whole variable.
   static constexpr int64_t kApplyBlock = 4096;  // 16 KiB of floats: in L1

@@ -492,6 +492,19 @@ int64_t RegisterFootprintBytes(const v1::RegisterRequest& request,
   return total;
 }
 
+namespace {
+
+// A push whose values were formed ahead from values that have changed since.
+absl::Status ValuesChangedError(const Job& job, const v1::PushHeader& h, bool deleted) {
+  return absl::AbortedError(absl::StrCat(
+      "push: the values of job \"", job.id, "\" changed while the push of worker ",
+      h.worker_task(), " (sequence ", h.sequence(), ") arrived",
+      deleted ? " (the job was deleted)" : " (another push was applied first)",
+      "; nothing applied"));
+}
+
+}  // namespace
+
 PushSession::~PushSession() {
   if (job_ && !grads_.empty()) {
     absl::MutexLock lock(&job_->mu);
@@ -521,8 +534,42 @@ GradientPart PushSession::TakePart(float weight) {
 
 int64_t PushSession::num_elements(size_t var) const { return job_->sizes[var]; }
 
-bool PushSession::CanShare(size_t var) const {
-  return var < shared_.size() && (ahead_.empty() || !ahead_[var]);
+bool PushSession::CanShare(size_t var) const { return var < shared_.size(); }
+
+absl::Status PushSession::FormAheadFrom(size_t v, const float* grad) {
+  Job& job = *job_;
+  const internal::Variable* var = nullptr;
+  {
+    absl::MutexLock lock(&job.mu);
+    job.AwaitCommitLocked(nullptr);  // as PrepareAhead
+    if (job.deleted || job.steps_applied != ahead_of_) {
+      return ValuesChangedError(job, header_, job.deleted);
+    }
+    var = &job.vars[v];
+    ++job.preparing;
+  }
+  // Each piece is checked, then read again from cache to form its values:
+  // the gradient streams from the worker's memory once.
+  constexpr int64_t kPiece = 4 * Optimizer::kApplyBlock;
+  const int64_t n = job.sizes[v];
+  absl::Status status = absl::OkStatus();
+  for (int64_t first = 0; first < n; first += kPiece) {
+    const int64_t k = std::min(kPiece, n - first);
+    if (!AllFinite(grad + first, k)) {
+      status = NotFiniteError(v);
+      break;
+    }
+    var->optimizer->ApplyInto(absl::MakeConstSpan(var->value).subspan(first, k),
+                              absl::MakeConstSpan(grad + first, k),
+                              absl::MakeSpan(grads_[v]).subspan(first, k), var->updates + 1);
+  }
+  {
+    absl::MutexLock lock(&job.mu);
+    --job.preparing;
+    job.changed.SignalAll();
+  }
+  if (status.ok()) covered_[v] = checked_[v] = prepared_[v] = n;
+  return status;
 }
 
 absl::Status PushSession::AddShared(size_t v, const float* values,
@@ -535,6 +582,8 @@ absl::Status PushSession::AddShared(size_t v, const float* values,
         "push: variable ", v, " named again (", covered_[v], " of its ", job_->sizes[v],
         " elements came already; each comes once)"));
   }
+  // Formed ahead: read here, during the push, into the push's buffer.
+  if (!ahead_.empty() && ahead_[v]) return FormAheadFrom(v, values);
   if (!AllFinite(values, job_->sizes[v])) return NotFiniteError(v);
   shared_[v] = values;
   segment_ = std::move(segment);
@@ -575,19 +624,6 @@ absl::Status PushSession::CheckFinite() {
   return ahead_of_ >= 0 ? PrepareAhead() : absl::OkStatus();
 }
 
-namespace {
-
-// A push whose values were formed ahead from values that have changed since.
-absl::Status ValuesChangedError(const Job& job, const v1::PushHeader& h, bool deleted) {
-  return absl::AbortedError(absl::StrCat(
-      "push: the values of job \"", job.id, "\" changed while the push of worker ",
-      h.worker_task(), " (sequence ", h.sequence(), ") arrived",
-      deleted ? " (the job was deleted)" : " (another push was applied first)",
-      "; nothing applied"));
-}
-
-}  // namespace
-
 absl::Status PushSession::PrepareAhead() {
   constexpr int64_t kBlock = Optimizer::kApplyBlock;
   // The range of each variable to form: whole blocks checked, or up to its
@@ -621,9 +657,9 @@ absl::Status PushSession::PrepareAhead() {
   for (size_t v = 0; v < vars.size(); ++v) {
     if (vars[v] == nullptr) continue;
     const auto [first, end] = todo[v];
-    vars[v]->optimizer->ApplyInto(
-        absl::MakeConstSpan(vars[v]->value).subspan(first, end - first),
-        absl::MakeSpan(grads_[v]).subspan(first, end - first), vars[v]->updates + 1);
+    const absl::Span<float> grad = absl::MakeSpan(grads_[v]).subspan(first, end - first);
+    vars[v]->optimizer->ApplyInto(absl::MakeConstSpan(vars[v]->value).subspan(first, end - first),
+                                  grad, grad, vars[v]->updates + 1);
     prepared_[v] = end;
   }
   absl::MutexLock lock(&job.mu);

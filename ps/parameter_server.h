@@ -26,7 +26,12 @@
 // variables whose rule has no slots (SGD: Optimizer::CanApplyInto) are
 // formed while the gradient still arrives, block by block as each block is
 // checked, out of place in the push's staging buffer (the values are only
-// read, as a pull writing a segment reads them). The Commit then swaps them
+// read, as a pull writing a segment reads them). On the same host, the
+// gradient is read where the worker wrote it, in its segment (AddShared),
+// and never copied: the buffer receives only the new values, so forming
+// them streams the values and the gradient once each (issue 16: copying
+// the gradient in first, then forming over it, took half again as many
+// passes over memory on a server that one core bounds). The Commit then swaps them
 // in, so the update costs the step no pass over memory after the last
 // gradient; if the push fails, the staging buffer is simply dropped. Should
 // the values change meanwhile (another incarnation's push applied first),
@@ -152,8 +157,8 @@ class Job;
 }
 
 // One worker's gradient (or batch statistic) for an update, variable by
-// variable: in the server's own buffer (`owned[v]`: copied in from slices,
-// or from a segment where the update is formed ahead), or read in place
+// variable: in the server's own buffer (`owned[v]`: copied in from slices;
+// where the update is formed ahead, the new values), or read in place
 // from the worker's shared segment (`shared[v]` non-null), which `segment`
 // keeps mapped. A worker leaves its pushed gradients unchanged until its
 // next forward has pulled every variable of the update (ps_client.h), so
@@ -261,14 +266,16 @@ class PushSession {
   absl::Status CheckFinite();
   // Same host: whether variable `var` may be read in place from the
   // worker's segment (AddShared) rather than copied in: a float32 push
-  // naming a segment, where the variable's update is not formed ahead
-  // (which needs a buffer of the server's own to form it in).
+  // naming a segment.
   bool CanShare(size_t var) const;
   // Variable `var`, whole, at `values` in a worker's segment that `segment`
   // keeps mapped: covered as a slice of it all would be (InvalidArgument if
-  // any of it came already) and checked for NaN and Inf, but not copied;
-  // the update reads it there (GradientPart). REQUIRES: CanShare(var);
-  // `values` holds num_elements(var) floats, aligned.
+  // any of it came already) and checked for NaN and Inf, but not copied.
+  // Where its update is formed ahead, its new values are formed from it
+  // here, into the push's buffer (as CheckFinite would; ABORTED if the
+  // values changed since BeginPush); otherwise the update reads it there
+  // later (GradientPart). REQUIRES: CanShare(var); `values` holds
+  // num_elements(var) floats, aligned.
   absl::Status AddShared(size_t var, const float* values, std::shared_ptr<const void> segment);
   const v1::PushHeader& header() const { return header_; }
   // The job's variables on this server: how many, and each one's elements.
@@ -301,6 +308,9 @@ class PushSession {
   absl::Status NotFiniteError(size_t v) const;
   // Forms the new values of the checked blocks not formed yet.
   absl::Status PrepareAhead();
+  // Checks and forms variable `v`'s new values, all of them, from its
+  // gradient at `grad` (AddShared).
+  absl::Status FormAheadFrom(size_t v, const float* grad);
   // ahead_ where every element is formed (all of them once FinishPush ran
   // CheckFinite); empty when nothing is.
   std::vector<char> PreparedVariables() const;

@@ -1646,6 +1646,16 @@ TEST(CommitTest, RunLaterUpdatesOnTheServersThreadAndItsEndWaitsForIt) {
 
 // --- Updates ahead (one worker, SGD) ----------------------------------------
 
+// Every variable of `snap`, once final.
+std::vector<std::vector<float>> Values(const WeightsSnapshot& snap) {
+  std::vector<std::vector<float>> out;
+  for (size_t v = 0; v < snap.values.size(); ++v) {
+    snap.AwaitReady(v);
+    out.emplace_back(snap.values[v].begin(), snap.values[v].end());
+  }
+  return out;
+}
+
 // Adds variable `name` of `n` elements, GLOROT_UNIFORM from `seed`, to `r`.
 void AddGlorotVariable(v1::RegisterRequest* r, const char* name, int64_t n, int seed) {
   auto* v = r->add_variables();
@@ -1715,6 +1725,64 @@ TEST(UpdateAheadTest, FormedAsTheGradientArrivesEqualsTheUpdateInPlace) {
         auto after = PullNow(ps, step + 1);
         ASSERT_EQ(after->global_step, step + 1);
         ASSERT_EQ(std::vector<float>(after->values[0].begin(), after->values[0].end()), want);
+        EXPECT_TRUE(WaitForJob(ps, [&](const v1::JobStatus& j) {
+          return j.updates_ahead() == step + 1;  // formed ahead indeed
+        }));
+      }
+    }
+  }
+}
+
+// Same host: the new values formed ahead from the gradient read in place in
+// the worker's segment (here memory of the test's own) are those of the
+// update done in place afterwards, bit for bit, in both modes, with and
+// without weight decay, over two steps, for a variable of several of
+// FormAheadFrom's pieces and a partial block. The gradient is read during
+// the push: what the worker writes there after AddShared changes nothing.
+// A NaN anywhere in it (here the last element, in the last piece) refuses
+// the push, and nothing is applied.
+TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
+  const int64_t n = 9 * Optimizer::kApplyBlock + 123;
+  for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
+    for (float wd : {0.0f, 0.01f}) {
+      SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " weight_decay ", wd));
+      ParameterServer ps({});
+      const v1::RegisterRequest job = OneBigVarJob(mode, n, wd);
+      ASSERT_TRUE(ps.Register(job).ok());
+      std::vector<float> want = Values(*PullNow(ps))[0];
+      auto optimizer = NewOptimizer(job.config().optimizer(), n);
+      ASSERT_TRUE(optimizer.ok());
+      int64_t sequence = 0;
+      for (int64_t step = 0; step < 2; ++step) {
+        std::vector<float> g(n);
+        for (int64_t i = 0; i < n; ++i) {
+          g[i] = 0.001f * static_cast<float>((i * 7919 + step * 31) % 2001 - 1000);
+        }
+        v1::PushHeader h = Header(0, ++sequence, step, 10);
+        h.mutable_segment()->set_size(1);
+        {  // a NaN in the last piece: refused, nothing formed is applied
+          std::vector<float> bad = g;
+          bad[n - 1] = NAN;
+          auto s = ps.BeginPush(h);
+          ASSERT_TRUE(s.ok()) << s.status();
+          ASSERT_TRUE((*s)->CanShare(0));
+          const absl::Status st = (*s)->AddShared(0, bad.data(), nullptr);
+          EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+          EXPECT_NE(st.message().find("contains NaN or Inf"), std::string::npos) << st;
+        }
+        EXPECT_EQ(Values(*PullNow(ps, step))[0], want);
+        (*optimizer)->Apply(absl::MakeSpan(want), g, step + 1);
+        h.set_sequence(++sequence);
+        auto s = ps.BeginPush(h);
+        ASSERT_TRUE(s.ok()) << s.status();
+        ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr).ok());
+        std::fill(g.begin(), g.end(), NAN);  // the worker's next use of it
+        auto r = ps.FinishPush(std::move(*s));
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+        auto after = PullNow(ps, step + 1);
+        ASSERT_EQ(after->global_step, step + 1);
+        ASSERT_EQ(Values(*after)[0], want);
         EXPECT_TRUE(WaitForJob(ps, [&](const v1::JobStatus& j) {
           return j.updates_ahead() == step + 1;  // formed ahead indeed
         }));
@@ -1878,15 +1946,6 @@ absl::StatusOr<v1::PushResponse> PushGrads(ParameterServer& ps, v1::PushHeader h
   return ps.FinishPush(std::move(*s));
 }
 
-std::vector<std::vector<float>> Values(const WeightsSnapshot& snap) {
-  std::vector<std::vector<float>> out;
-  for (size_t v = 0; v < snap.values.size(); ++v) {
-    snap.AwaitReady(v);
-    out.emplace_back(snap.values[v].begin(), snap.values[v].end());
-  }
-  return out;
-}
-
 // Read in place or copied in, by some workers or all, in any order of
 // arrival: the same bits, in SYNC (three workers, weighted, two steps, SGD
 // and Adam) and ASYNC (two workers, each push applied alone).
@@ -1993,9 +2052,9 @@ TEST(SharedPushTest, AMeanThatIsNotFiniteIsNotApplied) {
 }
 
 // A variable shared and then sent again (or sent, then shared) is refused
-// like a slice that came twice, and nothing of the push is applied; a
-// variable whose update is formed ahead (one worker, SGD) is not shared.
-TEST(SharedPushTest, AVariableComesOnceAndFormedAheadIsNotShared) {
+// like a slice that came twice, and nothing of the push is applied; so is
+// one whose update is formed ahead from it (one worker, SGD).
+TEST(SharedPushTest, AVariableComesOnce) {
   ParameterServer ps({});
   ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 2)).ok());
   v1::PushHeader h = Header(0, 1, 0, 1);
@@ -2026,8 +2085,13 @@ TEST(SharedPushTest, AVariableComesOnceAndFormedAheadIsNotShared) {
   ASSERT_TRUE(lone.Register(TwoVarJob(v1::ASYNC, 1)).ok());
   auto s = lone.BeginPush(h);
   ASSERT_TRUE(s.ok());
-  EXPECT_FALSE((*s)->CanShare(0));  // its update is formed ahead
-  EXPECT_EQ((*s)->AddShared(0, a.data(), nullptr).code(), absl::StatusCode::kInternal);
+  ASSERT_TRUE((*s)->CanShare(0));  // formed ahead from where it is
+  ASSERT_TRUE((*s)->AddShared(0, a.data(), nullptr).ok());
+  const absl::Status again = (*s)->AddShared(0, a.data(), nullptr);
+  EXPECT_EQ(again.code(), absl::StatusCode::kInvalidArgument) << again;
+  EXPECT_EQ((*s)->AddSlice(Slice(0, 0, a)).code(), absl::StatusCode::kInvalidArgument);
+  s->reset();
+  EXPECT_EQ(Values(*PullNow(lone))[0], std::vector<float>(6, 1.0f));
 }
 
 }  // namespace

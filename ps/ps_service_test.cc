@@ -768,53 +768,59 @@ TEST_F(PsServiceSegmentTest, ASegmentStaysMappedBetweenCallsAndIsLetGoWhenIdle) 
   for (float x : after.sliced) ASSERT_EQ(x, -3.5f);
 }
 
-// A variable of several read pieces (kSegmentReadElements) is read whole,
-// and a NaN in its last piece refuses the push.
+// A variable of several read pieces is read whole, and a NaN in its last
+// piece refuses the push: at an aligned offset, where its new values are
+// formed from it in place (PushSession::AddShared, in pieces of its own), and
+// at an unaligned one, where it is copied in pieces (kSegmentReadElements).
 TEST_F(PsServiceSegmentTest, ALargeVariableIsReadInPiecesAndCheckedToTheEnd) {
   const int64_t n = 2 * kSegmentReadElements + 5;
-  v1::RegisterRequest r;
-  r.set_job_id("big");
-  r.mutable_config()->set_mode(v1::ASYNC);
-  r.mutable_config()->set_num_workers(1);
-  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
-  r.mutable_config()->mutable_optimizer()->set_learning_rate(1.0f);
-  auto* var = r.add_variables();
-  var->set_name("w");
-  var->add_shape(n);
-  var->set_dtype(v1::DT_FLOAT32);
-  ASSERT_TRUE(ps_.Register(r).ok());  // zeros
-  auto seg = common::SharedSegment::Create(64 + n * 4);
-  ASSERT_TRUE(seg.ok()) << seg.status();
-  std::vector<float> g(n);
-  for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 1001) * 0.5f;
-  std::memcpy((*seg)->mutable_at(kAt), g.data(), n * 4);
-  v1::SharedSegment where;
-  where.set_pid((*seg)->pid());
-  where.set_fd((*seg)->fd());
-  where.set_nonce((*seg)->nonce());
-  where.set_size((*seg)->size());
-  where.add_offsets(kAt);
-  auto values = [&] {
-    v1::PullRequest req;
-    req.set_job_id("big");
-    auto snap = ps_.Pull(req, absl::Now() + absl::Seconds(10));
-    EXPECT_TRUE(snap.ok()) << snap.status();
-    if (snap.ok()) (*snap)->AwaitReady(0);  // the push's update runs after its answer
-    return snap.ok() ? std::vector<float>((*snap)->values[0].begin(), (*snap)->values[0].end())
-                     : std::vector<float>();
-  };
-  v1::PushResponse resp;
-  grpc::Status st = PushFromSegment(*stub_, where, 1, {SegmentVars({0})}, &resp, "big");
-  ASSERT_TRUE(st.ok()) << st.error_message();
-  std::vector<float> w = values();
-  ASSERT_EQ(static_cast<int64_t>(w.size()), n);
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], -g[i]) << i;  // lr 1, from 0
-  float nan = std::numeric_limits<float>::quiet_NaN();
-  std::memcpy((*seg)->mutable_at(kAt + (n - 2) * 4), &nan, 4);
-  st = PushFromSegment(*stub_, where, 2, {SegmentVars({0})}, &resp, "big");
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
-  EXPECT_NE(st.error_message().find("NaN or Inf"), std::string::npos) << st.error_message();
-  EXPECT_EQ(values(), w);  // nothing applied
+  for (int64_t at : {kAt, kAt + 2}) {
+    SCOPED_TRACE(absl::StrCat("offset ", at));
+    const std::string job = absl::StrCat("big", at);
+    v1::RegisterRequest r;
+    r.set_job_id(job);
+    r.mutable_config()->set_mode(v1::ASYNC);
+    r.mutable_config()->set_num_workers(1);
+    r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
+    r.mutable_config()->mutable_optimizer()->set_learning_rate(1.0f);
+    auto* var = r.add_variables();
+    var->set_name("w");
+    var->add_shape(n);
+    var->set_dtype(v1::DT_FLOAT32);
+    ASSERT_TRUE(ps_.Register(r).ok());  // zeros
+    auto seg = common::SharedSegment::Create(64 + n * 4 + 4);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    std::vector<float> g(n);
+    for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 1001) * 0.5f;
+    std::memcpy((*seg)->mutable_at(at), g.data(), n * 4);
+    v1::SharedSegment where;
+    where.set_pid((*seg)->pid());
+    where.set_fd((*seg)->fd());
+    where.set_nonce((*seg)->nonce());
+    where.set_size((*seg)->size());
+    where.add_offsets(at);
+    auto values = [&] {
+      v1::PullRequest req;
+      req.set_job_id(job);
+      auto snap = ps_.Pull(req, absl::Now() + absl::Seconds(10));
+      EXPECT_TRUE(snap.ok()) << snap.status();
+      if (snap.ok()) (*snap)->AwaitReady(0);  // the push's update runs after its answer
+      return snap.ok() ? std::vector<float>((*snap)->values[0].begin(), (*snap)->values[0].end())
+                       : std::vector<float>();
+    };
+    v1::PushResponse resp;
+    grpc::Status st = PushFromSegment(*stub_, where, 1, {SegmentVars({0})}, &resp, job);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    std::vector<float> w = values();
+    ASSERT_EQ(static_cast<int64_t>(w.size()), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(w[i], -g[i]) << i;  // lr 1, from 0
+    float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy((*seg)->mutable_at(at + (n - 2) * 4), &nan, 4);
+    st = PushFromSegment(*stub_, where, 2, {SegmentVars({0})}, &resp, job);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_NE(st.error_message().find("NaN or Inf"), std::string::npos) << st.error_message();
+    EXPECT_EQ(values(), w);  // nothing applied
+  }
 }
 
 TEST_F(PsServiceSegmentTest, ABadSegmentPushChangesNothing) {
