@@ -549,7 +549,11 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad) {
     ++job.preparing;
   }
   // Each piece is checked, then read again from cache to form its values:
-  // the gradient streams from the worker's memory once.
+  // the gradient streams from the worker's memory once. What is formed is
+  // checked too, in cache: the worker's memory may change between the
+  // gradient's check and its read (a worker that broke its word, which
+  // must not put a NaN into the values; an update that overflows is
+  // refused alike).
   constexpr int64_t kPiece = 4 * Optimizer::kApplyBlock;
   const int64_t n = job.sizes[v];
   absl::Status status = absl::OkStatus();
@@ -559,9 +563,17 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad) {
       status = NotFiniteError(v);
       break;
     }
+    float* formed = grads_[v].data() + first;
     var->optimizer->ApplyInto(absl::MakeConstSpan(var->value).subspan(first, k),
-                              absl::MakeConstSpan(grad + first, k),
-                              absl::MakeSpan(grads_[v]).subspan(first, k), var->updates + 1);
+                              absl::MakeConstSpan(grad + first, k), absl::MakeSpan(formed, k),
+                              var->updates + 1);
+    if (!AllFinite(formed, k)) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "push: the new values of variable ", v, " formed from the gradient of worker ",
+          header_.worker_task(), " are not finite (the update overflows, or the gradient "
+          "changed while the server read it); nothing applied"));
+      break;
+    }
   }
   {
     absl::MutexLock lock(&job.mu);

@@ -273,7 +273,9 @@ class PushSession {
   // any of it came already) and checked for NaN and Inf, but not copied.
   // Where its update is formed ahead, its new values are formed from it
   // here, into the push's buffer (as CheckFinite would; ABORTED if the
-  // values changed since BeginPush); otherwise the update reads it there
+  // values changed since BeginPush), and checked in turn (InvalidArgument
+  // if they are not finite: the worker's memory may have changed since
+  // its check, or the update overflows); otherwise the update reads it there
   // later (GradientPart). REQUIRES: CanShare(var); `values` holds
   // num_elements(var) floats, aligned.
   absl::Status AddShared(size_t var, const float* values, std::shared_ptr<const void> segment);

@@ -1791,6 +1791,45 @@ TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
   }
 }
 
+// Same host: the new values formed from a worker's memory are checked too,
+// since that memory may change after the gradient's check; a finite
+// gradient whose update is not (here it overflows: lr 4, an element of
+// 1e38) is refused, naming the variable and worker, and nothing is applied.
+TEST(UpdateAheadTest, NewValuesFormedFromTheSegmentThatAreNotFiniteAreRefused) {
+  const int64_t n = 5 * Optimizer::kApplyBlock;
+  ParameterServer ps({});
+  v1::RegisterRequest job = OneBigVarJob(v1::SYNC, n, 0.0f);
+  job.mutable_config()->mutable_optimizer()->set_learning_rate(4.0f);
+  ASSERT_TRUE(ps.Register(job).ok());
+  const std::vector<float> before = Values(*PullNow(ps))[0];
+  std::vector<float> g(n, 0.0f);
+  g[n - 7] = 1e38f;  // finite, in the last piece; 4e38 is not
+  v1::PushHeader h = Header(0, 1, 0, 10);
+  h.mutable_segment()->set_size(1);
+  {
+    auto s = ps.BeginPush(h);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const absl::Status st = (*s)->AddShared(0, g.data(), nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("new values of variable 0 formed from the gradient of worker 0 "
+                                "are not finite"),
+              std::string::npos)
+        << st;
+  }
+  auto snap = PullNow(ps);
+  EXPECT_EQ(snap->global_step, 0);
+  EXPECT_EQ(Values(*snap)[0], before);
+  g[n - 7] = 1.0f;  // the next push applies
+  h.set_sequence(2);
+  auto s = ps.BeginPush(h);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr).ok());
+  auto r = ps.FinishPush(std::move(*s));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+  EXPECT_EQ(Values(*PullNow(ps, 1))[0][n - 7], before[n - 7] - 4.0f);
+}
+
 // A push that fails after its first variable was formed ahead (a NaN in
 // the second, or the second missing) changes nothing; the next push
 // updates from the same values.
