@@ -1682,67 +1682,16 @@ v1::RegisterRequest OneBigVarJob(v1::Mode mode, int64_t n, float wd) {
   return r;
 }
 
-// The new values formed ahead, as the gradient arrives in slices that cut
-// Optimizer::kApplyBlock's blocks anywhere, are those of the update done
-// in place afterwards, bit for bit, in both modes, with and without weight
-// decay, over two steps; and the job's values do not change before the
-// push is finished.
-TEST(UpdateAheadTest, FormedAsTheGradientArrivesEqualsTheUpdateInPlace) {
-  const int64_t n = 3 * Optimizer::kApplyBlock + 123;  // and a partial block
-  for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
-    for (float wd : {0.0f, 0.01f}) {
-      SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " weight_decay ", wd));
-      ParameterServer ps({});
-      const v1::RegisterRequest job = OneBigVarJob(mode, n, wd);
-      ASSERT_TRUE(ps.Register(job).ok());
-      std::vector<float> want(PullNow(ps)->values[0].begin(), PullNow(ps)->values[0].end());
-      auto optimizer = NewOptimizer(job.config().optimizer(), n);
-      ASSERT_TRUE(optimizer.ok());
-      for (int64_t step = 0; step < 2; ++step) {
-        std::vector<float> g(n);
-        for (int64_t i = 0; i < n; ++i) {
-          g[i] = 0.001f * static_cast<float>((i * 7919 + step * 31) % 2001 - 1000);
-        }
-        const std::vector<float> before = want;
-        (*optimizer)->Apply(absl::MakeSpan(want), g, step + 1);
-        auto s = ps.BeginPush(Header(0, step + 1, step, 10));
-        ASSERT_TRUE(s.ok()) << s.status();
-        for (int64_t first = 0; first < n; first += 1000) {  // 1000: not a block's divisor
-          const int64_t k = std::min<int64_t>(1000, n - first);
-          ASSERT_TRUE((*s)->AddSlice(Slice(0, first, std::vector<float>(g.begin() + first,
-                                                                        g.begin() + first + k)))
-                          .ok());
-          ASSERT_TRUE((*s)->CheckFinite().ok());
-        }
-        // Formed, not applied: the values are the step's until the finish.
-        EXPECT_EQ(PullNow(ps, step)->global_step, step);
-        ASSERT_EQ(std::vector<float>(PullNow(ps, step)->values[0].begin(),
-                                     PullNow(ps, step)->values[0].end()),
-                  before);
-        auto r = ps.FinishPush(std::move(*s));
-        ASSERT_TRUE(r.ok()) << r.status();
-        EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
-        auto after = PullNow(ps, step + 1);
-        ASSERT_EQ(after->global_step, step + 1);
-        ASSERT_EQ(std::vector<float>(after->values[0].begin(), after->values[0].end()), want);
-        EXPECT_TRUE(WaitForJob(ps, [&](const v1::JobStatus& j) {
-          return j.updates_ahead() == step + 1;  // formed ahead indeed
-        }));
-      }
-    }
-  }
-}
-
-// Same host: the new values formed ahead from the gradient read in place in
-// the worker's segment (here memory of the test's own) are those of the
-// update done in place afterwards, bit for bit, in both modes, with and
-// without weight decay, over two steps, for a variable of several of
-// FormAheadFrom's pieces and a partial block. The gradient is read during
-// the push: what the worker writes there after AddShared changes nothing.
-// A NaN anywhere in it (here the last element, in the last piece) refuses
-// the push, and nothing is applied.
-TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
-  const int64_t n = 9 * Optimizer::kApplyBlock + 123;
+// Two steps of OneBigVarJob(mode, n, wd) in both modes, with and without
+// weight decay. Each step's push comes from `push` (given the server, the
+// step, its gradient and the values before it; it may change the gradient
+// once it has handed it over, as a worker would), which returns the
+// session to finish. After the finish, the values must be those of the
+// update done in place, bit for bit, and formed ahead.
+void ExpectFormedAheadEqualsTheUpdateInPlace(
+    int64_t n, const std::function<std::unique_ptr<PushSession>(
+                   ParameterServer&, int64_t step, std::vector<float>& g,
+                   const std::vector<float>& before)>& push) {
   for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
     for (float wd : {0.0f, 0.01f}) {
       SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " weight_decay ", wd));
@@ -1752,32 +1701,16 @@ TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
       std::vector<float> want = Values(*PullNow(ps))[0];
       auto optimizer = NewOptimizer(job.config().optimizer(), n);
       ASSERT_TRUE(optimizer.ok());
-      int64_t sequence = 0;
       for (int64_t step = 0; step < 2; ++step) {
         std::vector<float> g(n);
         for (int64_t i = 0; i < n; ++i) {
           g[i] = 0.001f * static_cast<float>((i * 7919 + step * 31) % 2001 - 1000);
         }
-        v1::PushHeader h = Header(0, ++sequence, step, 10);
-        h.mutable_segment()->set_size(1);
-        {  // a NaN in the last piece: refused, nothing formed is applied
-          std::vector<float> bad = g;
-          bad[n - 1] = NAN;
-          auto s = ps.BeginPush(h);
-          ASSERT_TRUE(s.ok()) << s.status();
-          ASSERT_TRUE((*s)->CanShare(0));
-          const absl::Status st = (*s)->AddShared(0, bad.data(), nullptr);
-          EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-          EXPECT_NE(st.message().find("contains NaN or Inf"), std::string::npos) << st;
-        }
-        EXPECT_EQ(Values(*PullNow(ps, step))[0], want);
+        const std::vector<float> before = want;
         (*optimizer)->Apply(absl::MakeSpan(want), g, step + 1);
-        h.set_sequence(++sequence);
-        auto s = ps.BeginPush(h);
-        ASSERT_TRUE(s.ok()) << s.status();
-        ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr).ok());
-        std::fill(g.begin(), g.end(), NAN);  // the worker's next use of it
-        auto r = ps.FinishPush(std::move(*s));
+        std::unique_ptr<PushSession> s = push(ps, step, g, before);
+        ASSERT_NE(s, nullptr);
+        auto r = ps.FinishPush(std::move(s));
         ASSERT_TRUE(r.ok()) << r.status();
         EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
         auto after = PullNow(ps, step + 1);
@@ -1789,6 +1722,68 @@ TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
       }
     }
   }
+}
+
+// The new values formed ahead, as the gradient arrives in slices that cut
+// Optimizer::kApplyBlock's blocks anywhere, are those of the update done
+// in place afterwards; and the job's values do not change before the push
+// is finished.
+TEST(UpdateAheadTest, FormedAsTheGradientArrivesEqualsTheUpdateInPlace) {
+  const int64_t n = 3 * Optimizer::kApplyBlock + 123;  // and a partial block
+  ExpectFormedAheadEqualsTheUpdateInPlace(
+      n, [n](ParameterServer& ps, int64_t step, std::vector<float>& g,
+             const std::vector<float>& before) -> std::unique_ptr<PushSession> {
+        auto s = ps.BeginPush(Header(0, step + 1, step, 10));
+        EXPECT_TRUE(s.ok()) << s.status();
+        if (!s.ok()) return nullptr;
+        for (int64_t first = 0; first < n; first += 1000) {  // 1000: not a block's divisor
+          const int64_t k = std::min<int64_t>(1000, n - first);
+          EXPECT_TRUE((*s)->AddSlice(Slice(0, first, std::vector<float>(g.begin() + first,
+                                                                        g.begin() + first + k)))
+                          .ok());
+          EXPECT_TRUE((*s)->CheckFinite().ok());
+        }
+        // Formed, not applied: the values are the step's until the finish.
+        EXPECT_EQ(PullNow(ps, step)->global_step, step);
+        EXPECT_EQ(Values(*PullNow(ps, step))[0], before);
+        return *std::move(s);
+      });
+}
+
+// Same host: the new values formed ahead from the gradient read in place in
+// the worker's segment (here memory of the test's own) are those of the
+// update done in place afterwards, for a variable of several of
+// FormAheadFrom's pieces and a partial block. The gradient is read during
+// the push: what the worker writes there after AddShared changes nothing.
+// A NaN anywhere in it (here the last element, in the last piece) refuses
+// the push, and nothing is applied.
+TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
+  const int64_t n = 9 * Optimizer::kApplyBlock + 123;
+  ExpectFormedAheadEqualsTheUpdateInPlace(
+      n, [n](ParameterServer& ps, int64_t step, std::vector<float>& g,
+             const std::vector<float>& before) -> std::unique_ptr<PushSession> {
+        v1::PushHeader h = Header(0, 2 * step + 1, step, 10);
+        h.mutable_segment()->set_size(1);
+        {  // a NaN in the last piece: refused, nothing formed is applied
+          std::vector<float> bad = g;
+          bad[n - 1] = NAN;
+          auto s = ps.BeginPush(h);
+          EXPECT_TRUE(s.ok()) << s.status();
+          if (!s.ok()) return nullptr;
+          EXPECT_TRUE((*s)->CanShare(0));
+          const absl::Status st = (*s)->AddShared(0, bad.data(), nullptr);
+          EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+          EXPECT_NE(st.message().find("contains NaN or Inf"), std::string::npos) << st;
+        }
+        EXPECT_EQ(Values(*PullNow(ps, step))[0], before);
+        h.set_sequence(2 * step + 2);
+        auto s = ps.BeginPush(h);
+        EXPECT_TRUE(s.ok()) << s.status();
+        if (!s.ok()) return nullptr;
+        EXPECT_TRUE((*s)->AddShared(0, g.data(), nullptr).ok());
+        std::fill(g.begin(), g.end(), NAN);  // the worker's next use of it
+        return *std::move(s);
+      });
 }
 
 // Same host: the new values formed from a worker's memory are checked too,
