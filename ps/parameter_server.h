@@ -30,8 +30,8 @@
 // gradient is read where the worker wrote it, in its segment (AddShared),
 // and never copied: the buffer receives only the new values, so forming
 // them streams the values and the gradient once each (issue 16: copying
-// the gradient in first, then forming over it, took half again as many
-// passes over memory on a server that one core bounds). The Commit then swaps them
+// the gradient in, checking the copy and forming over it took about twice
+// the passes over memory, on a server that one core bounds). The Commit then swaps them
 // in, so the update costs the step no pass over memory after the last
 // gradient; if the push fails, the staging buffer is simply dropped. Should
 // the values change meanwhile (another incarnation's push applied first),
