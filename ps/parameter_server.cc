@@ -541,12 +541,8 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad) {
   const internal::Variable* var = nullptr;
   {
     absl::MutexLock lock(&job.mu);
-    job.AwaitCommitLocked(nullptr);  // as PrepareAhead
-    if (job.deleted || job.steps_applied != ahead_of_) {
-      return ValuesChangedError(job, header_, job.deleted);
-    }
+    TOWERPS_RETURN_IF_ERROR(HoldValuesLocked());
     var = &job.vars[v];
-    ++job.preparing;
   }
   // Each piece is checked, then read again from cache to form its values:
   // the gradient streams from the worker's memory once. What is formed is
@@ -575,11 +571,7 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad) {
       break;
     }
   }
-  {
-    absl::MutexLock lock(&job.mu);
-    --job.preparing;
-    job.changed.SignalAll();
-  }
+  ReleaseValues();
   if (status.ok()) covered_[v] = checked_[v] = prepared_[v] = n;
   return status;
 }
@@ -656,15 +648,10 @@ absl::Status PushSession::PrepareAhead() {
   std::vector<const internal::Variable*> vars(ahead_.size(), nullptr);
   {
     absl::MutexLock lock(&job.mu);
-    // The last step's update may still run (Commit): its values are needed.
-    job.AwaitCommitLocked(nullptr);
-    if (job.deleted || job.steps_applied != ahead_of_) {
-      return ValuesChangedError(job, header_, job.deleted);
-    }
+    TOWERPS_RETURN_IF_ERROR(HoldValuesLocked());
     for (size_t v = 0; v < ahead_.size(); ++v) {
       if (todo[v].second > todo[v].first) vars[v] = &job.vars[v];
     }
-    ++job.preparing;  // the values stay put (and `vars` valid) until released
   }
   for (size_t v = 0; v < vars.size(); ++v) {
     if (vars[v] == nullptr) continue;
@@ -674,10 +661,25 @@ absl::Status PushSession::PrepareAhead() {
                                   grad, grad, vars[v]->updates + 1);
     prepared_[v] = end;
   }
-  absl::MutexLock lock(&job.mu);
-  --job.preparing;
-  job.changed.SignalAll();
+  ReleaseValues();
   return absl::OkStatus();
+}
+
+absl::Status PushSession::HoldValuesLocked() {
+  Job& job = *job_;
+  // The last step's update may still run (Commit): its values are needed.
+  job.AwaitCommitLocked(nullptr);
+  if (job.deleted || job.steps_applied != ahead_of_) {
+    return ValuesChangedError(job, header_, job.deleted);
+  }
+  ++job.preparing;  // the values stay put (and the variables valid) until released
+  return absl::OkStatus();
+}
+
+void PushSession::ReleaseValues() {
+  absl::MutexLock lock(&job_->mu);
+  --job_->preparing;
+  job_->changed.SignalAll();
 }
 
 std::vector<char> PushSession::PreparedVariables() const {
