@@ -503,6 +503,27 @@ absl::Status ValuesChangedError(const Job& job, const v1::PushHeader& h, bool de
       "; nothing applied"));
 }
 
+// For forming a push's values ahead without the job's lock: once the last
+// update ended, keeps the job's values (and its variables) in place until
+// ReleaseValues; ABORTED if they changed since the push began (from
+// `ahead_of`), nothing held then.
+absl::Status HoldValuesLocked(Job& job, int64_t ahead_of, const v1::PushHeader& h)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  // The last step's update may still run (Commit): its values are needed.
+  job.AwaitCommitLocked(nullptr);
+  if (job.deleted || job.steps_applied != ahead_of) {
+    return ValuesChangedError(job, h, job.deleted);
+  }
+  ++job.preparing;
+  return absl::OkStatus();
+}
+
+void ReleaseValues(Job& job) ABSL_LOCKS_EXCLUDED(job.mu) {
+  absl::MutexLock lock(&job.mu);
+  --job.preparing;
+  job.changed.SignalAll();
+}
+
 }  // namespace
 
 PushSession::~PushSession() {
@@ -541,7 +562,7 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad) {
   const internal::Variable* var = nullptr;
   {
     absl::MutexLock lock(&job.mu);
-    TOWERPS_RETURN_IF_ERROR(HoldValuesLocked());
+    TOWERPS_RETURN_IF_ERROR(HoldValuesLocked(job, ahead_of_, header_));
     var = &job.vars[v];
   }
   // Each piece is checked, then read again from cache to form its values:
@@ -571,7 +592,7 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad) {
       break;
     }
   }
-  ReleaseValues();
+  ReleaseValues(job);
   if (status.ok()) covered_[v] = checked_[v] = prepared_[v] = n;
   return status;
 }
@@ -648,7 +669,7 @@ absl::Status PushSession::PrepareAhead() {
   std::vector<const internal::Variable*> vars(ahead_.size(), nullptr);
   {
     absl::MutexLock lock(&job.mu);
-    TOWERPS_RETURN_IF_ERROR(HoldValuesLocked());
+    TOWERPS_RETURN_IF_ERROR(HoldValuesLocked(job, ahead_of_, header_));
     for (size_t v = 0; v < ahead_.size(); ++v) {
       if (todo[v].second > todo[v].first) vars[v] = &job.vars[v];
     }
@@ -661,26 +682,11 @@ absl::Status PushSession::PrepareAhead() {
                                   grad, grad, vars[v]->updates + 1);
     prepared_[v] = end;
   }
-  ReleaseValues();
+  ReleaseValues(job);
   return absl::OkStatus();
 }
 
-absl::Status PushSession::HoldValuesLocked() {
-  Job& job = *job_;
-  // The last step's update may still run (Commit): its values are needed.
-  job.AwaitCommitLocked(nullptr);
-  if (job.deleted || job.steps_applied != ahead_of_) {
-    return ValuesChangedError(job, header_, job.deleted);
-  }
-  ++job.preparing;  // the values stay put (and the variables valid) until released
-  return absl::OkStatus();
-}
 
-void PushSession::ReleaseValues() {
-  absl::MutexLock lock(&job_->mu);
-  --job_->preparing;
-  job_->changed.SignalAll();
-}
 
 std::vector<char> PushSession::PreparedVariables() const {
   std::vector<char> out(ahead_.size(), 0);

@@ -313,13 +313,6 @@ class PushSession {
   // Checks and forms variable `v`'s new values, all of them, from its
   // gradient at `grad` (AddShared).
   absl::Status FormAheadFrom(size_t v, const float* grad);
-  // For forming values ahead without the job's lock: once the last update
-  // ended, keeps the job's values (and its variables) in place until
-  // ReleaseValues; ABORTED if they changed since BeginPush (nothing held
-  // then). REQUIRES: the job's lock held (HoldValuesLocked) or not held
-  // (ReleaseValues).
-  absl::Status HoldValuesLocked();
-  void ReleaseValues();
   // ahead_ where every element is formed (all of them once FinishPush ran
   // CheckFinite); empty when nothing is.
   std::vector<char> PreparedVariables() const;
