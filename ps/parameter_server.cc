@@ -125,6 +125,22 @@ class Job {
   // where they are until they finish.
   int preparing ABSL_GUARDED_BY(mu) = 0;
   int64_t updates_ahead ABSL_GUARDED_BY(mu) = 0;  // commits of values formed ahead
+  // Same host, one worker: values a push wrote into the worker's segment
+  // as it formed them (PushSession::AddShared). `written_key` names that
+  // segment; by var_index, `written_at` is the byte offset and
+  // `written_version` the steps_applied whose values lie there (-1: none
+  // known). `writer` is the push writing there now or whose values those
+  // are (0: none): a pull into a segment takes that role away, since it
+  // may write any variable, and a push's commit records its writes only
+  // if it still holds it. `writers` hands out the pushes' ids;
+  // `writing_through` counts pushes writing into a segment now, which
+  // pulls into segments wait for.
+  std::string written_key ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> written_at ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> written_version ABSL_GUARDED_BY(mu);
+  int64_t writer ABSL_GUARDED_BY(mu) = 0;
+  int64_t writers ABSL_GUARDED_BY(mu) = 0;
+  int writing_through ABSL_GUARDED_BY(mu) = 0;
   // A Commit is updating the values without the lock: only it touches the
   // variables' values and slots until it clears this; every other writer
   // (pushes, saves, deletion) waits (AwaitWritableLocked), and pulls read
@@ -518,9 +534,12 @@ absl::Status HoldValuesLocked(Job& job, int64_t ahead_of, const v1::PushHeader& 
   return absl::OkStatus();
 }
 
-void ReleaseValues(Job& job) ABSL_LOCKS_EXCLUDED(job.mu) {
+// `writing`: the holder was writing new values into a worker's segment
+// (Job::writing_through).
+void ReleaseValues(Job& job, bool writing = false) ABSL_LOCKS_EXCLUDED(job.mu) {
   absl::MutexLock lock(&job.mu);
   --job.preparing;
+  if (writing) --job.writing_through;
   job.changed.SignalAll();
 }
 
@@ -557,13 +576,33 @@ int64_t PushSession::num_elements(size_t var) const { return job_->sizes[var]; }
 
 bool PushSession::CanShare(size_t var) const { return var < shared_.size(); }
 
-absl::Status PushSession::FormAheadFrom(size_t v, const float* grad) {
+absl::Status PushSession::FormAheadFrom(size_t v, const float* grad, float* to, int64_t at) {
   Job& job = *job_;
   const internal::Variable* var = nullptr;
   {
     absl::MutexLock lock(&job.mu);
     TOWERPS_RETURN_IF_ERROR(HoldValuesLocked(job, ahead_of_, header_));
     var = &job.vars[v];
+    // Into the worker's segment too, unless a pull writes into one (then
+    // both would write there at once).
+    if (to != nullptr && job.segment_writers == 0) {
+      if (writer_id_ == 0 || job.writer != writer_id_) {
+        // This push's earlier writes, if any, are no longer vouched for.
+        writer_id_ = ++job.writers;
+        job.writer = writer_id_;
+        written_.assign(job.sizes.size(), 0);
+      }
+      if (job.written_key != values_segment_) {
+        job.written_key = values_segment_;
+        job.written_at.assign(job.sizes.size(), -1);
+        job.written_version.assign(job.sizes.size(), -1);
+      }
+      job.written_at[v] = at;
+      job.written_version[v] = -1;  // until this push commits
+      ++job.writing_through;
+    } else {
+      to = nullptr;
+    }
   }
   // Each piece is checked, then read again from cache to form its values:
   // the gradient streams from the worker's memory once. What is formed is
@@ -591,14 +630,17 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad) {
           "changed while the server read it); nothing applied"));
       break;
     }
+    if (to != nullptr) std::memcpy(to + first, formed, static_cast<size_t>(k) * sizeof(float));
   }
-  ReleaseValues(job);
+  ReleaseValues(job, /*writing=*/to != nullptr);
   if (status.ok()) covered_[v] = checked_[v] = prepared_[v] = n;
+  if (status.ok() && to != nullptr) written_[v] = 1;
   return status;
 }
 
 absl::Status PushSession::AddShared(size_t v, const float* values,
-                                    std::shared_ptr<const void> segment) {
+                                    std::shared_ptr<const void> segment, float* new_values_to,
+                                    int64_t new_values_at) {
   if (!CanShare(v) || pending_var_ >= 0) {  // our caller's bug, not the sender's
     return absl::InternalError(absl::StrCat("push: variable ", v, " cannot be shared"));
   }
@@ -608,7 +650,10 @@ absl::Status PushSession::AddShared(size_t v, const float* values,
         " elements came already; each comes once)"));
   }
   // Formed ahead: read here, during the push, into the push's buffer.
-  if (!ahead_.empty() && ahead_[v]) return FormAheadFrom(v, values);
+  if (!ahead_.empty() && ahead_[v]) {
+    return FormAheadFrom(v, values, values_segment_.empty() ? nullptr : new_values_to,
+                         new_values_at);
+  }
   if (!AllFinite(values, job_->sizes[v])) return NotFiniteError(v);
   shared_[v] = values;
   segment_ = std::move(segment);
@@ -1260,6 +1305,15 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
   if (!prepared.empty() && applies && job.steps_applied != s->ahead_of_) {
     return ValuesChangedError(job, h, /*deleted=*/false);
   }
+  // Once its values are swapped in: what the push wrote into the worker's
+  // segment as it formed them is the job's values, unless a pull into a
+  // segment (or another push) wrote there since it began.
+  auto vouch = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+    if (s->writer_id_ == 0 || job.writer != s->writer_id_) return;
+    for (size_t v = 0; v < prepared.size(); ++v) {
+      if (prepared[v] && s->written_[v]) job.written_version[v] = job.steps_applied;
+    }
+  };
   rec.seen = true;
   rec.incarnation = h.incarnation();
   rec.last_sequence = h.sequence();
@@ -1270,6 +1324,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       parts.push_back(s->TakePart(1.0f));
       std::shared_ptr<Publication> publication =
           job.BeginCommitLocked(prepared, &parts[0].owned);
+      vouch();
       *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                            std::move(prepared));
     } else {
@@ -1318,6 +1373,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       if (!parts.empty()) {
         std::shared_ptr<Publication> publication =
             job.BeginCommitLocked(prepared, &parts[0].owned);
+        vouch();
         *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                              std::move(prepared));
       } else {
@@ -1350,7 +1406,8 @@ struct SegmentLease {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
-    const v1::PullRequest& request, absl::Time deadline, std::shared_ptr<void>* segment_lease) {
+    const v1::PullRequest& request, absl::Time deadline, std::shared_ptr<void>* segment_lease,
+    std::vector<char>* in_place) {
   TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job_ptr, FindJob(request.job_id()));
   Job& job = *job_ptr;
   deadline = std::min(deadline, absl::Now() + options_.max_pull_wait);
@@ -1382,9 +1439,11 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
     if (job.global_step < request.min_step() || !own_push_taken()) return false;
     return !bounded || slowest() >= request.worker_iteration() - staleness;
   };
-  // And a push waiting for the segment writers goes first.
+  // And a push waiting for the segment writers goes first; one writing
+  // into a segment finishes first.
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
-    return step_ready() && (segment_lease == nullptr || job.pushes_waiting == 0);
+    return step_ready() && (segment_lease == nullptr ||
+                            (job.pushes_waiting == 0 && job.writing_through == 0));
   };
   // The workers this pull waits for; the caller itself is alive.
   auto awaited = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
@@ -1502,7 +1561,20 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
     job.snapshot = std::move(snap);
   }
   if (segment_lease != nullptr) {
+    if (in_place != nullptr) {
+      const v1::SharedSegment& seg = request.segment();
+      const size_t n = job.vars.size();
+      in_place->assign(n, 0);
+      if (request.has_segment() && seg.nonce() == job.written_key &&
+          seg.offsets_size() == static_cast<int>(n) && job.written_at.size() == n) {
+        for (size_t v = 0; v < n; ++v) {
+          (*in_place)[v] = job.written_version[v] == job.steps_applied &&
+                           job.written_at[v] == seg.offsets(static_cast<int>(v));
+        }
+      }
+    }
     ++job.segment_writers;
+    job.writer = 0;  // it may write any variable there
     *segment_lease = std::make_shared<SegmentLease>(std::move(job_ptr));
   }
   return job.snapshot;

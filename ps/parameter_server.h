@@ -31,11 +31,15 @@
 // and never copied: the buffer receives only the new values, so forming
 // them streams the values and the gradient once each (issue 16: copying
 // the gradient in, checking the copy and forming over it took about twice
-// the passes over memory, on a server that one core bounds). The Commit then swaps them
-// in, so the update costs the step no pass over memory after the last
-// gradient; if the push fails, the staging buffer is simply dropped. Should
-// the values change meanwhile (another incarnation's push applied first),
-// the push fails with ABORTED, nothing applied.
+// the passes over memory, on a server that one core bounds). Where the
+// worker names where its pulls land (SharedSegment.value_offsets), the new
+// values go there too, each piece while in cache, and the next pull into
+// that place writes nothing (Pull's `in_place`; the pull's copy was a third
+// of such a server's time). The Commit then swaps them in, so the update
+// costs the step no pass over memory after the last gradient; if the push
+// fails, the staging buffer is simply dropped. Should the values change
+// meanwhile (another incarnation's push applied first), the push fails
+// with ABORTED, nothing applied.
 // A push is identified by (worker_task, incarnation, sequence): a retry with a
 // sequence already taken is acknowledged as DUPLICATE and never applied twice.
 //
@@ -278,7 +282,21 @@ class PushSession {
   // its check, or the update overflows); otherwise the update reads it there
   // later (GradientPart). REQUIRES: CanShare(var); `values` holds
   // num_elements(var) floats, aligned.
-  absl::Status AddShared(size_t var, const float* values, std::shared_ptr<const void> segment);
+  //
+  // With `new_values_to` (where the worker's pulls of `var` land, at byte
+  // `new_values_at` of the segment SetValuesSegment named; aligned, room
+  // for the variable), the new values formed here are written there as
+  // well, piece by piece as each is checked, while still in cache, so that
+  // the next pull of them into the same place writes nothing (Pull,
+  // `in_place`): on one core, the pull's copy was a third of a server's
+  // time (issue 16). Not when a pull is writing into a segment of the job
+  // meanwhile; and only a commit of this push, with no pull into a segment
+  // since it began writing, vouches for what it wrote.
+  absl::Status AddShared(size_t var, const float* values, std::shared_ptr<const void> segment,
+                         float* new_values_to = nullptr, int64_t new_values_at = -1);
+  // Names (by its nonce) the worker's segment that AddShared's
+  // new_values_to point into.
+  void SetValuesSegment(std::string key) { values_segment_ = std::move(key); }
   const v1::PushHeader& header() const { return header_; }
   // The job's variables on this server: how many, and each one's elements.
   size_t num_variables() const { return covered_.size(); }
@@ -311,8 +329,9 @@ class PushSession {
   // Forms the new values of the checked blocks not formed yet.
   absl::Status PrepareAhead();
   // Checks and forms variable `v`'s new values, all of them, from its
-  // gradient at `grad` (AddShared).
-  absl::Status FormAheadFrom(size_t v, const float* grad);
+  // gradient at `grad` (AddShared), also into `to` (may be null) at byte
+  // `at` of values_segment_.
+  absl::Status FormAheadFrom(size_t v, const float* grad, float* to, int64_t at);
   // ahead_ where every element is formed (all of them once FinishPush ran
   // CheckFinite); empty when nothing is.
   std::vector<char> PreparedVariables() const;
@@ -320,6 +339,13 @@ class PushSession {
   // and its payload.
   int64_t pending_var_ = -1;
   std::string scratch_;
+  // Values written into the worker's segment as they were formed
+  // (AddShared): its key, the job's id of this push as their writer (0:
+  // none yet), and, by variable, whether all of them went there while
+  // this push was the job's writer.
+  std::string values_segment_;
+  int64_t writer_id_ = 0;
+  std::vector<char> written_;
 };
 
 class ParameterServer {
@@ -376,9 +402,16 @@ class ParameterServer {
   // push is never starved. The holder must only write (no wait on the
   // worker, the network or the job) and must drop its snapshot before the
   // lease, or the push still copies.
+  //
+  // With `in_place` as well (and a request naming a segment), *in_place is
+  // set, by var_index, to 1 where that segment already holds the
+  // snapshot's values at the offset the request names, written by a push
+  // as it formed them (PushSession::AddShared), so that the pull need not
+  // write them, and 0 elsewhere. Such a pull also waits while a push
+  // writes new values into a segment of the job.
   absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> Pull(
       const v1::PullRequest& request, absl::Time deadline,
-      std::shared_ptr<void>* segment_lease = nullptr);
+      std::shared_ptr<void>* segment_lease = nullptr, std::vector<char>* in_place = nullptr);
 
   // Notes that the worker is alive; returns the job's step and this server's
   // incarnation. NotFound for a job not held here; InvalidArgument for a

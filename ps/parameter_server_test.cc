@@ -1828,6 +1828,107 @@ TEST(UpdateAheadTest, NewValuesFormedFromTheSegmentThatAreNotFiniteAreRefused) {
 // A push that fails after its first variable was formed ahead (a NaN in
 // the second, or the second missing) changes nothing; the next push
 // updates from the same values.
+// Pulls job "j" at `min_step` as into segment `key` at byte `offset`:
+// by variable, whether the segment holds the values there already.
+std::vector<char> PullInPlace(ParameterServer& ps, int64_t min_step, const std::string& key,
+                              int64_t offset) {
+  v1::PullRequest r;
+  r.set_job_id("j");
+  r.set_min_step(min_step);
+  r.mutable_segment()->set_nonce(key);
+  r.mutable_segment()->add_offsets(offset);
+  std::shared_ptr<void> lease;
+  std::vector<char> in_place;
+  auto s = ps.Pull(r, absl::Now() + absl::Seconds(5), &lease, &in_place);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return in_place;
+}
+
+// A push from the segment that names where the worker's pulls land
+// (here memory of the test's own, as byte 4096 of segment "seg") writes
+// the new values there as it forms them, bit for bit the job's; once
+// committed, a pull into that very place need not write them, and a pull
+// anywhere else must (pulls do not take that away). A push refused part
+// way has written its first pieces there: the next pull must write.
+TEST(UpdateAheadTest, NewValuesWrittenWhereThePullsLandAreVouchedForByTheCommit) {
+  const int64_t n = 9 * Optimizer::kApplyBlock + 123;
+  for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
+    SCOPED_TRACE(v1::Mode_Name(mode));
+    ParameterServer ps({});
+    ASSERT_TRUE(ps.Register(OneBigVarJob(mode, n, 0.01f)).ok());
+    std::vector<float> weights(n, -7.0f);
+    v1::PushHeader h = Header(0, 1, 0, 10);
+    h.mutable_segment()->set_size(1);
+    auto push = [&](int64_t step, const std::vector<float>& g) {
+      h.set_step(step);
+      h.set_sequence(h.sequence() + 1);
+      auto s = ps.BeginPush(h);
+      EXPECT_TRUE(s.ok()) << s.status();
+      if (!s.ok()) return s.status();
+      (*s)->SetValuesSegment("seg");
+      TOWERPS_RETURN_IF_ERROR((*s)->AddShared(0, g.data(), nullptr, weights.data(), 4096));
+      return ps.FinishPush(*std::move(s)).status();
+    };
+    std::vector<float> g(n);
+    for (int64_t step = 0; step < 2; ++step) {
+      for (int64_t i = 0; i < n; ++i) g[i] = 0.001f * static_cast<float>((i * 31 + step) % 997);
+      ASSERT_TRUE(push(step, g).ok());
+      EXPECT_EQ(weights, Values(*PullNow(ps, step + 1))[0]);
+      EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 4096), std::vector<char>{1});
+      EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 8192), std::vector<char>{0});
+      EXPECT_EQ(PullInPlace(ps, step + 1, "other", 4096), std::vector<char>{0});
+      EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 4096), std::vector<char>{1});
+    }
+    const std::vector<float> values = Values(*PullNow(ps, 2))[0];
+    g[n - 1] = NAN;
+    EXPECT_EQ(push(2, g).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Values(*PullNow(ps, 2))[0], values);  // nothing applied
+    EXPECT_NE(weights[0], values[0]);  // the first pieces were written
+    EXPECT_EQ(PullInPlace(ps, 2, "seg", 4096), std::vector<char>{0});
+  }
+}
+
+// A pull into a segment of the job between a push's writes there and its
+// commit may have written any variable (here: the old values), so the
+// commit does not vouch for what the push wrote; the next push does.
+// Without SetValuesSegment, nothing is written.
+TEST(UpdateAheadTest, APullIntoASegmentBeforeTheCommitLeavesThePlaceToThePull) {
+  const int64_t n = 3 * Optimizer::kApplyBlock;
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(OneBigVarJob(v1::SYNC, n, 0.0f)).ok());
+  std::vector<float> weights(n, -7.0f);
+  const std::vector<float> g(n, 0.5f);
+  v1::PushHeader h = Header(0, 1, 0, 10);
+  h.mutable_segment()->set_size(1);
+  auto s = ps.BeginPush(h);
+  ASSERT_TRUE(s.ok()) << s.status();
+  (*s)->SetValuesSegment("seg");
+  ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr, weights.data(), 4096).ok());
+  EXPECT_EQ(PullInPlace(ps, 0, "seg", 4096), std::vector<char>{0});
+  ASSERT_TRUE(ps.FinishPush(*std::move(s)).ok());
+  EXPECT_EQ(PullInPlace(ps, 1, "seg", 4096), std::vector<char>{0});
+  // The next push is vouched for again.
+  h = Header(0, 2, 1, 10);
+  h.mutable_segment()->set_size(1);
+  s = ps.BeginPush(h);
+  ASSERT_TRUE(s.ok()) << s.status();
+  (*s)->SetValuesSegment("seg");
+  ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr, weights.data(), 4096).ok());
+  ASSERT_TRUE(ps.FinishPush(*std::move(s)).ok());
+  EXPECT_EQ(PullInPlace(ps, 2, "seg", 4096), std::vector<char>{1});
+  EXPECT_EQ(weights, Values(*PullNow(ps, 2))[0]);
+  // No segment named: the worker's memory is not written.
+  std::fill(weights.begin(), weights.end(), -7.0f);
+  h = Header(0, 3, 2, 10);
+  h.mutable_segment()->set_size(1);
+  s = ps.BeginPush(h);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr, weights.data(), 4096).ok());
+  ASSERT_TRUE(ps.FinishPush(*std::move(s)).ok());
+  EXPECT_EQ(weights, std::vector<float>(n, -7.0f));
+  EXPECT_EQ(PullInPlace(ps, 3, "seg", 4096), std::vector<char>{0});
+}
+
 TEST(UpdateAheadTest, APushThatFailsAfterFormingChangesNothing) {
   for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
     SCOPED_TRACE(v1::Mode_Name(mode));

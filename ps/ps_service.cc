@@ -175,6 +175,9 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory,
       segment_ = *std::move(file);
       segment_offsets_.assign(header.segment().offsets().begin(),
                               header.segment().offsets().end());
+      value_offsets_.assign(header.segment().value_offsets().begin(),
+                            header.segment().value_offsets().end());
+      if (!value_offsets_.empty()) session_->SetValuesSegment(header.segment().nonce());
     }
     return absl::OkStatus();
   };
@@ -210,7 +213,16 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory,
         TOWERPS_ASSIGN_OR_RETURN(char* values,
                                  segment_->Region(at, n * static_cast<int64_t>(sizeof(float))));
         bytes_ += n * static_cast<int64_t>(sizeof(float));
-        return session_->AddShared(v, reinterpret_cast<const float*>(values), segment_);
+        // Where its pulls land, for the new values if they are formed now.
+        float* values_to = nullptr;
+        const int64_t to_at = value_offsets_.empty() ? -1 : value_offsets_[v];
+        if (to_at >= 0 && to_at % static_cast<int64_t>(alignof(float)) == 0) {
+          TOWERPS_ASSIGN_OR_RETURN(
+              char* to, segment_->Region(to_at, n * static_cast<int64_t>(sizeof(float))));
+          values_to = reinterpret_cast<float*>(to);
+        }
+        return session_->AddShared(v, reinterpret_cast<const float*>(values), segment_, values_to,
+                                   to_at);
       }
       // The same checks as slices of the whole variable, in pieces small
       // enough that each is checked for NaN and Inf while still in cache.
@@ -306,20 +318,20 @@ bool SendPrefixed(CallStream* stream,
 
 // Whether `file` (the segment a request names) has one offset per variable
 // of `elements` floats each, each variable's bytes inside the payload.
-absl::Status CheckSegmentFor(const v1::SharedSegment& segment,
-                             const std::vector<int64_t>& elements,
+absl::Status CheckSegmentFor(const google::protobuf::RepeatedField<int64_t>& offsets,
+                             absl::string_view field, const std::vector<int64_t>& elements,
                              const common::SegmentFile& file) {
-  if (segment.offsets_size() != static_cast<int>(elements.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("the segment names ", segment.offsets_size(),
-                                                   " offsets for ", elements.size(),
+  if (offsets.size() != static_cast<int>(elements.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("the segment names ", offsets.size(), " ",
+                                                   field, "s for ", elements.size(),
                                                    " variables"));
   }
   for (size_t v = 0; v < elements.size(); ++v) {
     const int64_t bytes = elements[v] * static_cast<int64_t>(sizeof(float));
-    const int64_t offset = segment.offsets(static_cast<int>(v));
+    const int64_t offset = offsets[static_cast<int>(v)];
     if (!file.Fits(offset, bytes)) {
-      return absl::InvalidArgumentError(absl::StrCat("variable ", v, "'s ", bytes,
-                                                     " bytes at offset ", offset,
+      return absl::InvalidArgumentError(absl::StrCat("variable ", v, "'s ", bytes, " bytes at ",
+                                                     field, " ", offset,
                                                      " do not fit the segment's ", file.size()));
     }
   }
@@ -333,14 +345,16 @@ absl::Status CheckPullSegment(const v1::SharedSegment& segment, const WeightsSna
   if (segment.pull_id() == 0) return absl::InvalidArgumentError("the segment's pull_id is 0");
   std::vector<int64_t> elements;
   for (const auto& values : w.values) elements.push_back(static_cast<int64_t>(values.size()));
-  return CheckSegmentFor(segment, elements, file);
+  return CheckSegmentFor(segment.offsets(), "offset", elements, file);
 }
 
 absl::Status CheckPushSegment(const v1::SharedSegment& segment, const PushSession& session,
                               const common::SegmentFile& file) {
   std::vector<int64_t> elements;
   for (size_t v = 0; v < session.num_variables(); ++v) elements.push_back(session.num_elements(v));
-  return CheckSegmentFor(segment, elements, file);
+  TOWERPS_RETURN_IF_ERROR(CheckSegmentFor(segment.offsets(), "offset", elements, file));
+  if (segment.value_offsets().empty()) return absl::OkStatus();
+  return CheckSegmentFor(segment.value_offsets(), "value offset", elements, file);
 }
 
 grpc::Status ParameterServiceImpl::DoPull(CallStream* stream, bool attach,
@@ -352,8 +366,12 @@ grpc::Status ParameterServiceImpl::DoPull(CallStream* stream, bool attach,
   // ParameterServer::Pull). Declared before `snap`, so that on every return
   // the snapshot is dropped first.
   std::shared_ptr<void> lease;
+  // Variables the segment holds already (a push wrote them as it formed
+  // them): announced, not written.
+  std::vector<char> in_place;
   auto snap = ps_.Pull(request, deadline,
-                       request.has_segment() && shared_memory_.load() ? &lease : nullptr);
+                       request.has_segment() && shared_memory_.load() ? &lease : nullptr,
+                       &in_place);
   if (!snap.ok()) return ToGrpcStatus(snap.status());
   const absl::Time start = absl::Now();  // after the wait: service time only
   const WeightsSnapshot& w = **snap;
@@ -420,8 +438,10 @@ grpc::Status ParameterServiceImpl::DoPull(CallStream* stream, bool attach,
         // Replaced by a later call (this one's worker has gone): the rest go
         // as slices.
         if (gate->latest != seg.pull_id()) break;
-        absl::Status st = (*file)->Write(seg.offsets(static_cast<int>(in_segment)),
-                                         values.data(), bytes);
+        const bool there = in_segment < in_place.size() && in_place[in_segment];
+        absl::Status st = there ? absl::OkStatus()
+                                : (*file)->Write(seg.offsets(static_cast<int>(in_segment)),
+                                                 values.data(), bytes);
         if (!st.ok()) {
           segment_error = std::string(st.message());
           break;

@@ -90,6 +90,7 @@ class PushStreamDecoder {
   // The header's segment, when it named one.
   std::shared_ptr<common::SegmentFile> segment_;
   std::vector<int64_t> segment_offsets_;
+  std::vector<int64_t> value_offsets_;  // SharedSegment.value_offsets, or empty
   std::string job_id_;
   int64_t bytes_ = 0;
   bool committed_ = false;  // The commit message came.
@@ -102,7 +103,9 @@ class PushStreamDecoder {
 absl::Status CheckPullSegment(const v1::SharedSegment& segment, const WeightsSnapshot& w,
                               const common::SegmentFile& file);
 // The same for a push's segment (PushHeader.segment): one offset per
-// variable of the job on this server, each variable's gradient inside it.
+// variable of the job on this server, each variable's gradient inside it;
+// and value_offsets, if any, one per variable, each variable's values
+// inside it.
 absl::Status CheckPushSegment(const v1::SharedSegment& segment, const PushSession& session,
                               const common::SegmentFile& file);
 

@@ -823,6 +823,87 @@ TEST_F(PsServiceSegmentTest, ALargeVariableIsReadInPiecesAndCheckedToTheEnd) {
   }
 }
 
+// Same host, one worker, SGD: a push that names where its pulls land
+// (value_offsets) gets the new values written there as they are formed,
+// and the next pull into that place announces them without writing (a
+// mark the test leaves there stays); they are the server's values. Any
+// other place, and the place after a refused push, gets the pull's
+// writes. value_offsets that do not fit are refused as offsets are.
+TEST_F(PsServiceSegmentTest, APushWritesTheNewValuesWhereItsPullsLand) {
+  constexpr int64_t n = 5000;
+  auto seg = common::SharedSegment::Create(64 + 3 * n * 4);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  const int64_t grad_at = kAt, values_at = kAt + n * 4, other_at = kAt + 2 * n * 4;
+  v1::SharedSegment where;
+  where.set_pid((*seg)->pid());
+  where.set_fd((*seg)->fd());
+  where.set_nonce((*seg)->nonce());
+  where.set_size((*seg)->size());
+  auto pull_to = [&](int64_t at, uint64_t pull_id) {
+    v1::SharedSegment p = where;
+    p.add_offsets(at);
+    p.set_pull_id(pull_id);
+    return PullInto(p);
+  };
+  auto at = [&](int64_t offset) {
+    std::vector<float> v(n);
+    std::memcpy(v.data(), (*seg)->at(offset), n * 4);
+    return v;
+  };
+  int messages = 0;
+  ASSERT_EQ(pull_to(values_at, 1).in_segment, std::vector<uint32_t>{0});
+  ASSERT_EQ(at(values_at), Pull(&messages));  // -2 (SetUp)
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = 0.125f * static_cast<float>(i % 13) - 0.5f;
+  std::memcpy((*seg)->mutable_at(grad_at), g.data(), n * 4);
+  v1::SharedSegment push = where;
+  push.add_offsets(grad_at);
+  push.add_value_offsets(values_at);
+  v1::PushResponse resp;
+  grpc::Status st = PushFromSegment(*stub_, push, 2, {SegmentVars({0})}, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(resp.outcome(), v1::PushResponse::APPLIED);
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = -2.0f - g[i];  // lr 1
+  EXPECT_EQ(at(values_at), want);  // written during the push
+  EXPECT_EQ(Pull(&messages), want);  // and they are the server's
+  // The next pull there writes nothing: a mark left there stays.
+  constexpr float kMark = 12345.0f;
+  std::memcpy((*seg)->mutable_at(values_at + 17 * 4), &kMark, 4);
+  SegmentPull p = pull_to(values_at, 2);
+  EXPECT_EQ(p.step, 2);
+  EXPECT_EQ(p.in_segment, std::vector<uint32_t>{0});
+  EXPECT_EQ(at(values_at)[17], kMark);
+  // Elsewhere, the pull writes.
+  p = pull_to(other_at, 3);
+  EXPECT_EQ(p.in_segment, std::vector<uint32_t>{0});
+  EXPECT_EQ(at(other_at), want);
+  // A refused push (a NaN in its last element) leaves the place to the
+  // next pull, which writes the values whole (the mark goes).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy((*seg)->mutable_at(grad_at + (n - 1) * 4), &nan, 4);
+  st = PushFromSegment(*stub_, push, 3, {SegmentVars({0})}, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  p = pull_to(values_at, 4);
+  EXPECT_EQ(p.step, 2);
+  EXPECT_EQ(p.in_segment, std::vector<uint32_t>{0});
+  EXPECT_EQ(at(values_at), want);
+  // value_offsets are checked like offsets: nothing is applied.
+  v1::SharedSegment twice = push;
+  twice.add_value_offsets(values_at);
+  std::memcpy((*seg)->mutable_at(grad_at + (n - 1) * 4), &g[n - 1], 4);
+  st = PushFromSegment(*stub_, twice, 4, {SegmentVars({0})}, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_NE(st.error_message().find("2 value offsets for 1 variables"), std::string::npos)
+      << st.error_message();
+  v1::SharedSegment past = push;
+  past.set_value_offsets(0, (*seg)->size() - 8);
+  st = PushFromSegment(*stub_, past, 5, {SegmentVars({0})}, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_NE(st.error_message().find("at value offset"), std::string::npos) << st.error_message();
+  EXPECT_EQ(Pull(&messages), want);
+}
+
 TEST_F(PsServiceSegmentTest, ABadSegmentPushChangesNothing) {
   std::vector<float> ones(5000, 1.0f);
   std::memcpy(segment_->mutable_at(kAt), ones.data(), ones.size() * 4);

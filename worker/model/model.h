@@ -154,8 +154,10 @@ class Model {
     // they hold the step's values. An error stops the step and is returned.
     std::function<absl::Status(int first, int count)> weights_needed;
     // Once gradients()[first, first + count) are final for this step (in
-    // host memory): the step does not write them again. An error stops the
-    // step and is returned.
+    // host memory): the step does not write them again, nor read
+    // weights()[first, first + count) again (a server on the same host may
+    // write the next step's values there from then on: worker/train/
+    // ps_client.h, SharedValues). An error stops the step and is returned.
     std::function<absl::Status(int first, int count)> gradients_ready;
   };
   // ComputeGradients that announces, through `events`, every variable

@@ -68,7 +68,9 @@ struct Fixture {
 // Runs a step with events on `f` whose weights start as NaN: each
 // weights_needed fills its variables from `truth` (so a weight read before
 // its announcement poisons the result), each gradients_ready copies its
-// gradients out (so a later change shows). Checks the announcements.
+// gradients out (so a later change shows) and fills its weights with NaN
+// (so a weight read after its gradients' announcement poisons the rest).
+// Checks the announcements.
 void CheckEvents(Fixture& f, const std::vector<common::Tensor>& truth, const Batch& batch,
                  bool layer_by_layer) {
   const std::vector<common::Tensor*> w = f.model->weights();
@@ -95,6 +97,10 @@ void CheckEvents(Fixture& f, const std::vector<common::Tensor>& truth, const Bat
       ++ready[v];
       ready_order.push_back(v);
       announced[v].assign(g[v]->data(), g[v]->data() + g[v]->num_elements());
+      // From here a server may write the next step's values there (one
+      // worker, same host: ps/parameter_server.h), so nothing reads them
+      // again this step: NaN would reach the gradients still to come.
+      w[v]->Fill(std::numeric_limits<float>::quiet_NaN());
     }
     return absl::OkStatus();
   };

@@ -129,6 +129,11 @@ bool PsPeers::PushSegmentFor(int s, v1::SharedSegment* request) {
   }
   DescribeSegment(request);
   *request->mutable_offsets() = {server.push_offsets.begin(), server.push_offsets.end()};
+  // Where this server's pulls land: it may write new values it forms
+  // during the push there too (ParameterClient::SharedValues says when
+  // the caller must not read them).
+  *request->mutable_value_offsets() = {server.segment_offsets.begin(),
+                                       server.segment_offsets.end()};
   return true;
 }
 
