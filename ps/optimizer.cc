@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -111,27 +113,11 @@ class Momentum : public Optimizer {
         velocity_(n, 0.0f) {}
   void Apply(absl::Span<float> value, absl::Span<const float> grad,
              int64_t step) override {
-    // Locals, so the stores through v and w cannot force reloads.
-    const float lr = static_cast<float>(StepLearningRate(spec_, step));
-    const float mom = m_, wd = weight_decay_;
-    float* v = velocity_.data();
-    float* w = value.data();
-    const float* g = grad.data();
-    const int64_t n = static_cast<int64_t>(value.size());
-    // Weight decay is folded into this one pass over memory.
-    if (nesterov_) {
-      for (int64_t i = 0; i < n; ++i) {
-        const float gi = g[i] + wd * w[i];
-        v[i] = mom * v[i] - lr * gi;
-        w[i] += mom * v[i] - lr * gi;
-      }
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        const float gi = g[i] + wd * w[i];
-        v[i] = mom * v[i] - lr * gi;
-        w[i] += v[i];
-      }
-    }
+    Update(value, grad, step, nullptr);
+  }
+  void ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
+                    absl::Span<float> copy) override {
+    Update(value, grad, step, copy.data());
   }
   int64_t slot_bytes() const override { return velocity_.size() * sizeof(float); }
   std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
@@ -144,6 +130,38 @@ class Momentum : public Optimizer {
   }
 
  private:
+  // One pass over memory, weight decay folded in; the new values also to
+  // `copy` unless it is null (the same expressions, so the same bits).
+  void Update(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
+              float* copy) {
+    // Locals, so the stores through v and w cannot force reloads.
+    const float lr = static_cast<float>(StepLearningRate(spec_, step));
+    const float mom = m_, wd = weight_decay_;
+    float* v = velocity_.data();
+    float* w = value.data();
+    const float* g = grad.data();
+    const int64_t n = static_cast<int64_t>(value.size());
+    auto pass = [&](auto nesterov, auto copying) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float gi = g[i] + wd * w[i];
+        v[i] = mom * v[i] - lr * gi;
+        if constexpr (decltype(nesterov)::value) {
+          w[i] += mom * v[i] - lr * gi;
+        } else {
+          w[i] += v[i];
+        }
+        if constexpr (decltype(copying)::value) copy[i] = w[i];
+      }
+    };
+    if (nesterov_) {
+      copy != nullptr ? pass(std::true_type(), std::true_type())
+                      : pass(std::true_type(), std::false_type());
+    } else {
+      copy != nullptr ? pass(std::false_type(), std::true_type())
+                      : pass(std::false_type(), std::false_type());
+    }
+  }
+
   const v1::OptimizerSpec spec_;
   const float m_, weight_decay_;
   const bool nesterov_;
@@ -165,23 +183,11 @@ class Adam : public Optimizer {
         v_(n, 0.0f) {}
   void Apply(absl::Span<float> value, absl::Span<const float> grad,
              int64_t step) override {
-    const double t = static_cast<double>(step);
-    const float lr_t = static_cast<float>(StepLearningRate(spec_, step) *
-                                          std::sqrt(1.0 - std::pow(b2_, t)) /
-                                          (1.0 - std::pow(b1_, t)));
-    float* m = m_.data();
-    float* v = v_.data();
-    float* w = value.data();
-    const float* g = grad.data();
-    const float b1 = b1_, b2 = b2_, eps = eps_, wd = weight_decay_;
-    const int64_t n = static_cast<int64_t>(value.size());
-    // Weight decay is folded into this one pass over memory.
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] + wd * w[i];
-      m[i] = b1 * m[i] + (1.0f - b1) * gi;
-      v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-      w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-    }
+    Update(value, grad, step, nullptr);
+  }
+  void ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
+                    absl::Span<float> copy) override {
+    Update(value, grad, step, copy.data());
   }
   int64_t slot_bytes() const override {
     return (m_.size() + v_.size()) * sizeof(float);
@@ -197,6 +203,32 @@ class Adam : public Optimizer {
   }
 
  private:
+  // One pass over memory, weight decay folded in; the new values also to
+  // `copy` unless it is null (the same expressions, so the same bits).
+  void Update(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
+              float* copy) {
+    const double t = static_cast<double>(step);
+    const float lr_t = static_cast<float>(StepLearningRate(spec_, step) *
+                                          std::sqrt(1.0 - std::pow(b2_, t)) /
+                                          (1.0 - std::pow(b1_, t)));
+    float* m = m_.data();
+    float* v = v_.data();
+    float* w = value.data();
+    const float* g = grad.data();
+    const float b1 = b1_, b2 = b2_, eps = eps_, wd = weight_decay_;
+    const int64_t n = static_cast<int64_t>(value.size());
+    auto pass = [&](auto copying) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float gi = g[i] + wd * w[i];
+        m[i] = b1 * m[i] + (1.0f - b1) * gi;
+        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+        w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
+        if constexpr (decltype(copying)::value) copy[i] = w[i];
+      }
+    };
+    copy != nullptr ? pass(std::true_type()) : pass(std::false_type());
+  }
+
   const v1::OptimizerSpec spec_;
   const float b1_, b2_, eps_, weight_decay_;
   std::vector<float> m_, v_;
@@ -234,6 +266,12 @@ class MovingAverage : public Optimizer {
 };
 
 }  // namespace
+
+void Optimizer::ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad,
+                             int64_t step, absl::Span<float> copy) {
+  Apply(value, grad, step);
+  std::memcpy(copy.data(), value.data(), value.size() * sizeof(float));
+}
 
 absl::StatusOr<std::unique_ptr<Optimizer>> NewOptimizer(
     const v1::OptimizerSpec& in, int64_t num_elements) {

@@ -36,6 +36,12 @@ class Optimizer {
   // step >= 1.
   virtual void Apply(absl::Span<float> value, absl::Span<const float> grad,
                      int64_t step) = 0;
+  // Apply, with the new values also written to `copy` (value's size), bit
+  // for bit, as they are formed where the rule allows (Adam, momentum: in
+  // the same pass), else right after: for a worker's weights on the same
+  // host, so that its pull need not copy them (ParameterServer, Commit).
+  virtual void ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad,
+                            int64_t step, absl::Span<float> copy);
   // Bytes of optimizer state held for the variable (the slots; not SGD's
   // small scratch block for weight decay).
   virtual int64_t slot_bytes() const = 0;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -356,6 +357,59 @@ TEST(OptimizerTest, RestoredSlotsContinueBitIdentically) {
                                b[s].second.begin()))
             << a[s].first;
       }
+    }
+  }
+}
+
+// ApplyAndCopy leaves the values and slots of Apply, bit for bit, and the
+// same values in the copy, for every rule (momentum and Adam copy in their
+// own pass; SGD and the moving average after it), over several steps of a
+// variable of several of SGD's scratch blocks and a partial one.
+TEST(OptimizerTest, ApplyAndCopyIsApplyBitForBitWithTheValuesCopied) {
+  const int64_t n = 2 * Optimizer::kApplyBlock + 77;
+  struct Rule {
+    std::string name;
+    std::function<std::unique_ptr<Optimizer>()> make;
+  };
+  std::vector<Rule> rules;
+  for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::MOMENTUM,
+                    v1::OptimizerSpec::ADAM}) {
+    for (bool nesterov : {false, true}) {
+      if (nesterov && type != v1::OptimizerSpec::MOMENTUM) continue;
+      rules.push_back({v1::OptimizerSpec::Type_Name(type) + (nesterov ? " nesterov" : ""),
+                       [=] { return Make(type, 0.01f, n, nesterov, 1e-3f); }});
+    }
+  }
+  v1::VariableDef average;
+  average.set_name("bn/moving_mean");
+  average.set_update(v1::VariableDef::MOVING_AVERAGE);
+  average.set_moving_average_decay(0.9f);
+  rules.push_back({"moving average", [&] {
+                     auto o = NewVariableUpdater(average, v1::OptimizerSpec(), n);
+                     EXPECT_TRUE(o.ok()) << o.status();
+                     return std::move(o).value();
+                   }});
+  for (const Rule& rule : rules) {
+    SCOPED_TRACE(rule.name);
+    std::unique_ptr<Optimizer> plain = rule.make(), copying = rule.make();
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal;
+    std::vector<float> a(n);
+    for (float& x : a) x = normal(rng);
+    std::vector<float> b = a, copy(n, -1.0f);
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<float> g(n);
+      for (float& x : g) x = normal(rng);
+      plain->Apply(absl::MakeSpan(a), g, step);
+      copying->ApplyAndCopy(absl::MakeSpan(b), g, step, absl::MakeSpan(copy));
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), n * sizeof(float))) << "step " << step;
+      ASSERT_EQ(0, std::memcmp(a.data(), copy.data(), n * sizeof(float))) << "step " << step;
+    }
+    auto sa = plain->Slots(), sb = copying->Slots();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t k = 0; k < sa.size(); ++k) {
+      EXPECT_EQ(0, std::memcmp(sa[k].second.data(), sb[k].second.data(), n * sizeof(float)))
+          << sa[k].first;
     }
   }
 }

@@ -141,6 +141,10 @@ class Job {
   int64_t writer ABSL_GUARDED_BY(mu) = 0;
   int64_t writers ABSL_GUARDED_BY(mu) = 0;
   int writing_through ABSL_GUARDED_BY(mu) = 0;
+  // The segments named by pulls waiting in Pull (valid while they wait):
+  // their workers read and release nothing there until the pull returns,
+  // so an update after the push was answered may write there (Commit::Run).
+  std::vector<const v1::SharedSegment*> segment_pulls_waiting ABSL_GUARDED_BY(mu);
   // A Commit is updating the values without the lock: only it touches the
   // variables' values and slots until it clears this; every other writer
   // (pushes, saves, deletion) waits (AwaitWritableLocked), and pulls read
@@ -567,6 +571,9 @@ GradientPart PushSession::TakePart(float weight) {
   part.owned = std::move(grads_);
   part.shared = std::move(shared_);
   part.segment = std::move(segment_);
+  part.values_to = std::move(values_to_);
+  part.values_at = std::move(values_at_);
+  if (!part.values_to.empty()) part.values_key = values_segment_;
   grads_.clear();
   shared_.clear();
   return part;
@@ -657,6 +664,12 @@ absl::Status PushSession::AddShared(size_t v, const float* values,
   if (!AllFinite(values, job_->sizes[v])) return NotFiniteError(v);
   shared_[v] = values;
   segment_ = std::move(segment);
+  if (new_values_to != nullptr && !values_segment_.empty()) {
+    values_to_.resize(job_->sizes.size(), nullptr);
+    values_at_.resize(job_->sizes.size(), -1);
+    values_to_[v] = new_values_to;
+    values_at_[v] = new_values_at;
+  }
   covered_[v] = checked_[v] = job_->sizes[v];
   return absl::OkStatus();
 }
@@ -1101,8 +1114,17 @@ void Commit::Run() {
     }
     internal::Variable& var = *vars[v];
     const absl::Span<const float> mean = FormMean(v);
-    if (!mean.empty()) {
+    // A lone part's worker named where its pulls land: the new values go
+    // there too (ParameterServer::DecidePush vouched for them already).
+    float* to = parts_.size() == 1 && v < parts_[0].values_to.size() ? parts_[0].values_to[v]
+                                                                    : nullptr;
+    if (!mean.empty() && to != nullptr) {
+      var.optimizer->ApplyAndCopy(absl::MakeSpan(var.value), mean, ++var.updates,
+                                  absl::MakeSpan(to, var.value.size()));
+    } else if (!mean.empty()) {
       var.optimizer->Apply(absl::MakeSpan(var.value), mean, ++var.updates);
+    } else if (to != nullptr) {
+      std::memcpy(to, var.value.data(), var.value.size() * sizeof(float));
     }
     publication_->Publish(v + 1);
     if (after_publish_) after_publish_(v + 1);
@@ -1305,10 +1327,41 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
   if (!prepared.empty() && applies && job.steps_applied != s->ahead_of_) {
     return ValuesChangedError(job, h, /*deleted=*/false);
   }
-  // Once its values are swapped in: what the push wrote into the worker's
-  // segment as it formed them is the job's values, unless a pull into a
-  // segment (or another push) wrote there since it began.
-  auto vouch = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+  // Once the update began (BeginCommitLocked; `parts` its parts): what
+  // the push wrote into the worker's segment as it formed its values is
+  // the job's values, unless a pull into a segment (or another push) wrote
+  // there since it began. And the update of a lone part writes its new
+  // values there too (Commit::Run), after the push is answered, where the
+  // worker's next pull into that very place waits already (until it
+  // returns, the worker neither reads nor gives back that memory): those
+  // are the job's values once each variable is published (a pull waits for
+  // that before it names the variable, and no pull can write there before).
+  auto vouch = [&](std::vector<GradientPart>& parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+    if (parts.size() == 1 && !parts[0].values_to.empty()) {
+      GradientPart& p = parts[0];
+      if (job.written_key != p.values_key) {
+        job.written_key = p.values_key;
+        job.written_at.assign(job.sizes.size(), -1);
+        job.written_version.assign(job.sizes.size(), -1);
+        job.writer = 0;
+      }
+      for (size_t v = 0; v < p.values_to.size(); ++v) {
+        if (p.values_to[v] == nullptr || (v < prepared.size() && prepared[v])) continue;
+        const bool awaited = std::any_of(
+            job.segment_pulls_waiting.begin(), job.segment_pulls_waiting.end(),
+            [&](const v1::SharedSegment* pull) {
+              return pull->nonce() == p.values_key &&
+                     v < static_cast<size_t>(pull->offsets_size()) &&
+                     pull->offsets(static_cast<int>(v)) == p.values_at[v];
+            });
+        if (!awaited) {
+          p.values_to[v] = nullptr;
+          continue;
+        }
+        job.written_at[v] = p.values_at[v];
+        job.written_version[v] = job.steps_applied;
+      }
+    }
     if (s->writer_id_ == 0 || job.writer != s->writer_id_) return;
     for (size_t v = 0; v < prepared.size(); ++v) {
       if (prepared[v] && s->written_[v]) job.written_version[v] = job.steps_applied;
@@ -1324,7 +1377,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       parts.push_back(s->TakePart(1.0f));
       std::shared_ptr<Publication> publication =
           job.BeginCommitLocked(prepared, &parts[0].owned);
-      vouch();
+      vouch(parts);
       *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                            std::move(prepared));
     } else {
@@ -1373,7 +1426,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       if (!parts.empty()) {
         std::shared_ptr<Publication> publication =
             job.BeginCommitLocked(prepared, &parts[0].owned);
-        vouch();
+        vouch(parts);
         *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                              std::move(prepared));
       } else {
@@ -1422,6 +1475,17 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
   }
   absl::MutexLock lock(&job.mu);
   job.HeardLocked(request.worker_task(), "pull");
+  // Listed while it waits (Job::segment_pulls_waiting).
+  struct Listed {
+    Job& job;
+    const v1::SharedSegment* segment;
+    ~Listed() ABSL_NO_THREAD_SAFETY_ANALYSIS {  // job.mu is held: `lock` goes after
+      if (segment == nullptr) return;
+      auto& list = job.segment_pulls_waiting;
+      list.erase(std::find(list.begin(), list.end(), segment));
+    }
+  } listed{job, segment_lease != nullptr && request.has_segment() ? &request.segment() : nullptr};
+  if (listed.segment != nullptr) job.segment_pulls_waiting.push_back(listed.segment);
   // The caller's own push this pull comes after is taken (or none is named).
   auto own_push_taken = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
     if (request.after_push() == 0) return true;

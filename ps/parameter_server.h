@@ -174,6 +174,12 @@ struct GradientPart {
   std::vector<std::vector<float>> owned;  // by var_index (empty where shared)
   std::vector<const float*> shared;       // by var_index, or empty
   std::shared_ptr<const void> segment;
+  // Same host: where the worker's pulls of each variable land in that
+  // segment (null, -1: not named), which `values_key` names, for the
+  // update to write the new values there as well (Commit::Run).
+  std::vector<float*> values_to;  // by var_index, or empty
+  std::vector<int64_t> values_at;
+  std::string values_key;
 
   bool is_shared(size_t v) const { return v < shared.size() && shared[v] != nullptr; }
   const float* data(size_t v) const { return is_shared(v) ? shared[v] : owned[v].data(); }
@@ -285,13 +291,15 @@ class PushSession {
   //
   // With `new_values_to` (where the worker's pulls of `var` land, at byte
   // `new_values_at` of the segment SetValuesSegment named; aligned, room
-  // for the variable), the new values formed here are written there as
-  // well, piece by piece as each is checked, while still in cache, so that
+  // for the variable), the new values are written there as well, so that
   // the next pull of them into the same place writes nothing (Pull,
   // `in_place`): on one core, the pull's copy was a third of a server's
-  // time (issue 16). Not when a pull is writing into a segment of the job
+  // time (issue 16). Formed here, piece by piece as each is checked, while
+  // still in cache; not when a pull is writing into a segment of the job
   // meanwhile; and only a commit of this push, with no pull into a segment
-  // since it began writing, vouches for what it wrote.
+  // since it began writing, vouches for what it wrote. Otherwise by the
+  // update, when this push is its only part (Commit::Run), as it forms
+  // them.
   absl::Status AddShared(size_t var, const float* values, std::shared_ptr<const void> segment,
                          float* new_values_to = nullptr, int64_t new_values_at = -1);
   // Names (by its nonce) the worker's segment that AddShared's
@@ -346,6 +354,9 @@ class PushSession {
   std::string values_segment_;
   int64_t writer_id_ = 0;
   std::vector<char> written_;
+  // For the update (GradientPart::values_to), by variable.
+  std::vector<float*> values_to_;
+  std::vector<int64_t> values_at_;
 };
 
 class ParameterServer {

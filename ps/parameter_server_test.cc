@@ -1929,6 +1929,91 @@ TEST(UpdateAheadTest, APullIntoASegmentBeforeTheCommitLeavesThePlaceToThePull) {
   EXPECT_EQ(PullInPlace(ps, 3, "seg", 4096), std::vector<char>{0});
 }
 
+// Rules with slots are not formed ahead: the update of a lone push (one
+// worker) read in place writes the new values where the worker's pulls
+// land as it forms them, when the worker's next pull into that place
+// waits already; they are bit for bit the job's, and that pull, and any
+// other into that place, need not write them. Where the worker's memory
+// turned NaN after the push (its gradient is refused by the update), the
+// values stay and are written there all the same. With two workers'
+// pushes in the update, nothing is written there.
+TEST(UpdateAheadTest, TheUpdateOfALonePushWritesTheNewValuesWhereThePullsLand) {
+  const int64_t n = 3 * Optimizer::kApplyBlock + 5;
+  for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
+    for (auto type : {v1::OptimizerSpec::ADAM, v1::OptimizerSpec::MOMENTUM}) {
+      SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type)));
+      ParameterServer ps({});
+      v1::RegisterRequest job = OneBigVarJob(mode, n, 0.01f);
+      job.mutable_config()->mutable_optimizer()->set_type(type);
+      ASSERT_TRUE(ps.Register(job).ok());
+      std::vector<float> weights(n, -7.0f);
+      std::vector<float> g(n);
+      for (int64_t step = 0; step < 3; ++step) {
+        for (int64_t i = 0; i < n; ++i) g[i] = 0.001f * static_cast<float>((i * 17 + step) % 991);
+        const std::vector<float> before = Values(*PullNow(ps, step))[0];
+        v1::PushHeader h = Header(0, step + 1, step, 10);
+        h.mutable_segment()->set_size(1);
+        auto s = ps.BeginPush(h);
+        ASSERT_TRUE(s.ok()) << s.status();
+        (*s)->SetValuesSegment("seg");
+        ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr, weights.data(), 4096).ok());
+        // The worker's next pull waits already, as a trainer's does.
+        std::vector<char> waited;
+        std::thread pull([&] { waited = PullInPlace(ps, step + 1, "seg", 4096); });
+        EXPECT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.pulls_waiting() == 1; }));
+        std::unique_ptr<Commit> commit;
+        EXPECT_TRUE(ps.FinishPush(*std::move(s), &commit).ok());
+        if (step == 2) g[0] = NAN;  // the worker broke its word: refused by the update
+        if (commit != nullptr) commit->Run();
+        pull.join();
+        EXPECT_EQ(waited, std::vector<char>{1});
+        const std::vector<float> after = Values(*PullNow(ps, step + 1))[0];
+        EXPECT_EQ(weights, after);
+        if (step == 2) EXPECT_EQ(after, before);  // kept
+        if (step < 2) EXPECT_NE(after, before);
+        EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 4096), std::vector<char>{1});
+        EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 8192), std::vector<char>{0});
+      }
+      // With no pull waiting, the worker may be done with that memory once
+      // the push is answered (it gives it back, moves its weights out):
+      // nothing is written there after the answer, nothing vouched for.
+      const std::vector<float> kept = weights;
+      g.assign(n, 0.25f);
+      v1::PushHeader h = Header(0, 4, 3, 10);
+      h.mutable_segment()->set_size(1);
+      auto s = ps.BeginPush(h);
+      ASSERT_TRUE(s.ok()) << s.status();
+      (*s)->SetValuesSegment("seg");
+      ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr, weights.data(), 4096).ok());
+      ASSERT_TRUE(ps.FinishPush(*std::move(s)).ok());
+      EXPECT_NE(Values(*PullNow(ps, 4))[0], kept);
+      EXPECT_EQ(weights, kept);
+      EXPECT_EQ(PullInPlace(ps, 4, "seg", 4096), std::vector<char>{0});
+    }
+  }
+  // Two workers' pushes in one update: nothing written, nothing vouched.
+  ParameterServer ps({});
+  v1::RegisterRequest job = OneBigVarJob(v1::SYNC, n, 0.0f);
+  job.mutable_config()->set_num_workers(2);
+  ASSERT_TRUE(ps.Register(job).ok());
+  std::vector<float> weights[2] = {std::vector<float>(n, -7.0f), std::vector<float>(n, -7.0f)};
+  const std::vector<float> g(n, 0.5f);
+  for (int w = 0; w < 2; ++w) {
+    v1::PushHeader h = Header(w, 1, 0, 10);
+    h.mutable_segment()->set_size(1);
+    auto s = ps.BeginPush(h);
+    ASSERT_TRUE(s.ok()) << s.status();
+    (*s)->SetValuesSegment(absl::StrCat("seg", w));
+    ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr, weights[w].data(), 4096).ok());
+    ASSERT_TRUE(ps.FinishPush(*std::move(s)).ok());
+  }
+  EXPECT_EQ(PullNow(ps, 1)->global_step, 1);
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(weights[w], std::vector<float>(n, -7.0f));
+    EXPECT_EQ(PullInPlace(ps, 1, absl::StrCat("seg", w), 4096), std::vector<char>{0});
+  }
+}
+
 TEST(UpdateAheadTest, APushThatFailsAfterFormingChangesNothing) {
   for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
     SCOPED_TRACE(v1::Mode_Name(mode));
