@@ -113,6 +113,28 @@ else
   fail "shared memory: '$SYNC_FINAL', gRPC: '$GRPC_FINAL'"; grep -h "shared memory" "$DIR"/worker*.log | head -n 3
 fi
 
+echo "== one worker: the new values its server writes where its pulls land end on the bits of gRPC"
+# One worker, same host: the server writes each update's new values into
+# the worker's segment as it forms them (SGD, formed ahead during the
+# push: the dense stack; Adam, in the update: the MLP), and its pulls then
+# copy nothing. The final line must be the same bits as over gRPC only.
+for model in mlp dense_stack; do
+  run_cluster "one_$model" 1 1 --model=$model --mode=sync --max_train_examples=2000 \
+    --max_test_examples=500 --epochs=2
+  ONE_RC=$RC
+  ONE_FINAL=$(grep '^final: ' "$DIR/worker0.log" | sed 's/ wall_s=.*//')
+  ONE_SHM=$(grep -c "writes its pulls into this worker's shared memory" "$DIR/worker0.log")
+  run_cluster "one_${model}_grpc" 1 1 --model=$model --mode=sync --max_train_examples=2000 \
+    --max_test_examples=500 --epochs=2 --shared_memory=false
+  ONE_GRPC=$(grep '^final: ' "$DIR/worker0.log" | sed 's/ wall_s=.*//')
+  if [ "$ONE_RC" -eq 0 ] && [ "$RC" -eq 0 ] && [ "$ONE_SHM" -eq 1 ] && [ -n "$ONE_FINAL" ] &&
+     [ "$ONE_FINAL" = "$ONE_GRPC" ]; then
+    pass "$model, one worker: $ONE_FINAL"
+  else
+    fail "$model, one worker: rc $ONE_RC/$RC, in shared memory: $ONE_SHM, '$ONE_FINAL' vs gRPC '$ONE_GRPC'"
+  fi
+done
+
 echo "== async training: every gradient applied (steps = workers x iterations)"
 run_cluster async 2 2 --mode=async --max_train_examples=4000 --max_test_examples=1000 --epochs=2
 expect_trained async 64 0.65
