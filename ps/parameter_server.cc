@@ -1637,6 +1637,13 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
         }
       }
     }
+    // Only the worker's next pull into its segment takes the values as
+    // they lie there: once it returned, the worker may write its weights
+    // or give their memory back, so a later pull (a retry, a pull after
+    // training) writes them again.
+    if (request.has_segment() && request.segment().nonce() == job.written_key) {
+      std::fill(job.written_version.begin(), job.written_version.end(), -1);
+    }
     ++job.segment_writers;
     job.writer = 0;  // it may write any variable there
     *segment_lease = std::make_shared<SegmentLease>(std::move(job_ptr));

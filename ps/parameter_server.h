@@ -418,8 +418,10 @@ class ParameterServer {
   // set, by var_index, to 1 where that segment already holds the
   // snapshot's values at the offset the request names, written by a push
   // as it formed them (PushSession::AddShared), so that the pull need not
-  // write them, and 0 elsewhere. Such a pull also waits while a push
-  // writes new values into a segment of the job.
+  // write them, and 0 elsewhere; only the first such pull after they were
+  // written (the worker may change that memory once it returned). Such a
+  // pull also waits while a push writes new values into a segment of the
+  // job.
   absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> Pull(
       const v1::PullRequest& request, absl::Time deadline,
       std::shared_ptr<void>* segment_lease = nullptr, std::vector<char>* in_place = nullptr);

@@ -207,7 +207,10 @@ class ParameterClient {
   // Gives the pulled values' memory of variable `var` back to the system
   // once the caller moved its tensors out (the contents are lost); the
   // pushed gradient's stays as long as the client (a server may still read
-  // the last push there).
+  // the last push there). Later pulls land in the segment's landing region
+  // and are copied out of it (a server may hold values it wrote into the
+  // given-back memory as in place), and pushes no longer let a server write
+  // there. Not while a push or pull is under way.
   virtual void ReleaseShared(int /*var*/) {}
 
  private:

@@ -100,6 +100,7 @@ void PsPeers::ReleaseSegmentMemory(int var) {
   // Only the pulled values: a server's update may still read the last push
   // in the gradient's pages after answering it (ps::GradientPart), and a
   // hole there would read as zeros; those pages go with the segment.
+  values_released_.store(true);
   (void)madvise(segment_->mutable_at(value_at_[var]), static_cast<size_t>(region_bytes_[var]),
                 MADV_REMOVE);
 }
@@ -115,7 +116,8 @@ bool PsPeers::SegmentFor(int s, bool landing, v1::SharedSegment* request) {
   Server& server = *servers_[s];
   if (segment_ == nullptr || server.parts.empty() || server.segment_refused.load()) return false;
   DescribeSegment(request);
-  const std::vector<int64_t>& at = landing ? server.landing_offsets : server.segment_offsets;
+  const std::vector<int64_t>& at =
+      landing || values_released_.load() ? server.landing_offsets : server.segment_offsets;
   *request->mutable_offsets() = {at.begin(), at.end()};
   request->set_pull_id(server.pull_ids.fetch_add(1) + 1);
   return true;
@@ -131,9 +133,11 @@ bool PsPeers::PushSegmentFor(int s, v1::SharedSegment* request) {
   *request->mutable_offsets() = {server.push_offsets.begin(), server.push_offsets.end()};
   // Where this server's pulls land: it may write new values it forms
   // during the push there too (ParameterClient::SharedValues says when
-  // the caller must not read them).
-  *request->mutable_value_offsets() = {server.segment_offsets.begin(),
-                                       server.segment_offsets.end()};
+  // the caller must not read them); not once that memory was given back.
+  if (!values_released_.load()) {
+    *request->mutable_value_offsets() = {server.segment_offsets.begin(),
+                                         server.segment_offsets.end()};
+  }
   return true;
 }
 

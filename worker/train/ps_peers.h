@@ -82,7 +82,10 @@ class PsPeers {
   // gets `pull_id` (increasing). With `landing`, the parts' offsets are in
   // the landing region rather than where the values live (SegmentValues):
   // for a retried pull, whose server must not write parts that are complete
-  // (someone may be reading them there). False when shared memory is off
+  // (someone may be reading them there); and for every pull once values'
+  // memory was given back (ReleaseSegmentMemory: the tensors moved out, and
+  // a server may hold values it wrote there before as in place). False
+  // when shared memory is off
   // (options.shared_memory), unavailable, or refused by that server. Only
   // the server's pull executor calls it and reads the segment.
   bool SegmentFor(int s, bool landing, v1::SharedSegment* request);
@@ -188,6 +191,7 @@ class PsPeers {
   std::vector<int64_t> region_bytes_;  // each variable's room in a region, whole pages
   static constexpr int64_t kPageBytes = 4096;
   std::atomic<int64_t> bytes_in_place_{0};
+  std::atomic<bool> values_released_{false};  // ReleaseSegmentMemory was called
   std::atomic<int64_t> bytes_pushed_in_place_{0};
 
   absl::Mutex mu_;

@@ -543,6 +543,45 @@ TEST(PsStreamsTest, TheLastPushIsReadWholeAfterTheClientReleasedItsMemory) {
   EXPECT_GT(client->bytes_pushed_in_place(), 0);
 }
 
+// One worker (SGD): its server writes the new values where its pulls land
+// during the push (ps/parameter_server.h). A client that gives that memory
+// back once its last push is answered (as the trainer does at its end,
+// after its final pull) and pulls again gets the server's values, not
+// what the released pages read as: such pulls land in the landing region.
+// Before that, the next pull after a push writes nothing and the weights
+// living in the segment are the new values.
+TEST(PsStreamsTest, APullAfterTheClientReleasedItsMemoryGetsTheValuesWritten) {
+  LocalPsCluster cluster(1, /*start=*/true, /*shared_memory=*/true);
+  auto client = NewClient(Options(cluster, "j"));
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+  Buffers w(Vars());
+  Buffers g = Grads();
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    w.tensors[v].MoveTo(client->SharedValues(static_cast<int>(v)));
+    g.tensors[v].MoveTo(client->SharedGradients(static_cast<int>(v)));
+  }
+  ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());  // the server writes into the segment
+  ASSERT_TRUE(client->Push(0, 1, g.const_ptrs).ok());
+  ExpectUpdated(w, true);  // written during the push
+  ASSERT_TRUE(client->Pull(1, 0, w.ptrs).ok());
+  ExpectUpdated(w, true);
+  EXPECT_EQ(JobOn(cluster, 0).updates_ahead(), 1);
+  ASSERT_TRUE(client->Push(1, 1, g.const_ptrs).ok());  // written again, then given back
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    w.tensors[v].MoveTo(nullptr);
+    g.tensors[v].MoveTo(nullptr);
+    client->ReleaseShared(static_cast<int>(v));
+  }
+  Buffers after(Vars());
+  ASSERT_TRUE(client->Pull(2, 0, after.ptrs).ok());
+  for (size_t v = 0; v < after.tensors.size(); ++v) {
+    for (int64_t i = 0; i < after.tensors[v].num_elements(); ++i) {
+      ASSERT_EQ(after.tensors[v][i], (1.0f - kLr * Grad(v, i)) - kLr * Grad(v, i))
+          << "variable " << v << " element " << i;
+    }
+  }
+}
+
 // A pull that fails part way, after a variable was written in place, is
 // retried into the segment's landing region: the variable the first call
 // completed (which the compute may already be reading, in the tensor that
