@@ -246,6 +246,38 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     // Time blocked on weights inside the compute: pull time, not compute
     // (pipeline stages may wait at the same time; their sum is counted).
     std::atomic<int64_t> weights_wait_ns{0};
+    // The next step's pull goes out once forward is done, at the first
+    // gradients backward announces (every weight was needed before them),
+    // or after the step if none is announced during it: SYNC, the servers
+    // hold it until this step is complete; ASYNC, until they have taken
+    // this push, whose gradient the next weights then include (as without
+    // overlap). Out before the push's last gradient, it waits in the
+    // servers when the push completes, so that a server with one worker
+    // writes the update's new values where it lands as it forms them
+    // (ps/parameter_server.h) instead of copying them for it afterwards.
+    absl::Mutex next_mu;
+    bool next_started = false;
+    absl::Status next_status;
+    std::unique_ptr<PullStream> next_pull;
+    auto start_next_pull = [&]() -> absl::Status {
+      absl::MutexLock lock(&next_mu);
+      if (next_started) return next_status;
+      next_started = true;
+      next_status = [&]() -> absl::Status {
+        const absl::Time t = absl::Now();
+        const absl::Status st = pull->Finish().status();  // its errors, if any
+        weights_wait_ns += absl::ToInt64Nanoseconds(absl::Now() - t);
+        TOWERPS_RETURN_IF_ERROR(st);
+        bd.pull_wait_s += absl::ToDoubleSeconds(pull->server_wait());
+        if (sync) {
+          TOWERPS_ASSIGN_OR_RETURN(next_pull, client_.StartPull(pulled + 1, it + 1, weights));
+        } else if (it + 1 < iterations) {
+          TOWERPS_ASSIGN_OR_RETURN(next_pull, client_.StartPullAfterPush(0, it + 1, weights));
+        }
+        return absl::OkStatus();
+      }();
+      return next_status;
+    };
     Model::StepEvents events;
     events.weights_needed = [&](int first, int count) {
       const absl::Time t = absl::Now();
@@ -253,26 +285,21 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       weights_wait_ns += absl::ToInt64Nanoseconds(absl::Now() - t);
       return st;
     };
-    events.gradients_ready = [&](int first, int count) { return push->Send(first, count); };
+    events.gradients_ready = [&](int first, int count) {
+      TOWERPS_RETURN_IF_ERROR(start_next_pull());
+      return push->Send(first, count);
+    };
     const absl::Time compute_start = absl::Now();
-    TOWERPS_ASSIGN_OR_RETURN(LossResult r, towers_.ComputeGradients(batch, events));
+    absl::StatusOr<LossResult> computed = towers_.ComputeGradients(batch, events);
     const double weights_wait_s = weights_wait_ns.load() * 1e-9;
     bd.compute_s += seconds_since(compute_start) - weights_wait_s;
     bd.pull_s += weights_wait_s;
+    TOWERPS_RETURN_IF_ERROR(computed.status());
+    const LossResult r = *std::move(computed);
     pull_start = absl::Now();
-    TOWERPS_RETURN_IF_ERROR(pull->Finish().status());  // its errors, if any
+    TOWERPS_RETURN_IF_ERROR(start_next_pull());
     bd.pull_s += seconds_since(pull_start);
-    bd.pull_wait_s += absl::ToDoubleSeconds(pull->server_wait());
-    pull.reset();
-    // The next step's pull goes out now, while the push finishes. SYNC:
-    // the servers hold it until this step is complete; ASYNC: until they
-    // have taken this push, whose gradient the next weights then include
-    // (as without overlap).
-    if (sync) {
-      TOWERPS_ASSIGN_OR_RETURN(pull, client_.StartPull(pulled + 1, it + 1, weights));
-    } else if (it + 1 < iterations) {
-      TOWERPS_ASSIGN_OR_RETURN(pull, client_.StartPullAfterPush(0, it + 1, weights));
-    }
+    pull = std::move(next_pull);
     const int64_t examples = batch.size();
     // The next batch, while the servers take this step's push (the worker
     // would wait): at the next position, as it will be unless the servers'
