@@ -51,6 +51,23 @@ ParameterClientOptions SharedOrNot(LocalPsCluster& cluster, bool shared) {
   return o;
 }
 
+// Weights `w` and gradients `g` go to live in the client's segment, as a
+// trainer's do while it trains; and back to memory of their own, the
+// segment's values given back, as at its end.
+void MoveIntoSegment(ParameterClient& client, Buffers& w, Buffers& g) {
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    w.tensors[v].MoveTo(client.SharedValues(static_cast<int>(v)));
+    g.tensors[v].MoveTo(client.SharedGradients(static_cast<int>(v)));
+  }
+}
+void MoveOutAndRelease(ParameterClient& client, Buffers& w, Buffers& g) {
+  for (size_t v = 0; v < w.tensors.size(); ++v) {
+    w.tensors[v].MoveTo(nullptr);
+    g.tensors[v].MoveTo(nullptr);
+    client.ReleaseShared(static_cast<int>(v));
+  }
+}
+
 // Every element of every variable is `1 - kLr * Grad` (one update) or 1
 // (none).
 void ExpectUpdated(const Buffers& w, bool updated) {
@@ -522,20 +539,13 @@ TEST(PsStreamsTest, TheLastPushIsReadWholeAfterTheClientReleasedItsMemory) {
   ASSERT_TRUE(client->Register(Config(v1::ASYNC, 2)).ok());
   Buffers w(Vars());
   Buffers g = Grads();
-  for (size_t v = 0; v < w.tensors.size(); ++v) {
-    w.tensors[v].MoveTo(client->SharedValues(static_cast<int>(v)));
-    g.tensors[v].MoveTo(client->SharedGradients(static_cast<int>(v)));
-  }
+  MoveIntoSegment(*client, w, g);
   ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());  // the server writes into the segment
   hold.store(true);
   auto pushed = client->Push(0, 1, g.const_ptrs);
   ASSERT_TRUE(pushed.ok()) << pushed.status();
   ASSERT_TRUE(WaitFor([&] { return held.load(); }));  // the update read variable 0 only
-  for (size_t v = 0; v < w.tensors.size(); ++v) {     // as the trainer does at its end
-    w.tensors[v].MoveTo(nullptr);
-    g.tensors[v].MoveTo(nullptr);
-    client->ReleaseShared(static_cast<int>(v));
-  }
+  MoveOutAndRelease(*client, w, g);  // as the trainer does at its end
   go.Notify();
   Buffers after(Vars());
   ASSERT_TRUE(client->Pull(1, 0, after.ptrs).ok());
@@ -556,10 +566,7 @@ TEST(PsStreamsTest, APullAfterTheClientReleasedItsMemoryGetsTheValuesWritten) {
   ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
   Buffers w(Vars());
   Buffers g = Grads();
-  for (size_t v = 0; v < w.tensors.size(); ++v) {
-    w.tensors[v].MoveTo(client->SharedValues(static_cast<int>(v)));
-    g.tensors[v].MoveTo(client->SharedGradients(static_cast<int>(v)));
-  }
+  MoveIntoSegment(*client, w, g);
   ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());  // the server writes into the segment
   ASSERT_TRUE(client->Push(0, 1, g.const_ptrs).ok());
   ExpectUpdated(w, true);  // written during the push
@@ -567,11 +574,7 @@ TEST(PsStreamsTest, APullAfterTheClientReleasedItsMemoryGetsTheValuesWritten) {
   ExpectUpdated(w, true);
   EXPECT_EQ(JobOn(cluster, 0).updates_ahead(), 1);
   ASSERT_TRUE(client->Push(1, 1, g.const_ptrs).ok());  // written again, then given back
-  for (size_t v = 0; v < w.tensors.size(); ++v) {
-    w.tensors[v].MoveTo(nullptr);
-    g.tensors[v].MoveTo(nullptr);
-    client->ReleaseShared(static_cast<int>(v));
-  }
+  MoveOutAndRelease(*client, w, g);
   Buffers after(Vars());
   ASSERT_TRUE(client->Pull(2, 0, after.ptrs).ok());
   for (size_t v = 0; v < after.tensors.size(); ++v) {
