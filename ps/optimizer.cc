@@ -31,6 +31,32 @@ std::vector<float> Detach(std::vector<float>& slot) {
   return old;
 }
 
+// Copies elements [i, i + k) of `value` to each of `copies`.
+void CopyBlock(const float* value, int64_t i, int64_t k, absl::Span<float* const> copies) {
+  for (float* copy : copies) {
+    std::memcpy(copy + i, value + i, static_cast<size_t>(k) * sizeof(float));
+  }
+}
+
+// Runs an element-wise update `pass(copying, b, e, copy)` over the `n`
+// elements of the values `w`: in one pass with no copies; else a block of
+// Optimizer::kApplyBlock at a time, the pass storing each new value to the
+// first copy as well (copying: std::true_type), the other copies taken
+// from the block while in cache. Element-wise, so the blocks change no bit.
+template <typename Pass>
+void CopiedPasses(const float* w, size_t n, absl::Span<float* const> copies, Pass pass) {
+  const int64_t size = static_cast<int64_t>(n);
+  if (copies.empty()) {
+    pass(std::false_type(), 0, size, nullptr);
+    return;
+  }
+  for (int64_t b = 0; b < size; b += Optimizer::kApplyBlock) {
+    const int64_t e = std::min(size, b + Optimizer::kApplyBlock);
+    pass(std::true_type(), b, e, copies[0]);
+    CopyBlock(w, b, e - b, copies.subspan(1));
+  }
+}
+
 // The learning rate of the update numbered `step` (1-based).
 double StepLearningRate(const v1::OptimizerSpec& spec, int64_t step) {
   return common::LearningRateAt(spec, step - 1);
@@ -58,6 +84,24 @@ class Sgd : public Optimizer {
       const int k = static_cast<int>(std::min(kBlock, n - i));
       DecayedStep(k, value.data() + i, grad.data() + i, scratch_.data());
       cblas_saxpy(k, -lr, scratch_.data(), 1, value.data() + i, 1);
+    }
+  }
+  void ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
+                    absl::Span<float* const> copies) override {
+    // Apply's calls, block by block (saxpy works element by element, so
+    // the blocks round as the whole-variable call does), each block copied
+    // while in cache.
+    const float lr = static_cast<float>(StepLearningRate(spec_, step));
+    const int64_t n = static_cast<int64_t>(value.size());
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int k = static_cast<int>(std::min(kBlock, n - i));
+      if (weight_decay_ == 0.0f) {
+        cblas_saxpy(k, -lr, grad.data() + i, 1, value.data() + i, 1);
+      } else {
+        DecayedStep(k, value.data() + i, grad.data() + i, scratch_.data());
+        cblas_saxpy(k, -lr, scratch_.data(), 1, value.data() + i, 1);
+      }
+      CopyBlock(value.data(), i, k, copies);
     }
   }
   bool CanApplyInto() const override { return true; }
@@ -113,11 +157,11 @@ class Momentum : public Optimizer {
         velocity_(n, 0.0f) {}
   void Apply(absl::Span<float> value, absl::Span<const float> grad,
              int64_t step) override {
-    Update(value, grad, step, nullptr);
+    Update(value, grad, step, {});
   }
   void ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
-                    absl::Span<float> copy) override {
-    Update(value, grad, step, copy.data());
+                    absl::Span<float* const> copies) override {
+    Update(value, grad, step, copies);
   }
   int64_t slot_bytes() const override { return velocity_.size() * sizeof(float); }
   std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
@@ -131,18 +175,18 @@ class Momentum : public Optimizer {
 
  private:
   // One pass over memory, weight decay folded in; the new values also to
-  // `copy` unless it is null (the same expressions, so the same bits).
+  // `copies` (the same expressions, so the same bits; see CopiedPasses).
   void Update(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
-              float* copy) {
+              absl::Span<float* const> copies) {
     // Locals, so the stores through v and w cannot force reloads.
     const float lr = static_cast<float>(StepLearningRate(spec_, step));
     const float mom = m_, wd = weight_decay_;
     float* v = velocity_.data();
     float* w = value.data();
     const float* g = grad.data();
-    const int64_t n = static_cast<int64_t>(value.size());
-    auto pass = [&](auto nesterov, auto copying) {
-      for (int64_t i = 0; i < n; ++i) {
+    // Elements [b, e); with `copying`, also to `copy`.
+    auto pass = [&](auto nesterov, auto copying, int64_t b, int64_t e, float* copy) {
+      for (int64_t i = b; i < e; ++i) {
         const float gi = g[i] + wd * w[i];
         v[i] = mom * v[i] - lr * gi;
         if constexpr (decltype(nesterov)::value) {
@@ -154,11 +198,13 @@ class Momentum : public Optimizer {
       }
     };
     if (nesterov_) {
-      copy != nullptr ? pass(std::true_type(), std::true_type())
-                      : pass(std::true_type(), std::false_type());
+      CopiedPasses(w, value.size(), copies, [&](auto copying, int64_t b, int64_t e, float* c) {
+        pass(std::true_type(), copying, b, e, c);
+      });
     } else {
-      copy != nullptr ? pass(std::false_type(), std::true_type())
-                      : pass(std::false_type(), std::false_type());
+      CopiedPasses(w, value.size(), copies, [&](auto copying, int64_t b, int64_t e, float* c) {
+        pass(std::false_type(), copying, b, e, c);
+      });
     }
   }
 
@@ -183,11 +229,11 @@ class Adam : public Optimizer {
         v_(n, 0.0f) {}
   void Apply(absl::Span<float> value, absl::Span<const float> grad,
              int64_t step) override {
-    Update(value, grad, step, nullptr);
+    Update(value, grad, step, {});
   }
   void ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
-                    absl::Span<float> copy) override {
-    Update(value, grad, step, copy.data());
+                    absl::Span<float* const> copies) override {
+    Update(value, grad, step, copies);
   }
   int64_t slot_bytes() const override {
     return (m_.size() + v_.size()) * sizeof(float);
@@ -204,9 +250,9 @@ class Adam : public Optimizer {
 
  private:
   // One pass over memory, weight decay folded in; the new values also to
-  // `copy` unless it is null (the same expressions, so the same bits).
+  // `copies` (the same expressions, so the same bits; see CopiedPasses).
   void Update(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
-              float* copy) {
+              absl::Span<float* const> copies) {
     const double t = static_cast<double>(step);
     const float lr_t = static_cast<float>(StepLearningRate(spec_, step) *
                                           std::sqrt(1.0 - std::pow(b2_, t)) /
@@ -216,9 +262,8 @@ class Adam : public Optimizer {
     float* w = value.data();
     const float* g = grad.data();
     const float b1 = b1_, b2 = b2_, eps = eps_, wd = weight_decay_;
-    const int64_t n = static_cast<int64_t>(value.size());
-    auto pass = [&](auto copying) {
-      for (int64_t i = 0; i < n; ++i) {
+    auto pass = [&](auto copying, int64_t b, int64_t e, float* copy) {
+      for (int64_t i = b; i < e; ++i) {
         const float gi = g[i] + wd * w[i];
         m[i] = b1 * m[i] + (1.0f - b1) * gi;
         v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
@@ -226,7 +271,7 @@ class Adam : public Optimizer {
         if constexpr (decltype(copying)::value) copy[i] = w[i];
       }
     };
-    copy != nullptr ? pass(std::true_type()) : pass(std::false_type());
+    CopiedPasses(w, value.size(), copies, pass);
   }
 
   const v1::OptimizerSpec spec_;
@@ -268,9 +313,11 @@ class MovingAverage : public Optimizer {
 }  // namespace
 
 void Optimizer::ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad,
-                             int64_t step, absl::Span<float> copy) {
+                             int64_t step, absl::Span<float* const> copies) {
   Apply(value, grad, step);
-  std::memcpy(copy.data(), value.data(), value.size() * sizeof(float));
+  for (int64_t i = 0; i < static_cast<int64_t>(value.size()); i += kApplyBlock) {
+    CopyBlock(value.data(), i, std::min<int64_t>(kApplyBlock, value.size() - i), copies);
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Optimizer>> NewOptimizer(

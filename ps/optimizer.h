@@ -36,12 +36,13 @@ class Optimizer {
   // step >= 1.
   virtual void Apply(absl::Span<float> value, absl::Span<const float> grad,
                      int64_t step) = 0;
-  // Apply, with the new values also written to `copy` (value's size), bit
-  // for bit, as they are formed where the rule allows (Adam, momentum: in
-  // the same pass), else right after: for a worker's weights on the same
-  // host, so that its pull need not copy them (ParameterServer, Commit).
+  // Apply, with the new values also written to each of `copies` (value's
+  // size each), bit for bit, one block of kApplyBlock at a time while the
+  // block is in cache (Adam, momentum: the first copy in the update's own
+  // pass): for the workers' weights on the same host, so that their pulls
+  // need not copy them (ParameterServer, Commit).
   virtual void ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad,
-                            int64_t step, absl::Span<float> copy);
+                            int64_t step, absl::Span<float* const> copies);
   // Bytes of optimizer state held for the variable (the slots; not SGD's
   // small scratch block for weight decay).
   virtual int64_t slot_bytes() const = 0;

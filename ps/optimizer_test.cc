@@ -362,9 +362,10 @@ TEST(OptimizerTest, RestoredSlotsContinueBitIdentically) {
 }
 
 // ApplyAndCopy leaves the values and slots of Apply, bit for bit, and the
-// same values in the copy, for every rule (momentum and Adam copy in their
-// own pass; SGD and the moving average after it), over several steps of a
-// variable of several of SGD's scratch blocks and a partial one.
+// same values in each copy, for every rule (momentum and Adam copy in their
+// own pass, block by block; SGD block by block; the moving average after
+// it), over steps with no copy and with one, two and three, of a variable
+// of several of the rules' blocks and a partial one.
 TEST(OptimizerTest, ApplyAndCopyIsApplyBitForBitWithTheValuesCopied) {
   const int64_t n = 2 * Optimizer::kApplyBlock + 77;
   struct Rule {
@@ -380,6 +381,8 @@ TEST(OptimizerTest, ApplyAndCopyIsApplyBitForBitWithTheValuesCopied) {
                        [=] { return Make(type, 0.01f, n, nesterov, 1e-3f); }});
     }
   }
+  rules.push_back({"SGD without weight decay",
+                   [=] { return Make(v1::OptimizerSpec::SGD, 0.01f, n, false, 0.0f); }});
   v1::VariableDef average;
   average.set_name("bn/moving_mean");
   average.set_update(v1::VariableDef::MOVING_AVERAGE);
@@ -396,14 +399,20 @@ TEST(OptimizerTest, ApplyAndCopyIsApplyBitForBitWithTheValuesCopied) {
     std::normal_distribution<float> normal;
     std::vector<float> a(n);
     for (float& x : a) x = normal(rng);
-    std::vector<float> b = a, copy(n, -1.0f);
-    for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<float> b = a;
+    for (int64_t step = 1; step <= 4; ++step) {
       std::vector<float> g(n);
       for (float& x : g) x = normal(rng);
+      std::vector<std::vector<float>> copies(step - 1, std::vector<float>(n, -1.0f));
+      std::vector<float*> to;
+      for (auto& c : copies) to.push_back(c.data());
       plain->Apply(absl::MakeSpan(a), g, step);
-      copying->ApplyAndCopy(absl::MakeSpan(b), g, step, absl::MakeSpan(copy));
+      copying->ApplyAndCopy(absl::MakeSpan(b), g, step, to);
       ASSERT_EQ(0, std::memcmp(a.data(), b.data(), n * sizeof(float))) << "step " << step;
-      ASSERT_EQ(0, std::memcmp(a.data(), copy.data(), n * sizeof(float))) << "step " << step;
+      for (size_t c = 0; c < copies.size(); ++c) {
+        ASSERT_EQ(0, std::memcmp(a.data(), copies[c].data(), n * sizeof(float)))
+            << "step " << step << ", copy " << c;
+      }
     }
     auto sa = plain->Slots(), sb = copying->Slots();
     ASSERT_EQ(sa.size(), sb.size());

@@ -125,19 +125,23 @@ class Job {
   // where they are until they finish.
   int preparing ABSL_GUARDED_BY(mu) = 0;
   int64_t updates_ahead ABSL_GUARDED_BY(mu) = 0;  // commits of values formed ahead
-  // Same host, one worker: values a push wrote into the worker's segment
-  // as it formed them (PushSession::AddShared). `written_key` names that
-  // segment; by var_index, `written_at` is the byte offset and
-  // `written_version` the steps_applied whose values lie there (-1: none
-  // known). `writer` is the push writing there now or whose values those
-  // are (0: none): a pull into a segment takes that role away, since it
-  // may write any variable, and a push's commit records its writes only
-  // if it still holds it. `writers` hands out the pushes' ids;
-  // `writing_through` counts pushes writing into a segment now, which
-  // pulls into segments wait for.
-  std::string written_key ABSL_GUARDED_BY(mu);
-  std::vector<int64_t> written_at ABSL_GUARDED_BY(mu);
-  std::vector<int64_t> written_version ABSL_GUARDED_BY(mu);
+  // Same host: the new values written into workers' segments, by a push
+  // of a lone worker as it formed them (PushSession::AddShared) or by an
+  // update (Commit::Run), by segment (its nonce): by var_index, `at` the
+  // byte offset and `version` the steps_applied whose values lie there
+  // (-1: none known). A pull into the segment takes it away (only the
+  // first pull after the update takes the values as they lie), and each
+  // commit keeps only the segments whose values it vouched for.
+  struct Written {
+    std::vector<int64_t> at, version;
+  };
+  std::map<std::string, Written> written ABSL_GUARDED_BY(mu);
+  // `writer` is the push writing into a segment as it forms values, or
+  // whose values those are (0: none): a pull into a segment takes that
+  // role away, since it may write any variable, and a push's commit
+  // records its writes only if it still holds it. `writers` hands out the
+  // pushes' ids; `writing_through` counts pushes writing into a segment
+  // now, which pulls into segments wait for.
   int64_t writer ABSL_GUARDED_BY(mu) = 0;
   int64_t writers ABSL_GUARDED_BY(mu) = 0;
   int writing_through ABSL_GUARDED_BY(mu) = 0;
@@ -599,13 +603,13 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad, float* to, 
         job.writer = writer_id_;
         written_.assign(job.sizes.size(), 0);
       }
-      if (job.written_key != values_segment_) {
-        job.written_key = values_segment_;
-        job.written_at.assign(job.sizes.size(), -1);
-        job.written_version.assign(job.sizes.size(), -1);
+      Job::Written& rec = job.written[values_segment_];
+      if (rec.at.empty()) {
+        rec.at.assign(job.sizes.size(), -1);
+        rec.version.assign(job.sizes.size(), -1);
       }
-      job.written_at[v] = at;
-      job.written_version[v] = -1;  // until this push commits
+      rec.at[v] = at;
+      rec.version[v] = -1;  // until this push commits
       ++job.writing_through;
     } else {
       to = nullptr;
@@ -1114,17 +1118,18 @@ void Commit::Run() {
     }
     internal::Variable& var = *vars[v];
     const absl::Span<const float> mean = FormMean(v);
-    // A lone part's worker named where its pulls land: the new values go
-    // there too (ParameterServer::DecidePush vouched for them already).
-    float* to = parts_.size() == 1 && v < parts_[0].values_to.size() ? parts_[0].values_to[v]
-                                                                    : nullptr;
-    if (!mean.empty() && to != nullptr) {
-      var.optimizer->ApplyAndCopy(absl::MakeSpan(var.value), mean, ++var.updates,
-                                  absl::MakeSpan(to, var.value.size()));
-    } else if (!mean.empty()) {
+    // Where the parts' workers' pulls land: the new values go there too
+    // (ParameterServer::DecidePush vouched for them already).
+    copies_.clear();
+    for (const GradientPart& p : parts_) {
+      if (v < p.values_to.size() && p.values_to[v] != nullptr) copies_.push_back(p.values_to[v]);
+    }
+    if (!mean.empty() && copies_.empty()) {
       var.optimizer->Apply(absl::MakeSpan(var.value), mean, ++var.updates);
-    } else if (to != nullptr) {
-      std::memcpy(to, var.value.data(), var.value.size() * sizeof(float));
+    } else if (!mean.empty()) {
+      var.optimizer->ApplyAndCopy(absl::MakeSpan(var.value), mean, ++var.updates, copies_);
+    } else {
+      for (float* to : copies_) std::memcpy(to, var.value.data(), var.value.size() * sizeof(float));
     }
     publication_->Publish(v + 1);
     if (after_publish_) after_publish_(v + 1);
@@ -1330,20 +1335,21 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
   // Once the update began (BeginCommitLocked; `parts` its parts): what
   // the push wrote into the worker's segment as it formed its values is
   // the job's values, unless a pull into a segment (or another push) wrote
-  // there since it began. And the update of a lone part writes its new
-  // values there too (Commit::Run), after the push is answered, where the
-  // worker's next pull into that very place waits already (until it
-  // returns, the worker neither reads nor gives back that memory): those
-  // are the job's values once each variable is published (a pull waits for
-  // that before it names the variable, and no pull can write there before).
+  // there since it began. And the update writes its new values into each
+  // part's worker's segment too (Commit::Run), after the pushes were
+  // answered, where that worker's next pull into that very place waits
+  // already (until it returns, the worker neither reads nor gives back
+  // that memory): those are the job's values once each variable is
+  // published (a pull waits for that before it names the variable, and no
+  // pull can write there before). Records of other segments are dropped:
+  // no value of this update lies there.
   auto vouch = [&](std::vector<GradientPart>& parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
-    if (parts.size() == 1 && !parts[0].values_to.empty()) {
-      GradientPart& p = parts[0];
-      if (job.written_key != p.values_key) {
-        job.written_key = p.values_key;
-        job.written_at.assign(job.sizes.size(), -1);
-        job.written_version.assign(job.sizes.size(), -1);
-        job.writer = 0;
+    for (GradientPart& p : parts) {
+      if (p.values_to.empty()) continue;
+      Job::Written& rec = job.written[p.values_key];
+      if (rec.at.empty()) {
+        rec.at.assign(job.sizes.size(), -1);
+        rec.version.assign(job.sizes.size(), -1);
       }
       for (size_t v = 0; v < p.values_to.size(); ++v) {
         if (p.values_to[v] == nullptr || (v < prepared.size() && prepared[v])) continue;
@@ -1358,13 +1364,23 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
           p.values_to[v] = nullptr;
           continue;
         }
-        job.written_at[v] = p.values_at[v];
-        job.written_version[v] = job.steps_applied;
+        rec.at[v] = p.values_at[v];
+        rec.version[v] = job.steps_applied;
       }
     }
-    if (s->writer_id_ == 0 || job.writer != s->writer_id_) return;
-    for (size_t v = 0; v < prepared.size(); ++v) {
-      if (prepared[v] && s->written_[v]) job.written_version[v] = job.steps_applied;
+    auto own = job.written.find(s->values_segment_);
+    if (s->writer_id_ != 0 && job.writer == s->writer_id_ && own != job.written.end()) {
+      for (size_t v = 0; v < prepared.size(); ++v) {
+        if (prepared[v] && s->written_[v]) own->second.version[v] = job.steps_applied;
+      }
+    }
+    for (auto it = job.written.begin(); it != job.written.end();) {
+      const std::vector<int64_t>& version = it->second.version;
+      if (std::find(version.begin(), version.end(), job.steps_applied) == version.end()) {
+        it = job.written.erase(it);
+      } else {
+        ++it;
+      }
     }
   };
   rec.seen = true;
@@ -1629,11 +1645,12 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
       const v1::SharedSegment& seg = request.segment();
       const size_t n = job.vars.size();
       in_place->assign(n, 0);
-      if (request.has_segment() && seg.nonce() == job.written_key &&
-          seg.offsets_size() == static_cast<int>(n) && job.written_at.size() == n) {
+      auto rec = request.has_segment() ? job.written.find(seg.nonce()) : job.written.end();
+      if (rec != job.written.end() && seg.offsets_size() == static_cast<int>(n) &&
+          rec->second.at.size() == n) {
         for (size_t v = 0; v < n; ++v) {
-          (*in_place)[v] = job.written_version[v] == job.steps_applied &&
-                           job.written_at[v] == seg.offsets(static_cast<int>(v));
+          (*in_place)[v] = rec->second.version[v] == job.steps_applied &&
+                           rec->second.at[v] == seg.offsets(static_cast<int>(v));
         }
       }
     }
@@ -1641,9 +1658,7 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
     // they lie there: once it returned, the worker may write its weights
     // or give their memory back, so a later pull (a retry, a pull after
     // training) writes them again.
-    if (request.has_segment() && request.segment().nonce() == job.written_key) {
-      std::fill(job.written_version.begin(), job.written_version.end(), -1);
-    }
+    if (request.has_segment()) job.written.erase(request.segment().nonce());
     ++job.segment_writers;
     job.writer = 0;  // it may write any variable there
     *segment_lease = std::make_shared<SegmentLease>(std::move(job_ptr));

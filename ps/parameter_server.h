@@ -222,6 +222,7 @@ class Commit {
   // Job::BeginCommitLocked, so that parts_[0] holds the old ones: Run only
   // publishes them.
   std::vector<char> prepared_;
+  std::vector<float*> copies_;  // Run's: where one variable's new values go as well
   std::function<void(size_t)> after_publish_;
   bool done_ = false;
 };
@@ -298,8 +299,8 @@ class PushSession {
   // still in cache; not when a pull is writing into a segment of the job
   // meanwhile; and only a commit of this push, with no pull into a segment
   // since it began writing, vouches for what it wrote. Otherwise by the
-  // update, when this push is its only part (Commit::Run), as it forms
-  // them.
+  // update (Commit::Run) as it forms them, with those of the step's other
+  // parts, where the worker's next pull into that place waits already.
   absl::Status AddShared(size_t var, const float* values, std::shared_ptr<const void> segment,
                          float* new_values_to = nullptr, int64_t new_values_at = -1);
   // Names (by its nonce) the worker's segment that AddShared's
@@ -417,11 +418,11 @@ class ParameterServer {
   // With `in_place` as well (and a request naming a segment), *in_place is
   // set, by var_index, to 1 where that segment already holds the
   // snapshot's values at the offset the request names, written by a push
-  // as it formed them (PushSession::AddShared), so that the pull need not
-  // write them, and 0 elsewhere; only the first such pull after they were
-  // written (the worker may change that memory once it returned). Such a
-  // pull also waits while a push writes new values into a segment of the
-  // job.
+  // as it formed them (PushSession::AddShared) or by the update (Commit::
+  // Run), so that the pull need not write them, and 0 elsewhere; only the
+  // first such pull after they were written (the worker may change that
+  // memory once it returned). Such a pull also waits while a push writes
+  // new values into a segment of the job.
   absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> Pull(
       const v1::PullRequest& request, absl::Time deadline,
       std::shared_ptr<void>* segment_lease = nullptr, std::vector<char>* in_place = nullptr);

@@ -1974,8 +1974,11 @@ TEST(UpdateAheadTest, TheUpdateOfALonePushWritesTheNewValuesWhereThePullsLand) {
         EXPECT_EQ(waited, std::vector<char>{1});
         const std::vector<float> after = Values(*PullNow(ps, step + 1))[0];
         EXPECT_EQ(weights, after);
-        if (step == 2) EXPECT_EQ(after, before);  // kept
-        if (step < 2) EXPECT_NE(after, before);
+        if (step == 2) {
+          EXPECT_EQ(after, before);  // kept
+        } else {
+          EXPECT_NE(after, before);
+        }
         EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 4096), std::vector<char>{0});  // only the first
       }
       // With no pull waiting, the worker may be done with that memory once
@@ -1995,26 +1998,72 @@ TEST(UpdateAheadTest, TheUpdateOfALonePushWritesTheNewValuesWhereThePullsLand) {
       EXPECT_EQ(PullInPlace(ps, 4, "seg", 4096), std::vector<char>{0});
     }
   }
-  // Two workers' pushes in one update: nothing written, nothing vouched.
-  ParameterServer ps({});
-  v1::RegisterRequest job = OneBigVarJob(v1::SYNC, n, 0.0f);
-  job.mutable_config()->set_num_workers(2);
-  ASSERT_TRUE(ps.Register(job).ok());
-  std::vector<float> weights[2] = {std::vector<float>(n, -7.0f), std::vector<float>(n, -7.0f)};
-  const std::vector<float> g(n, 0.5f);
-  for (int w = 0; w < 2; ++w) {
-    v1::PushHeader h = Header(w, 1, 0, 10);
-    h.mutable_segment()->set_size(1);
-    auto s = ps.BeginPush(h);
-    ASSERT_TRUE(s.ok()) << s.status();
-    (*s)->SetValuesSegment(absl::StrCat("seg", w));
-    ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr, weights[w].data(), 4096).ok());
-    ASSERT_TRUE(ps.FinishPush(*std::move(s)).ok());
-  }
-  EXPECT_EQ(PullNow(ps, 1)->global_step, 1);
-  for (int w = 0; w < 2; ++w) {
-    EXPECT_EQ(weights[w], std::vector<float>(n, -7.0f));
-    EXPECT_EQ(PullInPlace(ps, 1, absl::StrCat("seg", w), 4096), std::vector<char>{0});
+}
+
+// Two workers' pushes in one SYNC update, for every rule (none forms its
+// update ahead with two workers): the new values go into each worker's
+// segment where its next pull waits already, bit for bit the job's, and
+// that pull takes them as they lie; a worker whose pull does not wait yet
+// (step 1: worker 1's) gets nothing written (it may be done with that
+// memory), and its pull writes.
+TEST(UpdateAheadTest, TheUpdateWritesEachWorkersNewValuesWhereItsPullWaits) {
+  const int64_t n = 3 * Optimizer::kApplyBlock + 5;
+  for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::ADAM,
+                    v1::OptimizerSpec::MOMENTUM}) {
+    SCOPED_TRACE(v1::OptimizerSpec::Type_Name(type));
+    ParameterServer ps({});
+    v1::RegisterRequest job = OneBigVarJob(v1::SYNC, n, 0.0f);
+    job.mutable_config()->set_num_workers(2);
+    job.mutable_config()->mutable_optimizer()->set_type(type);
+    ASSERT_TRUE(ps.Register(job).ok());
+    std::vector<float> weights[2] = {std::vector<float>(n, -7.0f), std::vector<float>(n, -7.0f)};
+    const std::string key[2] = {"seg0", "seg1"};
+    for (int64_t step = 0; step < 3; ++step) {
+      SCOPED_TRACE(absl::StrCat("step ", step));
+      const std::vector<float> before = Values(*PullNow(ps, step))[0];
+      const int waiting = step == 1 ? 1 : 2;  // workers [0, waiting) pull early
+      std::vector<float> g[2];
+      std::vector<char> waited[2];
+      std::vector<std::thread> pulls;
+      std::unique_ptr<Commit> commit;
+      for (int w = 0; w < 2; ++w) {
+        g[w].resize(n);
+        for (int64_t i = 0; i < n; ++i) {
+          g[w][i] = 0.001f * static_cast<float>((i * 17 + step * 5 + w) % 991);
+        }
+        v1::PushHeader h = Header(w, step + 1, step, 10 + w);
+        h.mutable_segment()->set_size(1);
+        auto s = ps.BeginPush(h);
+        ASSERT_TRUE(s.ok()) << s.status();
+        (*s)->SetValuesSegment(key[w]);
+        ASSERT_TRUE((*s)->AddShared(0, g[w].data(), nullptr, weights[w].data(), 4096).ok());
+        if (w == 1) {  // the step's last push: the early pulls wait first
+          for (int p = 0; p < waiting; ++p) {
+            pulls.emplace_back([&, p] { waited[p] = PullInPlace(ps, step + 1, key[p], 4096); });
+          }
+          EXPECT_TRUE(WaitForJob(
+              ps, [&](const v1::JobStatus& j) { return j.pulls_waiting() == waiting; }));
+        }
+        ASSERT_TRUE(ps.FinishPush(*std::move(s), &commit).ok());
+        EXPECT_EQ(commit != nullptr, w == 1);
+      }
+      commit->Run();
+      for (std::thread& t : pulls) t.join();
+      const std::vector<float> after = Values(*PullNow(ps, step + 1))[0];
+      EXPECT_NE(after, before);
+      for (int w = 0; w < 2; ++w) {
+        if (w < waiting) {
+          EXPECT_EQ(waited[w], std::vector<char>{1}) << "worker " << w;
+          EXPECT_EQ(weights[w], after) << "worker " << w;
+        } else {
+          EXPECT_NE(weights[w], after) << "worker " << w;
+        }
+        // Only the first pull takes them as they lie.
+        EXPECT_EQ(PullInPlace(ps, step + 1, key[w], 4096), std::vector<char>{0});
+      }
+      // What the test's pulls would have written: the worker's weights now.
+      for (int w = 0; w < 2; ++w) weights[w] = after;
+    }
   }
 }
 

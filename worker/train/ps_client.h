@@ -198,10 +198,11 @@ class ParameterClient {
   // variable: a server's update reads the gradient there after answering
   // the push (ps/parameter_server.h, GradientPart), and the next step's
   // weights are what it publishes. Nor may a weight be read from when its
-  // gradient is pushed until the next pull has it: a server that forms
-  // the new values during the push (one worker, SGD) writes them there
-  // too, so that the pull need not (SharedSegment.value_offsets); until
-  // that pull, after a push that failed, they are undefined.
+  // gradient is pushed until the next pull has it: a server writes the
+  // new values there too as it forms them (during the push, or in the
+  // update where that pull waits), so that the pull need not
+  // (SharedSegment.value_offsets); until that pull, after a push that
+  // failed, they are undefined.
   virtual float* SharedValues(int /*var*/) { return nullptr; }
   virtual float* SharedGradients(int /*var*/) { return nullptr; }
   // Gives the pulled values' memory of variable `var` back to the system
