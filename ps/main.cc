@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -187,6 +188,13 @@ int main(int argc, char** argv) {
   ps.StopWaiting();
   service.shm_calls().StopServing();  // same-host calls end too
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  const towerps::v1::StatusResponse held = ps.Status(towerps::v1::StatusRequest());
+  for (const towerps::v1::JobStatus& j : held.jobs()) {
+    const std::string in_place = towerps::ps::DescribeSegmentPulls(j);
+    TLOG(INFO) << "ps " << spec->task_index << ": job \"" << j.job_id() << "\" held at exit: step "
+               << j.global_step() << ", " << j.pushes_applied() << " pushes applied"
+               << (in_place.empty() ? "" : "; ") << in_place;
+  }
   TLOG(INFO) << "ps " << spec->task_index << ": stopped; peak resident memory (VmHWM) "
              << towerps::common::PeakResidentBytes()
              << " bytes, of which workers' shared segments mapped here (RssShmem, their pages, "

@@ -125,6 +125,10 @@ class Job {
   // where they are until they finish.
   int preparing ABSL_GUARDED_BY(mu) = 0;
   int64_t updates_ahead ABSL_GUARDED_BY(mu) = 0;  // commits of values formed ahead
+  // Variables pulls into workers' segments named, and of them those found
+  // there already (Job::written): JobStatus, and the log at deletion.
+  int64_t segment_pull_values ABSL_GUARDED_BY(mu) = 0;
+  int64_t values_in_place ABSL_GUARDED_BY(mu) = 0;
   // Same host: the new values written into workers' segments, by a push
   // of a lone worker as it formed them (PushSession::AddShared) or by an
   // update (Commit::Run), by segment (its nonce): by var_index, `at` the
@@ -1651,8 +1655,10 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
         for (size_t v = 0; v < n; ++v) {
           (*in_place)[v] = rec->second.version[v] == job.steps_applied &&
                            rec->second.at[v] == seg.offsets(static_cast<int>(v));
+          job.values_in_place += (*in_place)[v];
         }
       }
+      job.segment_pull_values += static_cast<int64_t>(n);
     }
     // Only the worker's next pull into its segment takes the values as
     // they lie there: once it returned, the worker may write its weights
@@ -1705,6 +1711,8 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
     s->set_restored_step(job->restored_step);
     s->set_steps_applied(job->steps_applied);
     s->set_updates_ahead(job->updates_ahead);
+    s->set_segment_pull_values(job->segment_pull_values);
+    s->set_values_in_place(job->values_in_place);
     s->set_slot_bytes(job->slot_bytes());
   }
   response.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
@@ -1762,6 +1770,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     reserved_bytes_ -= job->reserved;
   }
   int64_t freed = job->bytes();
+  std::string in_place;  // what its pulls into workers' segments found there
   {
     absl::MutexLock lock(&job->mu);
     // A Commit updates the variables in place; a push preparing ahead reads
@@ -1770,6 +1779,11 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
       job->AwaitCommitLocked(options_.on_commit_wait);
       job->AwaitPreparingLocked();
     }
+    v1::JobStatus counts;
+    counts.set_segment_pull_values(job->segment_pull_values);
+    counts.set_values_in_place(job->values_in_place);
+    in_place = DescribeSegmentPulls(counts);
+    if (!in_place.empty()) in_place = absl::StrCat("; ", in_place);
     freed += job->slot_bytes();
     job->deleted = true;
     // Free the memory now, not when the last waiting pull lets go of the job.
@@ -1787,7 +1801,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
   response.set_existed(true);
   response.set_bytes_freed(freed);
   TLOG(INFO) << "ps " << options_.task_index << ": job \"" << request.job_id()
-             << "\" deleted, " << freed << " bytes freed";
+             << "\" deleted, " << freed << " bytes freed" << in_place;
   return response;
 }
 
@@ -1811,6 +1825,13 @@ absl::StatusOr<std::vector<v1::VariableDef>> ParameterServer::Variables(
   std::vector<v1::VariableDef> out;
   for (const auto& v : job->vars) out.push_back(v.def);
   return out;
+}
+
+std::string DescribeSegmentPulls(const v1::JobStatus& status) {
+  if (status.segment_pull_values() == 0) return "";
+  return absl::StrCat("of the ", status.segment_pull_values(),
+                      " variables pulled into workers' shared memory, ",
+                      status.values_in_place(), " were there already");
 }
 
 }  // namespace towerps::ps

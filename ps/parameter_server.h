@@ -510,6 +510,12 @@ class ParameterServer {
   std::vector<std::unique_ptr<common::SerialExecutor>> updaters_;
 };
 
+// What a job's pulls into workers' shared memory found there already
+// (JobStatus.segment_pull_values, values_in_place), for the logs:
+// "of the N variables pulled into workers' shared memory, M were there
+// already"; empty when none was pulled there.
+std::string DescribeSegmentPulls(const v1::JobStatus& status);
+
 }  // namespace towerps::ps
 
 #endif  // TOWERPS_PS_PARAMETER_SERVER_H_

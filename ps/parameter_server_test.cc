@@ -2018,6 +2018,7 @@ TEST(UpdateAheadTest, TheUpdateWritesEachWorkersNewValuesWhereItsPullWaits) {
     ASSERT_TRUE(ps.Register(job).ok());
     std::vector<float> weights[2] = {std::vector<float>(n, -7.0f), std::vector<float>(n, -7.0f)};
     const std::string key[2] = {"seg0", "seg1"};
+    int64_t in_place = 0, named = 0;  // JobStatus's counts, expected
     for (int64_t step = 0; step < 3; ++step) {
       SCOPED_TRACE(absl::StrCat("step ", step));
       const std::vector<float> before = Values(*PullNow(ps, step))[0];
@@ -2063,6 +2064,15 @@ TEST(UpdateAheadTest, TheUpdateWritesEachWorkersNewValuesWhereItsPullWaits) {
       }
       // What the test's pulls would have written: the worker's weights now.
       for (int w = 0; w < 2; ++w) weights[w] = after;
+      // Counted: the early pulls found their variable there, the two
+      // later ones did not.
+      in_place += waiting;
+      named += waiting + 2;
+      v1::StatusRequest req;
+      req.set_job_id("j");
+      const v1::JobStatus st = ps.Status(req).jobs(0);
+      EXPECT_EQ(st.values_in_place(), in_place);
+      EXPECT_EQ(st.segment_pull_values(), named);
     }
   }
 }

@@ -102,6 +102,15 @@ for i in 0 1; do
   if [ "$n" -eq 2 ]; then pass "worker $i: both servers use its shared memory"
   else fail "worker $i: $n of 2 servers used its shared memory"; grep -h "shared memory" "$DIR/worker$i.log"; fi
 done
+# And each step's update wrote the new values where the workers' next
+# pulls waited (they go out when backward begins), so that those pulls
+# found them there (each ps counts it in its log when the job is deleted).
+for i in 0 1; do
+  line=$(grep -o "of the [0-9]* variables pulled into workers' shared memory, [0-9]* were there already" "$DIR/ps$i.log")
+  found=$(echo "$line" | sed -n 's/.*, \([0-9]*\) were there already/\1/p')
+  if [ -n "$found" ] && [ "$found" -gt 0 ]; then pass "ps $i: $line"
+  else fail "ps $i: no pull found its values written in place: '$line'"; fi
+done
 
 echo "== the same job over gRPC only (--shared_memory=false) ends on the same bits"
 run_cluster sync_grpc 2 2 --mode=sync --max_train_examples=4000 --max_test_examples=1000 --epochs=2 --shared_memory=false
