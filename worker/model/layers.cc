@@ -61,6 +61,18 @@ int64_t Layer::num_params() const {
   return total;
 }
 
+absl::Status Layer::BackwardInput(const DeviceTensor&, const DeviceTensor&,
+                                  const DeviceTensor&, DeviceTensor*) {
+  return absl::UnimplementedError(
+      absl::StrCat("layer '", name(), "' (", TypeName(), ") has no BackwardInput"));
+}
+
+absl::Status Layer::BackwardParams(const DeviceTensor&, const DeviceTensor&,
+                                   const DeviceTensor&, bool) {
+  return absl::UnimplementedError(
+      absl::StrCat("layer '", name(), "' (", TypeName(), ") has no BackwardParams"));
+}
+
 std::vector<Layer::ParamSpec> Dense::param_specs() const {
   std::vector<ParamSpec> specs;
   specs.push_back({"kernel", {input_dim_, units_}, ParamSpec::Init::kGlorotUniform,
@@ -82,10 +94,16 @@ absl::Status Dense::Forward(const DeviceTensor& x, DeviceTensor* y) {
 absl::Status Dense::Backward(const DeviceTensor& x, const DeviceTensor& y,
                              const DeviceTensor& dy, DeviceTensor* dx,
                              bool accumulate) {
+  TOWERPS_RETURN_IF_ERROR(BackwardParams(x, y, dy, accumulate));
+  return dx != nullptr ? BackwardInput(x, y, dy, dx) : absl::OkStatus();
+}
+
+absl::Status Dense::BackwardParams(const DeviceTensor& x, const DeviceTensor& y,
+                                   const DeviceTensor& dy, bool accumulate) {
   TOWERPS_RETURN_IF_ERROR(CheckMatrix(*this, "input", x, -1, input_dim_));
   const int64_t n = x.dim(0);
   TOWERPS_RETURN_IF_ERROR(CheckMatrix(*this, "output gradient", dy, n, units_));
-  // dW (+)= x^T dy; db (+)= column sums of dy; dx = dy W^T.
+  // dW (+)= x^T dy; db (+)= column sums of dy.
   backend_.Gemm(true, false, input_dim_, units_, n, 1.0f, x.data(), dy.data(),
                 accumulate ? 1.0f : 0.0f, kernel_grad_.data());
   if (use_bias_) {
@@ -97,11 +115,18 @@ absl::Status Dense::Backward(const DeviceTensor& x, const DeviceTensor& y,
       backend_.SumRows(n, units_, dy.data(), bias_grad_.data());
     }
   }
-  if (dx != nullptr) {
-    TOWERPS_RETURN_IF_ERROR(dx->Resize({n, input_dim_}));
-    backend_.Gemm(false, true, n, input_dim_, units_, 1.0f, dy.data(),
-                  kernel_.data(), 0.0f, dx->data());
-  }
+  return absl::OkStatus();
+}
+
+absl::Status Dense::BackwardInput(const DeviceTensor& x, const DeviceTensor& y,
+                                  const DeviceTensor& dy, DeviceTensor* dx) {
+  TOWERPS_RETURN_IF_ERROR(CheckMatrix(*this, "input", x, -1, input_dim_));
+  const int64_t n = x.dim(0);
+  TOWERPS_RETURN_IF_ERROR(CheckMatrix(*this, "output gradient", dy, n, units_));
+  // dx = dy W^T.
+  TOWERPS_RETURN_IF_ERROR(dx->Resize({n, input_dim_}));
+  backend_.Gemm(false, true, n, input_dim_, units_, 1.0f, dy.data(),
+                kernel_.data(), 0.0f, dx->data());
   return absl::OkStatus();
 }
 

@@ -49,6 +49,19 @@ class Layer {
                                 const DeviceTensor& dy, DeviceTensor* dx,
                                 bool accumulate = false) = 0;
 
+  // Backward in two halves, so that a Model may backpropagate through every
+  // layer first and form the parameters' gradients after, the first
+  // layer's first (Model::StepEvents): BackwardInput writes only dx (as
+  // Backward would), BackwardParams only grads() (as Backward would, with
+  // `accumulate`); the two, in either order, are Backward bit for bit. Only
+  // where SplitsBackward(); a layer without parameters needs neither (its
+  // Backward writes only dx).
+  virtual bool SplitsBackward() const { return false; }
+  virtual absl::Status BackwardInput(const DeviceTensor& x, const DeviceTensor& y,
+                                     const DeviceTensor& dy, DeviceTensor* dx);
+  virtual absl::Status BackwardParams(const DeviceTensor& x, const DeviceTensor& y,
+                                      const DeviceTensor& dy, bool accumulate);
+
   // The layer's parameters and their gradients, in the same order and with
   // the same shapes, in the backend's memory. The Model sets them up (a view
   // of its host tensors, or device buffers) before the first Forward.
@@ -128,6 +141,13 @@ class Dense : public Layer {
   absl::Status Backward(const DeviceTensor& x, const DeviceTensor& y,
                         const DeviceTensor& dy, DeviceTensor* dx,
                         bool accumulate) override;
+  bool SplitsBackward() const override { return true; }
+  // dx = dy W^T.
+  absl::Status BackwardInput(const DeviceTensor& x, const DeviceTensor& y,
+                             const DeviceTensor& dy, DeviceTensor* dx) override;
+  // dW (+)= x^T dy; db (+)= column sums of dy.
+  absl::Status BackwardParams(const DeviceTensor& x, const DeviceTensor& y,
+                              const DeviceTensor& dy, bool accumulate) override;
   std::vector<DeviceTensor*> params() override;
   std::vector<DeviceTensor*> grads() override;
   // "kernel" [in, units] (Glorot uniform, fan_in = in, fan_out = units),

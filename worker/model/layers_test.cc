@@ -1,9 +1,11 @@
 #include "worker/model/layers.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/tensor.h"
 #include "gtest/gtest.h"
 #include "worker/device/backend.h"
@@ -215,6 +217,54 @@ TEST(DenseTest, AccumulateAddsMicroBatchGradients) {
   }
   for (int64_t i = 0; i < whole_b.num_elements(); ++i) {
     EXPECT_NEAR((*p.grads()[1])[i], whole_b[i], 1e-5) << i;
+  }
+}
+
+// BackwardInput and BackwardParams are Backward's two halves: in either
+// order, with and without accumulation, the same bits (Model::StepEvents
+// forms the parameters' gradients after backpropagating through every
+// layer).
+TEST(DenseTest, BackwardHalvesAreBackwardBitForBit) {
+  auto backend = NewCpuBackend();
+  for (bool bias : {true, false}) {
+    Dense whole(*backend, "d", 37, 19, bias), halves(*backend, "d", 37, 19, bias);
+    HostParams pw(whole), ph(halves);
+    ASSERT_TRUE(halves.SplitsBackward());
+    FillRandom(&pw.kernel(), 3);
+    ph.kernel() = pw.kernel();
+    if (bias) {
+      FillRandom(&pw.bias(), 4);
+      ph.bias() = pw.bias();
+    }
+    for (int pass = 0; pass < 3; ++pass) {
+      SCOPED_TRACE(absl::StrCat("bias ", bias, " pass ", pass));
+      Tensor x({23, 37}), dy({23, 19}), y;
+      FillRandom(&x, 10 + pass);
+      FillRandom(&dy, 20 + pass);
+      ASSERT_TRUE(Fwd(whole, x, &y).ok());
+      const bool accumulate = pass > 0;
+      Tensor dx_whole;
+      ASSERT_TRUE(Bwd(whole, x, y, dy, &dx_whole, accumulate).ok());
+      DeviceTensor dx(backend.get());
+      Backend& b = halves.backend();
+      if (pass == 1) {  // params first
+        ASSERT_TRUE(halves.BackwardParams(View(b, x), View(b, y), View(b, dy), accumulate).ok());
+        ASSERT_TRUE(halves.BackwardInput(View(b, x), View(b, y), View(b, dy), &dx).ok());
+      } else {
+        ASSERT_TRUE(halves.BackwardInput(View(b, x), View(b, y), View(b, dy), &dx).ok());
+        ASSERT_TRUE(halves.BackwardParams(View(b, x), View(b, y), View(b, dy), accumulate).ok());
+      }
+      Tensor dx_halves;
+      ToHost(dx, &dx_halves);
+      ASSERT_EQ(dx_halves.shape(), dx_whole.shape());
+      EXPECT_EQ(0, std::memcmp(dx_halves.data(), dx_whole.data(),
+                               dx_whole.num_elements() * sizeof(float)));
+      for (size_t k = 0; k < pw.grad_values.size(); ++k) {
+        EXPECT_EQ(0, std::memcmp(ph.grad_values[k].data(), pw.grad_values[k].data(),
+                                 pw.grad_values[k].num_elements() * sizeof(float)))
+            << "gradient " << k;
+      }
+    }
   }
 }
 

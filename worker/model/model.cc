@@ -406,6 +406,27 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const v1::ModelSpec& spec,
       model->stages_.back().end = i + 1;
     }
   }
+  // Each stage's first two layers with parameters: the first one's
+  // gradients first when it is the larger (StepEvents).
+  auto elements = [&](size_t layer) {
+    int64_t n = 0;
+    for (int v = model->layer_vars_[layer]; v < model->layer_vars_[layer + 1]; ++v) {
+      n += model->host_weights_[v].num_elements();
+    }
+    return n;
+  };
+  for (Stage& stage : model->stages_) {
+    std::vector<size_t> with_params;
+    for (size_t i = stage.first; i < stage.end && with_params.size() < 2; ++i) {
+      if (model->layer_vars_[i + 1] > model->layer_vars_[i]) with_params.push_back(i);
+    }
+    if (with_params.size() == 2 && model->layers_[with_params[0]]->SplitsBackward() &&
+        model->layers_[with_params[1]]->SplitsBackward() &&
+        elements(with_params[0]) > elements(with_params[1])) {
+      stage.early = static_cast<int>(with_params[0]);
+      stage.deferred = static_cast<int>(with_params[1]);
+    }
+  }
   return model;
 }
 
@@ -703,9 +724,21 @@ absl::Status Model::StageBackward(const Batch& batch, size_t s, Flow& flow, int 
     const DeviceTensor* x = flow.x[i];  // as in the forward pass
     DeviceTensor* dx = nullptr;
     if (i > 0) dx = SameSpace(i - 1, i) ? &flow.dout[i - 1] : &flow.din[i];
+    if (static_cast<int>(i) == stage.deferred) {
+      // Only backpropagated here; its gradients after the early layer's
+      // (its own output gradient, dout, stays as it is until then).
+      TOWERPS_RETURN_IF_ERROR(layers_[i]->BackwardInput(*x, flow.out[i], flow.dout[i], dx));
+      continue;
+    }
     TOWERPS_RETURN_IF_ERROR(
         layers_[i]->Backward(*x, flow.out[i], flow.dout[i], dx, accumulate));
     if (last) TOWERPS_RETURN_IF_ERROR(LayerGradientsReady(i));
+    if (static_cast<int>(i) == stage.early) {
+      const size_t d = static_cast<size_t>(stage.deferred);
+      TOWERPS_RETURN_IF_ERROR(
+          layers_[d]->BackwardParams(*flow.x[d], flow.out[d], flow.dout[d], accumulate));
+      if (last) TOWERPS_RETURN_IF_ERROR(LayerGradientsReady(d));
+    }
   }
   return layers_[stage.first]->backend().Synchronize();
 }

@@ -162,9 +162,17 @@ class Model {
   };
   // ComputeGradients that announces, through `events`, every variable
   // exactly once to each callback, layer by layer: weights in forward order,
-  // before the layer's first micro-batch; gradients in backward order, after
-  // its last one (a layer on a GPU uploads its weights after the wait and
-  // downloads its gradients before the announcement). An empty batch
+  // before the layer's first micro-batch; gradients after its last one (a
+  // layer on a GPU uploads its weights after the wait and downloads its
+  // gradients before the announcement), in backward order, except that a
+  // stage's first layer with parameters comes before its second when it
+  // has more elements and both are dense (Layer::SplitsBackward): the last
+  // micro-batch backpropagates through the second before forming its
+  // gradients, so that a server on the same host updates the larger first
+  // layer, which the next forward needs first, while the worker still
+  // forms the smaller second one, rather than after the push (an MLP's
+  // 784x256 first layer: issue 16). The same gradients, bit for bit,
+  // either way. An empty batch
   // announces every variable at once. With several pipeline stages the
   // callbacks run on the stages' threads, at the same time: they must be
   // thread-safe. On error, announcements may stop part way.
@@ -258,6 +266,11 @@ class Model {
   };
   struct Stage {
     size_t first = 0, end = 0;  // layers [first, end)
+    // The stage's first two layers with parameters, when the first one's
+    // gradients are formed before the second one's (see StepEvents): both
+    // split their backward (Layer::SplitsBackward) and the first has more
+    // elements. -1: backward order.
+    int early = -1, deferred = -1;
   };
 
   void EnsureFlows(size_t n);
