@@ -105,8 +105,9 @@ class Sgd : public Optimizer {
     }
   }
   bool CanApplyInto() const override { return true; }
-  void ApplyInto(absl::Span<const float> value, absl::Span<const float> grad,
-                 absl::Span<float> out, int64_t step) const override {
+  void ApplyInto(int64_t /*first*/, absl::Span<const float> value, absl::Span<const float> grad,
+                 absl::Span<float> out, int64_t step,
+                 absl::Span<float* const> /*slots_out*/) const override {
     const float lr = static_cast<float>(StepLearningRate(spec_, step));
     const int64_t n = static_cast<int64_t>(value.size());
     // Block by block, in cache: the new values are formed with the same
@@ -167,6 +168,27 @@ class Momentum : public Optimizer {
   std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
     return {{"velocity", absl::MakeSpan(velocity_)}};
   }
+  bool CanApplyInto() const override { return true; }
+  int num_slots() const override { return 1; }
+  void ApplyInto(int64_t first, absl::Span<const float> value, absl::Span<const float> grad,
+                 absl::Span<float> out, int64_t step,
+                 absl::Span<float* const> slots_out) const override {
+    // Update's expressions, each result stored out of place; a block at a
+    // time, the values into a block of scratch first, so that no pointer
+    // aliases another (`out` may be `grad`) and the loop is vectorized.
+    const float lr = static_cast<float>(StepLearningRate(spec_, step));
+    const int64_t n = static_cast<int64_t>(value.size());
+    float formed[kApplyBlock];
+    for (int64_t b = 0; b < n; b += kApplyBlock) {
+      const int64_t k = std::min(kApplyBlock, n - b);
+      FormBlock(k, lr, value.data() + b, grad.data() + b, velocity_.data() + first + b, formed,
+                slots_out[0] + first + b);
+      std::memcpy(out.data() + b, formed, static_cast<size_t>(k) * sizeof(float));
+    }
+  }
+  void AdoptSlots(std::vector<std::vector<float>>* staged) override {
+    velocity_.swap((*staged)[0]);
+  }
   std::vector<std::vector<float>> DetachSlots() override {
     std::vector<std::vector<float>> out;
     out.push_back(Detach(velocity_));
@@ -174,6 +196,26 @@ class Momentum : public Optimizer {
   }
 
  private:
+  // ApplyInto's k elements (Update's expressions, out of place).
+  void FormBlock(int64_t k, float lr, const float* __restrict w, const float* __restrict g,
+                 const float* __restrict v, float* __restrict wo, float* __restrict vo) const {
+    const float mom = m_, wd = weight_decay_;
+    if (nesterov_) {
+      for (int64_t i = 0; i < k; ++i) {
+        const float gi = g[i] + wd * w[i];
+        const float vi = mom * v[i] - lr * gi;
+        vo[i] = vi;
+        wo[i] = w[i] + (mom * vi - lr * gi);
+      }
+    } else {
+      for (int64_t i = 0; i < k; ++i) {
+        const float gi = g[i] + wd * w[i];
+        const float vi = mom * v[i] - lr * gi;
+        vo[i] = vi;
+        wo[i] = w[i] + vi;
+      }
+    }
+  }
   // One pass over memory, weight decay folded in; the new values also to
   // `copies` (the same expressions, so the same bits; see CopiedPasses).
   void Update(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
@@ -247,16 +289,56 @@ class Adam : public Optimizer {
     out.push_back(Detach(v_));
     return out;
   }
+  bool CanApplyInto() const override { return true; }
+  int num_slots() const override { return 2; }
+  void ApplyInto(int64_t first, absl::Span<const float> value, absl::Span<const float> grad,
+                 absl::Span<float> out, int64_t step,
+                 absl::Span<float* const> slots_out) const override {
+    // Update's expressions, each result stored out of place; a block at a
+    // time, the values into a block of scratch first, so that no pointer
+    // aliases another (`out` may be `grad`) and the loop is vectorized.
+    const float lr_t = StepRate(step);
+    const int64_t n = static_cast<int64_t>(value.size());
+    float formed[kApplyBlock];
+    for (int64_t b = 0; b < n; b += kApplyBlock) {
+      const int64_t k = std::min(kApplyBlock, n - b);
+      FormBlock(k, lr_t, value.data() + b, grad.data() + b, m_.data() + first + b,
+                v_.data() + first + b, formed, slots_out[0] + first + b,
+                slots_out[1] + first + b);
+      std::memcpy(out.data() + b, formed, static_cast<size_t>(k) * sizeof(float));
+    }
+  }
+  void AdoptSlots(std::vector<std::vector<float>>* staged) override {
+    m_.swap((*staged)[0]);
+    v_.swap((*staged)[1]);
+  }
 
  private:
+  // ApplyInto's k elements (Update's expressions, out of place).
+  void FormBlock(int64_t k, float lr_t, const float* __restrict w, const float* __restrict g,
+                 const float* __restrict m, const float* __restrict v, float* __restrict wo,
+                 float* __restrict mo, float* __restrict vo) const {
+    const float b1 = b1_, b2 = b2_, eps = eps_, wd = weight_decay_;
+    for (int64_t i = 0; i < k; ++i) {
+      const float gi = g[i] + wd * w[i];
+      const float mi = b1 * m[i] + (1.0f - b1) * gi;
+      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+      mo[i] = mi;
+      vo[i] = vi;
+      wo[i] = w[i] - lr_t * mi / (std::sqrt(vi) + eps);
+    }
+  }
+  // The bias-corrected learning rate of update `step`.
+  float StepRate(int64_t step) const {
+    const double t = static_cast<double>(step);
+    return static_cast<float>(StepLearningRate(spec_, step) * std::sqrt(1.0 - std::pow(b2_, t)) /
+                              (1.0 - std::pow(b1_, t)));
+  }
   // One pass over memory, weight decay folded in; the new values also to
   // `copies` (the same expressions, so the same bits; see CopiedPasses).
   void Update(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
               absl::Span<float* const> copies) {
-    const double t = static_cast<double>(step);
-    const float lr_t = static_cast<float>(StepLearningRate(spec_, step) *
-                                          std::sqrt(1.0 - std::pow(b2_, t)) /
-                                          (1.0 - std::pow(b1_, t)));
+    const float lr_t = StepRate(step);
     float* m = m_.data();
     float* v = v_.data();
     float* w = value.data();

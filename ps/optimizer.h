@@ -66,20 +66,32 @@ class Optimizer {
 
   // Out of place, for an update prepared while its gradient still arrives
   // (ParameterServer, "Updates ahead"): whether ApplyInto can compute this
-  // rule's update without changing the optimizer (true for SGD, whose only
-  // state is the value; false for rules with slots).
+  // rule's update without changing the optimizer (true for the job's
+  // optimizers, SGD, momentum and Adam; false for the moving average).
   virtual bool CanApplyInto() const { return false; }
+  // How many slots Slots() has (SGD 0, momentum 1, Adam 2).
+  virtual int num_slots() const { return 0; }
   // Writes into `out` the values Apply(value, grad, step) would leave in
-  // `value`, bit for bit, leaving `value` and the optimizer unchanged.
-  // `out` may be `grad` itself (the gradient's buffer then receives the new
-  // values) or memory apart from both. The spans may view a range of the
-  // variable that starts at a multiple of kApplyBlock (and runs to the
-  // variable's end or to another multiple): ranges so cut give the same
-  // rounding as one call. Const: callable from any thread, beside Apply()
-  // on another variable.
+  // `value`, and into slots_out[i] + first the values it would leave in
+  // slot i (Slots() order), bit for bit, leaving `value` and the optimizer
+  // unchanged. The spans view elements [first, first + value.size()) of
+  // the variable, where `first` is a multiple of kApplyBlock (and the
+  // range runs to the variable's end or to another multiple): ranges so
+  // cut give the same rounding as one call. `out` may be `grad` itself
+  // (the gradient's buffer then receives the new values) or memory apart
+  // from both; slots_out has num_slots() buffers of the variable's size,
+  // apart from everything else (AdoptSlots takes them once every element
+  // was formed). Const: callable from any thread, beside Apply() on
+  // another variable.
   // REQUIRES: CanApplyInto(); value, grad and out of one size.
-  virtual void ApplyInto(absl::Span<const float> value, absl::Span<const float> grad,
-                         absl::Span<float> out, int64_t step) const {}
+  virtual void ApplyInto(int64_t first, absl::Span<const float> value,
+                         absl::Span<const float> grad, absl::Span<float> out, int64_t step,
+                         absl::Span<float* const> slots_out) const {}
+  // After ApplyInto formed every element into `staged` (num_slots()
+  // buffers of the variable's size): they become the slots, and the old
+  // slot buffers take their place in `staged` (for the next ApplyInto).
+  // The caller serializes it with Apply() and Slots() readers.
+  virtual void AdoptSlots(std::vector<std::vector<float>>* staged) {}
   // The granularity of ApplyInto's ranges: ranges starting at multiples of it
   // give the same rounding as one Apply over the whole variable.
   static constexpr int64_t kApplyBlock = 4096;  // 16 KiB of floats: in L1

@@ -423,6 +423,81 @@ TEST(OptimizerTest, ApplyAndCopyIsApplyBitForBitWithTheValuesCopied) {
   }
 }
 
+// The updates ahead (ParameterServer) form a step's new values and slots out
+// of place, in ranges cut at kApplyBlock, while the gradient arrives; then
+// the slots are adopted. That must be Apply, bit for bit, step after step,
+// whether the new values go over the gradient or apart, and leave the
+// optimizer as it was until AdoptSlots.
+TEST(OptimizerTest, ApplyIntoInRangesThenAdoptSlotsIsApplyBitForBit) {
+  const int64_t n = 3 * Optimizer::kApplyBlock + 77;
+  struct Rule {
+    std::string name;
+    std::function<std::unique_ptr<Optimizer>()> make;
+    int slots;
+  };
+  std::vector<Rule> rules;
+  for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::MOMENTUM,
+                    v1::OptimizerSpec::ADAM}) {
+    for (bool nesterov : {false, true}) {
+      if (nesterov && type != v1::OptimizerSpec::MOMENTUM) continue;
+      for (float wd : {0.0f, 1e-3f}) {
+        rules.push_back({v1::OptimizerSpec::Type_Name(type) + (nesterov ? " nesterov" : "") +
+                             (wd > 0 ? " decay" : ""),
+                         [=] { return Make(type, 0.01f, n, nesterov, wd); },
+                         type == v1::OptimizerSpec::ADAM       ? 2
+                         : type == v1::OptimizerSpec::MOMENTUM ? 1
+                                                               : 0});
+      }
+    }
+  }
+  for (const Rule& rule : rules) {
+    SCOPED_TRACE(rule.name);
+    std::unique_ptr<Optimizer> plain = rule.make(), ahead = rule.make();
+    ASSERT_TRUE(ahead->CanApplyInto());
+    ASSERT_EQ(rule.slots, ahead->num_slots());
+    std::mt19937 rng(13);
+    std::normal_distribution<float> normal;
+    std::vector<float> a(n);
+    for (float& x : a) x = normal(rng);
+    std::vector<float> b = a;
+    std::vector<std::vector<float>> staged(rule.slots, std::vector<float>(n, -7.0f));
+    for (int64_t step = 1; step <= 5; ++step) {
+      std::vector<float> g(n);
+      for (float& x : g) x = normal(rng);
+      // Odd steps: over the gradient; even steps: apart.
+      const bool over_grad = step % 2 == 1;
+      std::vector<float> formed = over_grad ? g : std::vector<float>(n, -5.0f);
+      std::vector<float*> slots_out;
+      for (auto& s : staged) slots_out.push_back(s.data());
+      std::vector<std::vector<float>> before;
+      for (const auto& [name, slot] : ahead->Slots()) before.emplace_back(slot.begin(), slot.end());
+      // Ranges of 1, 2 and the rest of the blocks.
+      const int64_t cuts[] = {0, Optimizer::kApplyBlock, 3 * Optimizer::kApplyBlock, n};
+      for (int r = 0; r < 3; ++r) {
+        const int64_t first = cuts[r], k = cuts[r + 1] - cuts[r];
+        ahead->ApplyInto(first, absl::MakeConstSpan(b).subspan(first, k),
+                         absl::MakeConstSpan(over_grad ? formed : g).subspan(first, k),
+                         absl::MakeSpan(formed).subspan(first, k), step, slots_out);
+      }
+      auto now = ahead->Slots();
+      for (size_t k = 0; k < now.size(); ++k) {
+        ASSERT_EQ(0, std::memcmp(before[k].data(), now[k].second.data(), n * sizeof(float)))
+            << "ApplyInto changed slot " << now[k].first;
+      }
+      ahead->AdoptSlots(&staged);
+      b = formed;
+      plain->Apply(absl::MakeSpan(a), g, step);
+      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), n * sizeof(float))) << "step " << step;
+      auto sa = plain->Slots(), sb = ahead->Slots();
+      ASSERT_EQ(sa.size(), sb.size());
+      for (size_t k = 0; k < sa.size(); ++k) {
+        ASSERT_EQ(0, std::memcmp(sa[k].second.data(), sb[k].second.data(), n * sizeof(float)))
+            << "step " << step << ", slot " << sa[k].first;
+      }
+    }
+  }
+}
+
 TEST(OptimizerTest, ValidatesWeightDecayAndSchedule) {
   v1::OptimizerSpec wd;
   wd.set_weight_decay(-0.1f);

@@ -100,6 +100,10 @@ class Job {
   std::vector<std::vector<float>> spare ABSL_GUARDED_BY(mu);
   // Staging buffers of finished pushes, reused to avoid fresh pages each step.
   std::vector<std::vector<std::vector<float>>> free_buffers ABSL_GUARDED_BY(mu);
+  // The optimizer slots a push formed ahead (PushSession::slots_), by
+  // var_index, once a commit adopted them: the old slots, for the next
+  // push of the job's one worker. Empty: none kept.
+  std::vector<std::vector<std::vector<float>>> free_slots ABSL_GUARDED_BY(mu);
   // Where a Commit forms the mean of a variable whose first part has no
   // buffer of its own (it is read in place from a segment): one variable's
   // size at most. Only the Commit under way (`committing`) touches it.
@@ -195,6 +199,13 @@ class Job {
     free_buffers.push_back(std::move(set));
   }
 
+  // Keeps a push's staged slots for the next push (one set at most: only
+  // the job's one worker stages them).
+  void KeepSlotsLocked(std::vector<std::vector<std::vector<float>>> set)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (free_slots.empty() && set.size() == sizes.size()) free_slots = std::move(set);
+  }
+
   int64_t bytes() const {
     int64_t b = 0;
     for (int64_t n : sizes) b += n * 4;
@@ -281,12 +292,15 @@ class Job {
   //
   // Variables whose new values were formed ahead (`prepared`, by var_index;
   // PushSession::PrepareAhead) into `formed` (the one part's buffers, of
-  // weight 1) are swapped in here, under the lock, once views have let go,
-  // so that every snapshot taken from here on views them; the old values go
-  // back with the part's buffers, and the Commit only publishes them.
+  // weight 1), and their slots into `formed_slots` (the part's, by
+  // var_index), are swapped in here, under the lock, once views have let
+  // go, so that every snapshot taken from here on views them; the old
+  // values and slots go back with the part's buffers, and the Commit only
+  // publishes them.
   std::shared_ptr<Publication> BeginCommitLocked(
-      const std::vector<char>& prepared = {},
-      std::vector<std::vector<float>>* formed = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      const std::vector<char>& prepared = {}, std::vector<std::vector<float>>* formed = nullptr,
+      std::vector<std::vector<std::vector<float>>>* formed_slots = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     DetachViewsLocked(/*keep_copies=*/true);
     committing = true;
     publishing = std::make_shared<Publication>();
@@ -294,6 +308,7 @@ class Job {
     for (size_t v = 0; v < prepared.size(); ++v) {
       if (!prepared[v]) continue;
       vars[v].value.swap((*formed)[v]);
+      if (vars[v].optimizer->num_slots() > 0) vars[v].optimizer->AdoptSlots(&(*formed_slots)[v]);
       ++vars[v].updates;
     }
     AdvanceLocked();
@@ -465,35 +480,9 @@ int64_t ElementsOf(const v1::VariableDef& def) {
   return n;
 }
 
-// Why a register is refused for its size: the job's bytes, its largest
-// variable and what each of its elements costs.
-std::string FootprintDetail(const v1::RegisterRequest& r, const v1::TrainingConfig& config,
-                            int64_t need) {
-  int largest = 0;
-  int64_t largest_bytes = -1;
-  for (int i = 0; i < r.variables_size(); ++i) {
-    const int64_t b = common::SaturatingMul(
-        common::SaturatingMul(ElementsOf(r.variables(i)), FloatsPerElement(r.variables(i), config)),
-        sizeof(float));
-    if (b > largest_bytes) {
-      largest = i;
-      largest_bytes = b;
-    }
-  }
-  std::string detail = absl::StrCat("job \"", r.job_id(), "\" needs ", need, " bytes");
-  if (r.variables_size() == 0) return detail;
-  const v1::VariableDef& v = r.variables(largest);
-  const int64_t floats = FloatsPerElement(v, config);
-  return absl::StrCat(detail, "; variable \"", v.name(), "\" of shape [",
-                      absl::StrJoin(v.shape(), ", "), "] alone needs ", largest_bytes, " (",
-                      floats, " floats per element: value, pull snapshot, ",
-                      floats - 2 - config.num_workers(), " optimizer slots, ",
-                      config.num_workers(), " push buffers)");
-}
-
-}  // namespace
-
-int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& config) {
+// Optimizer slots per element of `def` (ADAM 2, MOMENTUM 1; none for SGD
+// and a MOVING_AVERAGE variable).
+int64_t SlotsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& config) {
   int64_t slots = 0;
   if (def.update() != v1::VariableDef::MOVING_AVERAGE) {
     switch (config.optimizer().type()) {
@@ -507,14 +496,60 @@ int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& c
         slots = 0;
     }
   }
-  return 2 + slots + std::max(0, config.num_workers());
+  return slots;
+}
+
+// Why a register is refused for its size: the job's bytes, its largest
+// variable and what each of its elements costs.
+std::string FootprintDetail(const v1::RegisterRequest& r, const v1::TrainingConfig& config,
+                            int64_t need) {
+  int largest = 0;
+  int64_t largest_bytes = -1;
+  for (int i = 0; i < r.variables_size(); ++i) {
+    const int64_t b = common::SaturatingMul(
+        common::SaturatingMul(ElementsOf(r.variables(i)),
+                              FloatsPerElement(r.variables(i), config, i)),
+        sizeof(float));
+    if (b > largest_bytes) {
+      largest = i;
+      largest_bytes = b;
+    }
+  }
+  std::string detail = absl::StrCat("job \"", r.job_id(), "\" needs ", need, " bytes");
+  if (r.variables_size() == 0) return detail;
+  const v1::VariableDef& v = r.variables(largest);
+  const int64_t floats = FloatsPerElement(v, config, largest);
+  const int64_t slots = floats - 2 - config.num_workers();
+  return absl::StrCat(detail, "; variable \"", v.name(), "\" of shape [",
+                      absl::StrJoin(v.shape(), ", "), "] alone needs ", largest_bytes, " (",
+                      floats, " floats per element: value, pull snapshot, ", slots,
+                      " optimizer slots", slots > SlotsPerElement(v, config)
+                          ? " (with those its worker's pushes form ahead)" : "",
+                      ", ", config.num_workers(), " push buffers)");
+}
+
+}  // namespace
+
+bool FormsSlotsAhead(int index, int64_t elements) {
+  return index == 0 || elements <= kSlotsAheadMaxElements;
+}
+
+int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& config,
+                         int index) {
+  const int64_t slots = SlotsPerElement(def, config);
+  // One worker: its pushes stage these slots' new values (updates ahead).
+  const bool staged =
+      index >= 0 && config.num_workers() == 1 && FormsSlotsAhead(index, ElementsOf(def));
+  return 2 + (staged ? 2 * slots : slots) + std::max(0, config.num_workers());
 }
 
 int64_t RegisterFootprintBytes(const v1::RegisterRequest& request,
                                const v1::TrainingConfig& config) {
   int64_t total = 0;
-  for (const auto& v : request.variables()) {
-    const int64_t floats = common::SaturatingMul(ElementsOf(v), FloatsPerElement(v, config));
+  for (int i = 0; i < request.variables_size(); ++i) {
+    const v1::VariableDef& v = request.variables(i);
+    const int64_t floats =
+        common::SaturatingMul(ElementsOf(v), FloatsPerElement(v, config, i));
     total = common::SaturatingAdd(total, common::SaturatingMul(floats, sizeof(float)));
   }
   return total;
@@ -562,6 +597,10 @@ PushSession::~PushSession() {
     absl::MutexLock lock(&job_->mu);
     job_->KeepBuffersLocked(std::move(grads_));
   }
+  if (job_ && !slots_.empty()) {
+    absl::MutexLock lock(&job_->mu);
+    job_->KeepSlotsLocked(std::move(slots_));
+  }
 }
 
 absl::Status PushSession::NotFiniteError(size_t v) const {
@@ -581,15 +620,25 @@ GradientPart PushSession::TakePart(float weight) {
   part.segment = std::move(segment_);
   part.values_to = std::move(values_to_);
   part.values_at = std::move(values_at_);
+  part.slots = std::move(slots_);
   if (!part.values_to.empty()) part.values_key = values_segment_;
   grads_.clear();
   shared_.clear();
+  slots_.clear();
   return part;
 }
 
 int64_t PushSession::num_elements(size_t var) const { return job_->sizes[var]; }
 
 bool PushSession::CanShare(size_t var) const { return var < shared_.size(); }
+
+std::vector<float*> PushSession::SlotsOut(size_t v) {
+  std::vector<float*> out;
+  if (v < slots_.size()) {
+    for (std::vector<float>& slot : slots_[v]) out.push_back(slot.data());
+  }
+  return out;
+}
 
 absl::Status PushSession::FormAheadFrom(size_t v, const float* grad, float* to, int64_t at) {
   Job& job = *job_;
@@ -627,6 +676,7 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad, float* to, 
   // refused alike).
   constexpr int64_t kPiece = 4 * Optimizer::kApplyBlock;
   const int64_t n = job.sizes[v];
+  const std::vector<float*> slots_out = SlotsOut(v);
   absl::Status status = absl::OkStatus();
   for (int64_t first = 0; first < n; first += kPiece) {
     const int64_t k = std::min(kPiece, n - first);
@@ -635,9 +685,9 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad, float* to, 
       break;
     }
     float* formed = grads_[v].data() + first;
-    var->optimizer->ApplyInto(absl::MakeConstSpan(var->value).subspan(first, k),
+    var->optimizer->ApplyInto(first, absl::MakeConstSpan(var->value).subspan(first, k),
                               absl::MakeConstSpan(grad + first, k), absl::MakeSpan(formed, k),
-                              var->updates + 1);
+                              var->updates + 1, slots_out);
     if (!AllFinite(formed, k)) {
       status = absl::InvalidArgumentError(absl::StrCat(
           "push: the new values of variable ", v, " formed from the gradient of worker ",
@@ -744,8 +794,9 @@ absl::Status PushSession::PrepareAhead() {
     if (vars[v] == nullptr) continue;
     const auto [first, end] = todo[v];
     const absl::Span<float> grad = absl::MakeSpan(grads_[v]).subspan(first, end - first);
-    vars[v]->optimizer->ApplyInto(absl::MakeConstSpan(vars[v]->value).subspan(first, end - first),
-                                  grad, grad, vars[v]->updates + 1);
+    vars[v]->optimizer->ApplyInto(first,
+                                  absl::MakeConstSpan(vars[v]->value).subspan(first, end - first),
+                                  grad, grad, vars[v]->updates + 1, SlotsOut(v));
     prepared_[v] = end;
   }
   ReleaseValues(job);
@@ -1139,7 +1190,10 @@ void Commit::Run() {
     if (after_publish_) after_publish_(v + 1);
   }
   absl::MutexLock lock(&job.mu);
-  for (GradientPart& part : parts_) job.KeepBuffersLocked(std::move(part.owned));
+  for (GradientPart& part : parts_) {
+    job.KeepBuffersLocked(std::move(part.owned));
+    job.KeepSlotsLocked(std::move(part.slots));
+  }
   parts_.clear();  // and the segments they read
   job.committing = false;
   job.publishing.reset();
@@ -1236,6 +1290,8 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   s->header_ = header;
   s->covered_.assign(job->sizes.size(), 0);
   s->checked_.assign(job->sizes.size(), 0);
+  std::vector<int> slot_counts;  // by var_index, where formed ahead
+  const bool in_segment = header.has_segment() && header.slice_encoding() == v1::SLICE_FLOAT32;
   {
     // Updates ahead (parameter_server.h): this push is the step's only
     // gradient, and nothing but it would change the values.
@@ -1243,23 +1299,44 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
     if (job->config.num_workers() == 1 && header.num_examples() > 0 && !job->deleted &&
         (job->config.mode() == v1::ASYNC || header.step() == job->global_step)) {
       s->ahead_.assign(job->sizes.size(), 0);
+      slot_counts.assign(job->sizes.size(), 0);
       bool any = false;
       for (size_t v = 0; v < job->vars.size(); ++v) {
-        s->ahead_[v] = job->vars[v].optimizer->CanApplyInto();
+        // A rule with slots only on the same host, and only where
+        // FormsSlotsAhead: each costs a second set of its slots. Over
+        // gRPC, forming it on the thread that reads the stream delayed
+        // the push more than it saved (issue 16).
+        const int slots = job->vars[v].optimizer->num_slots();
+        s->ahead_[v] = job->vars[v].optimizer->CanApplyInto() &&
+                       (slots == 0 || (in_segment && FormsSlotsAhead(static_cast<int>(v),
+                                                                     job->sizes[v])));
         any = any || s->ahead_[v];
+        if (s->ahead_[v]) slot_counts[v] = slots;
       }
       if (any) {
         s->prepared_.assign(job->sizes.size(), 0);
         s->ahead_of_ = job->steps_applied;
+        // The slots are formed ahead too, apart from the optimizer's: in
+        // the buffers the last commit gave back, if it kept them.
+        s->slots_ = std::move(job->free_slots);
+        job->free_slots.clear();
       } else {
         s->ahead_.clear();
+        slot_counts.clear();
       }
+    }
+  }
+  const bool stage_slots =
+      std::any_of(slot_counts.begin(), slot_counts.end(), [](int c) { return c > 0; });
+  if (stage_slots && s->slots_.empty()) {  // the first push, or another one holds them
+    s->slots_.resize(job->sizes.size());
+    for (size_t v = 0; v < slot_counts.size(); ++v) {
+      s->slots_[v].assign(slot_counts[v], std::vector<float>(job->sizes[v]));
     }
   }
   // Same host: the variables not formed ahead are read in place
   // (PushSession::CanShare), and a buffer is made only for one that comes
   // as slices after all.
-  const bool in_segment = header.has_segment() && header.slice_encoding() == v1::SLICE_FLOAT32;
   if (in_segment) s->shared_.assign(job->sizes.size(), nullptr);
   if (in_segment && s->ahead_.empty()) {
     s->grads_.resize(job->sizes.size());
@@ -1278,7 +1355,15 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   }
   if (s->grads_.size() != job->sizes.size()) {
     s->grads_.clear();
-    for (int64_t n : job->sizes) s->grads_.emplace_back(n);
+    s->grads_.resize(job->sizes.size());
+  }
+  // A buffer for each variable, except those read in place (same host, not
+  // formed ahead: Reserve makes one only if it comes as slices after all).
+  for (size_t v = 0; v < s->grads_.size(); ++v) {
+    const bool read_in_place = in_segment && !s->ahead_[v];
+    if (!read_in_place && s->grads_[v].size() != static_cast<size_t>(job->sizes[v])) {
+      s->grads_[v].assign(static_cast<size_t>(job->sizes[v]), 0.0f);
+    }
   }
   return s;
 }
@@ -1396,7 +1481,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       std::vector<GradientPart> parts;
       parts.push_back(s->TakePart(1.0f));
       std::shared_ptr<Publication> publication =
-          job.BeginCommitLocked(prepared, &parts[0].owned);
+          job.BeginCommitLocked(prepared, &parts[0].owned, &parts[0].slots);
       vouch(parts);
       *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                            std::move(prepared));
@@ -1445,7 +1530,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       // one part, of weight w0 / w0, exactly 1.
       if (!parts.empty()) {
         std::shared_ptr<Publication> publication =
-            job.BeginCommitLocked(prepared, &parts[0].owned);
+            job.BeginCommitLocked(prepared, &parts[0].owned, &parts[0].slots);
         vouch(parts);
         *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                              std::move(prepared));
@@ -1793,6 +1878,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     job->vars.shrink_to_fit();
     job->staged.clear();
     job->free_buffers.clear();
+    job->free_slots.clear();
     job->snapshot.reset();
     job->detached.clear();
     job->spare.clear();

@@ -23,10 +23,18 @@
 //   step; saves, deletions and other pushes wait for the update).
 // Updates ahead: in a job with one worker, a push of the open step (SYNC) or
 // any push (ASYNC) is the step's only gradient, so the new values of its
-// variables whose rule has no slots (SGD: Optimizer::CanApplyInto) are
+// variables whose rule has no slots (SGD: Optimizer::num_slots) are
 // formed while the gradient still arrives, block by block as each block is
 // checked, out of place in the push's staging buffer (the values are only
-// read, as a pull writing a segment reads them). On the same host, the
+// read, as a pull writing a segment reads them). On the same host, so is
+// the update of the first and of the small variables (FormsSlotsAhead)
+// when their rule has slots (Adam, momentum), the slots' new values in
+// buffers of the push's own that the commit adopts
+// (Optimizer::AdoptSlots) and gives back for the next push: a second copy
+// of those slots (FloatsPerElement). Over gRPC a rule with slots is
+// updated by the Commit, after the push: forming it on the thread that
+// reads the stream delayed the push more than it saved. On the same
+// host, the
 // gradient is read where the worker wrote it, in its segment (AddShared),
 // and never copied: the buffer receives only the new values, so forming
 // them streams the values and the gradient once each (issue 16: copying
@@ -37,7 +45,7 @@
 // that place writes nothing (Pull's `in_place`; the pull's copy was a third
 // of such a server's time). The Commit then swaps them in, so the update
 // costs the step no pass over memory after the last gradient; if the push
-// fails, the staging buffer is simply dropped. Should the values change
+// fails, the staging buffers are simply dropped. Should the values change
 // meanwhile (another incarnation's push applied first), the push fails
 // with ABORTED, nothing applied.
 // A push is identified by (worker_task, incarnation, sequence): a retry with a
@@ -180,6 +188,9 @@ struct GradientPart {
   std::vector<float*> values_to;  // by var_index, or empty
   std::vector<int64_t> values_at;
   std::string values_key;
+  // Where the update was formed ahead, the optimizer slots' new values, by
+  // var_index (Optimizer::AdoptSlots order; empty where none).
+  std::vector<std::vector<std::vector<float>>> slots;
 
   bool is_shared(size_t v) const { return v < shared.size() && shared[v] != nullptr; }
   const float* data(size_t v) const { return is_shared(v) ? shared[v] : owned[v].data(); }
@@ -232,13 +243,34 @@ class Commit {
 // values, made only while a pull sending them over gRPC or a checkpoint
 // holds them as they change; pulls into shared memory make a push wait
 // instead), the optimizer's
-// slots (ADAM 2, MOMENTUM 1, SGD none; a MOVING_AVERAGE variable none) and
-// one push staging buffer per worker (SYNC stages each worker's gradient
-// until its step is complete and sums them into the first one; ASYNC has at
-// most one push per worker in flight). An upper bound: a same-host push
+// slots (ADAM 2, MOMENTUM 1, SGD none; a MOVING_AVERAGE variable none),
+// twice in a job of one worker where FormsSlotsAhead(index, its elements)
+// (its same-host pushes form those slots' new values ahead, apart:
+// "Updates ahead" above; `index`: the variable's in the job, -1 for
+// none), and one push staging buffer per
+// worker (SYNC stages each worker's gradient until its step is complete and
+// sums them into the first one; ASYNC has at most one push per worker in
+// flight). An upper bound: a same-host push
 // read in place (GradientPart) stages nothing, and its update needs at most
 // one variable's scratch.
-int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& config);
+int64_t FloatsPerElement(const v1::VariableDef& def, const v1::TrainingConfig& config,
+                         int index = -1);
+
+// Whether a job of one worker's same-host pushes form the new values of
+// the optimizer slots of its variable `index`, of `elements`, ahead
+// ("Updates ahead"), at the cost of a second set of them. After the push,
+// the Commit updates the variables in order, each published once final,
+// so the next forward waits for the first one's update (the first layer's
+// kernel, or this server's part of it) and the rest overlaps that
+// forward: the first variable's is formed ahead, overlapping the worker's
+// backward instead (a worker announces a larger first layer early:
+// Model::StepEvents), and so is that of every small one (at most
+// kSlotsAheadMaxElements), whose update costs the next pull less formed
+// ahead than handed to the Commit's thread. The large ones' would double
+// their slots for nothing measurable (a dense stack with Adam: +120 MB a
+// server, ms/step within noise; issue 16).
+inline constexpr int64_t kSlotsAheadMaxElements = 64 * 1024;
+bool FormsSlotsAhead(int index, int64_t elements);
 
 // Bytes the job of `request` will hold on this server (FloatsPerElement times
 // 4 bytes times the elements, summed over its variables), saturating at
@@ -330,6 +362,12 @@ class PushSession {
   std::vector<char> ahead_;
   std::vector<int64_t> prepared_;
   int64_t ahead_of_ = -1;
+  // Where the rule has slots (Adam, momentum), their new values, formed
+  // with the values, by var_index (Optimizer::ApplyInto's slots_out): the
+  // commit adopts them; empty when no variable formed ahead has slots.
+  std::vector<std::vector<std::vector<float>>> slots_;
+  // Pointers to slots_[v]'s buffers (none where it has no slots).
+  std::vector<float*> SlotsOut(size_t v);
   // What the push holds, as an update's part of `weight`; the session keeps
   // nothing of it.
   GradientPart TakePart(float weight);

@@ -1376,6 +1376,18 @@ TEST(ParameterServerBudgetTest, FootprintCountsValuesAccumulatorsSlotsAndBuffers
   // A moving statistic has no slots.
   r.mutable_variables(1)->set_update(v1::VariableDef::MOVING_AVERAGE);
   EXPECT_EQ(footprint(r, v1::OptimizerSpec::ADAM), 6 * 6 * 4 + 2 * 4 * 4);  // 176
+  // One worker: its same-host pushes form the slots' new values of the
+  // first and of the small variables ahead, apart (a second set of their
+  // slots); a large variable after the first has one set.
+  auto one = TwoVarJob(v1::SYNC, 1);
+  EXPECT_EQ(footprint(one, v1::OptimizerSpec::SGD), 8 * (2 + 0 + 1) * 4);
+  EXPECT_EQ(footprint(one, v1::OptimizerSpec::MOMENTUM), 8 * (2 + 2 + 1) * 4);
+  EXPECT_EQ(footprint(one, v1::OptimizerSpec::ADAM), 8 * (2 + 4 + 1) * 4);
+  const int64_t big = kSlotsAheadMaxElements + 1;
+  one.mutable_variables(1)->set_shape(0, big);
+  EXPECT_EQ(footprint(one, v1::OptimizerSpec::ADAM), 6 * (2 + 4 + 1) * 4 + big * (2 + 2 + 1) * 4);
+  EXPECT_EQ(footprint(one, v1::OptimizerSpec::MOMENTUM),
+            6 * (2 + 2 + 1) * 4 + big * (2 + 1 + 1) * 4);
 }
 
 TEST(ParameterServerBudgetTest, BudgetIsSummedOverJobsAndReturnedOnDelete) {
@@ -1409,24 +1421,32 @@ TEST(ParameterServerBudgetTest, BudgetIsSummedOverJobsAndReturnedOnDelete) {
 
 // The attack of issue 15: one 7.4 GiB variable with Adam, under the old 8 GiB
 // per-job limit that counted only values. Refused before anything is allocated.
+// The first variable of a job of one worker has its slots twice (formed
+// ahead: FormsSlotsAhead); the second, as large, once.
 TEST(ParameterServerBudgetTest, HugeAdamVariableIsRefusedByMaxJobBytes) {
-  ParameterServer ps({.task_index = 0});
-  auto r = TwoVarJob(v1::SYNC, 1);
-  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
-  r.mutable_config()->mutable_optimizer()->set_learning_rate(0.001f);
-  const int64_t elements = int64_t{7946} << 20;  // 7.4 GiB of floats / 4, roughly
-  r.mutable_variables(0)->clear_shape();
-  r.mutable_variables(0)->add_shape(elements);
-  r.mutable_variables(0)->set_name("huge");
-  const absl::Status st = ps.Register(r).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
-  for (const std::string& part :
-       {std::string("variable \"huge\""), absl::StrCat("alone needs ", elements * 5 * 4),
-        std::string("2 optimizer slots"), std::string("--max_job_bytes"),
-        absl::StrCat(int64_t{8} << 30)}) {
-    EXPECT_NE(st.message().find(part), std::string::npos) << part << " in " << st;
+  for (int huge : {0, 1}) {
+    SCOPED_TRACE(absl::StrCat("variable ", huge));
+    ParameterServer ps({.task_index = 0});
+    auto r = TwoVarJob(v1::SYNC, 1);
+    r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+    r.mutable_config()->mutable_optimizer()->set_learning_rate(0.001f);
+    const int64_t elements = int64_t{7946} << 20;  // 7.4 GiB of floats / 4, roughly
+    r.mutable_variables(huge)->clear_shape();
+    r.mutable_variables(huge)->add_shape(elements);
+    r.mutable_variables(huge)->set_name("huge");
+    const absl::Status st = ps.Register(r).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+    const int floats = huge == 0 ? 7 : 5;
+    for (const std::string& part :
+         {std::string("variable \"huge\""), absl::StrCat("alone needs ", elements * floats * 4),
+          absl::StrCat(floats, " floats per element"),
+          huge == 0 ? std::string("4 optimizer slots (with those its worker's pushes form ahead)")
+                    : std::string("2 optimizer slots, 1 push buffers"),
+          std::string("--max_job_bytes"), absl::StrCat(int64_t{8} << 30)}) {
+      EXPECT_NE(st.message().find(part), std::string::npos) << part << " in " << st;
+    }
+    EXPECT_EQ(ps.reserved_bytes(), 0);
   }
-  EXPECT_EQ(ps.reserved_bytes(), 0);
 }
 
 TEST(ParameterServerBudgetTest, ShapeOverflowingInt64IsRefusedNamingTheVariable) {
@@ -1669,56 +1689,63 @@ void AddGlorotVariable(v1::RegisterRequest* r, const char* name, int64_t n, int 
 }
 
 // Job "j" of one worker and one GLOROT_UNIFORM variable of `n` elements,
-// trained by SGD (lr 0.5, weight decay `wd`).
-v1::RegisterRequest OneBigVarJob(v1::Mode mode, int64_t n, float wd) {
+// trained by `type` (default SGD; lr 0.5, weight decay `wd`).
+v1::RegisterRequest OneBigVarJob(v1::Mode mode, int64_t n, float wd,
+                                 v1::OptimizerSpec::Type type = v1::OptimizerSpec::SGD) {
   v1::RegisterRequest r;
   r.set_job_id("j");
   r.mutable_config()->set_mode(mode);
   r.mutable_config()->set_num_workers(1);
-  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
+  r.mutable_config()->mutable_optimizer()->set_type(type);
   r.mutable_config()->mutable_optimizer()->set_learning_rate(kLr);
   r.mutable_config()->mutable_optimizer()->set_weight_decay(wd);
   AddGlorotVariable(&r, "w", n, /*seed=*/3);
   return r;
 }
 
-// Two steps of OneBigVarJob(mode, n, wd) in both modes, with and without
-// weight decay. Each step's push comes from `push` (given the server, the
-// step, its gradient and the values before it; it may change the gradient
-// once it has handed it over, as a worker would), which returns the
-// session to finish. After the finish, the values must be those of the
+// Three steps of OneBigVarJob(mode, n, wd, type) in both modes, with and
+// without weight decay, for each of `types` (momentum's and Adam's slots
+// are formed ahead too, apart, then adopted: three steps use both sets of
+// slot buffers in turn). Each step's push comes from `push` (given the server,
+// the step, its gradient and the values before it; it may change the
+// gradient once it has handed it over, as a worker would), which returns
+// the session to finish. After the finish, the values must be those of the
 // update done in place, bit for bit, and formed ahead.
 void ExpectFormedAheadEqualsTheUpdateInPlace(
-    int64_t n, const std::function<std::unique_ptr<PushSession>(
-                   ParameterServer&, int64_t step, std::vector<float>& g,
-                   const std::vector<float>& before)>& push) {
+    int64_t n, const std::vector<v1::OptimizerSpec::Type>& types,
+    const std::function<std::unique_ptr<PushSession>(ParameterServer&, int64_t step,
+                                                     std::vector<float>& g,
+                                                     const std::vector<float>& before)>& push) {
   for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
-    for (float wd : {0.0f, 0.01f}) {
-      SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " weight_decay ", wd));
-      ParameterServer ps({});
-      const v1::RegisterRequest job = OneBigVarJob(mode, n, wd);
-      ASSERT_TRUE(ps.Register(job).ok());
-      std::vector<float> want = Values(*PullNow(ps))[0];
-      auto optimizer = NewOptimizer(job.config().optimizer(), n);
-      ASSERT_TRUE(optimizer.ok());
-      for (int64_t step = 0; step < 2; ++step) {
-        std::vector<float> g(n);
-        for (int64_t i = 0; i < n; ++i) {
-          g[i] = 0.001f * static_cast<float>((i * 7919 + step * 31) % 2001 - 1000);
+    for (auto type : types) {
+      for (float wd : {0.0f, 0.01f}) {
+        SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type),
+                                  " weight_decay ", wd));
+        ParameterServer ps({});
+        const v1::RegisterRequest job = OneBigVarJob(mode, n, wd, type);
+        ASSERT_TRUE(ps.Register(job).ok());
+        std::vector<float> want = Values(*PullNow(ps))[0];
+        auto optimizer = NewOptimizer(job.config().optimizer(), n);
+        ASSERT_TRUE(optimizer.ok());
+        for (int64_t step = 0; step < 3; ++step) {
+          std::vector<float> g(n);
+          for (int64_t i = 0; i < n; ++i) {
+            g[i] = 0.001f * static_cast<float>((i * 7919 + step * 31) % 2001 - 1000);
+          }
+          const std::vector<float> before = want;
+          (*optimizer)->Apply(absl::MakeSpan(want), g, step + 1);
+          std::unique_ptr<PushSession> s = push(ps, step, g, before);
+          ASSERT_NE(s, nullptr);
+          auto r = ps.FinishPush(std::move(s));
+          ASSERT_TRUE(r.ok()) << r.status();
+          EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+          auto after = PullNow(ps, step + 1);
+          ASSERT_EQ(after->global_step, step + 1);
+          ASSERT_EQ(Values(*after)[0], want);
+          EXPECT_TRUE(WaitForJob(ps, [&](const v1::JobStatus& j) {
+            return j.updates_ahead() == step + 1;  // formed ahead indeed
+          }));
         }
-        const std::vector<float> before = want;
-        (*optimizer)->Apply(absl::MakeSpan(want), g, step + 1);
-        std::unique_ptr<PushSession> s = push(ps, step, g, before);
-        ASSERT_NE(s, nullptr);
-        auto r = ps.FinishPush(std::move(s));
-        ASSERT_TRUE(r.ok()) << r.status();
-        EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
-        auto after = PullNow(ps, step + 1);
-        ASSERT_EQ(after->global_step, step + 1);
-        ASSERT_EQ(Values(*after)[0], want);
-        EXPECT_TRUE(WaitForJob(ps, [&](const v1::JobStatus& j) {
-          return j.updates_ahead() == step + 1;  // formed ahead indeed
-        }));
       }
     }
   }
@@ -1727,12 +1754,13 @@ void ExpectFormedAheadEqualsTheUpdateInPlace(
 // The new values formed ahead, as the gradient arrives in slices that cut
 // Optimizer::kApplyBlock's blocks anywhere, are those of the update done
 // in place afterwards; and the job's values do not change before the push
-// is finished.
+// is finished. (Over gRPC only SGD is formed ahead.)
 TEST(UpdateAheadTest, FormedAsTheGradientArrivesEqualsTheUpdateInPlace) {
   const int64_t n = 3 * Optimizer::kApplyBlock + 123;  // and a partial block
   ExpectFormedAheadEqualsTheUpdateInPlace(
-      n, [n](ParameterServer& ps, int64_t step, std::vector<float>& g,
-             const std::vector<float>& before) -> std::unique_ptr<PushSession> {
+      n, {v1::OptimizerSpec::SGD},
+      [n](ParameterServer& ps, int64_t step, std::vector<float>& g,
+          const std::vector<float>& before) -> std::unique_ptr<PushSession> {
         auto s = ps.BeginPush(Header(0, step + 1, step, 10));
         EXPECT_TRUE(s.ok()) << s.status();
         if (!s.ok()) return nullptr;
@@ -1760,8 +1788,9 @@ TEST(UpdateAheadTest, FormedAsTheGradientArrivesEqualsTheUpdateInPlace) {
 TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
   const int64_t n = 9 * Optimizer::kApplyBlock + 123;
   ExpectFormedAheadEqualsTheUpdateInPlace(
-      n, [n](ParameterServer& ps, int64_t step, std::vector<float>& g,
-             const std::vector<float>& before) -> std::unique_ptr<PushSession> {
+      n, {v1::OptimizerSpec::SGD, v1::OptimizerSpec::MOMENTUM, v1::OptimizerSpec::ADAM},
+      [n](ParameterServer& ps, int64_t step, std::vector<float>& g,
+          const std::vector<float>& before) -> std::unique_ptr<PushSession> {
         v1::PushHeader h = Header(0, 2 * step + 1, step, 10);
         h.mutable_segment()->set_size(1);
         {  // a NaN in the last piece: refused, nothing formed is applied
@@ -1853,43 +1882,45 @@ std::vector<char> PullInPlace(ParameterServer& ps, int64_t min_step, const std::
 TEST(UpdateAheadTest, NewValuesWrittenWhereThePullsLandAreVouchedForByTheCommit) {
   const int64_t n = 9 * Optimizer::kApplyBlock + 123;
   for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
-    SCOPED_TRACE(v1::Mode_Name(mode));
-    ParameterServer ps({});
-    ASSERT_TRUE(ps.Register(OneBigVarJob(mode, n, 0.01f)).ok());
-    std::vector<float> weights(n, -7.0f);
-    v1::PushHeader h = Header(0, 1, 0, 10);
-    h.mutable_segment()->set_size(1);
-    auto push = [&](int64_t step, const std::vector<float>& g) {
-      h.set_step(step);
-      h.set_sequence(h.sequence() + 1);
-      auto s = ps.BeginPush(h);
-      EXPECT_TRUE(s.ok()) << s.status();
-      if (!s.ok()) return s.status();
-      (*s)->SetValuesSegment("seg");
-      TOWERPS_RETURN_IF_ERROR((*s)->AddShared(0, g.data(), nullptr, weights.data(), 4096));
-      return ps.FinishPush(*std::move(s)).status();
-    };
-    std::vector<float> g(n);
-    for (int64_t step = 0; step < 2; ++step) {
-      for (int64_t i = 0; i < n; ++i) g[i] = 0.001f * static_cast<float>((i * 31 + step) % 997);
-      ASSERT_TRUE(push(step, g).ok());
-      EXPECT_EQ(weights, Values(*PullNow(ps, step + 1))[0]);
-      EXPECT_EQ(PullInPlace(ps, step + 1, "other", 4096), std::vector<char>{0});
-      if (step == 0) {
-        EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 4096), std::vector<char>{1});
-      } else {
-        EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 8192), std::vector<char>{0});
+    for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::ADAM}) {
+      SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type)));
+      ParameterServer ps({});
+      ASSERT_TRUE(ps.Register(OneBigVarJob(mode, n, 0.01f, type)).ok());
+      std::vector<float> weights(n, -7.0f);
+      v1::PushHeader h = Header(0, 1, 0, 10);
+      h.mutable_segment()->set_size(1);
+      auto push = [&](int64_t step, const std::vector<float>& g) {
+        h.set_step(step);
+        h.set_sequence(h.sequence() + 1);
+        auto s = ps.BeginPush(h);
+        EXPECT_TRUE(s.ok()) << s.status();
+        if (!s.ok()) return s.status();
+        (*s)->SetValuesSegment("seg");
+        TOWERPS_RETURN_IF_ERROR((*s)->AddShared(0, g.data(), nullptr, weights.data(), 4096));
+        return ps.FinishPush(*std::move(s)).status();
+      };
+      std::vector<float> g(n);
+      for (int64_t step = 0; step < 2; ++step) {
+        for (int64_t i = 0; i < n; ++i) g[i] = 0.001f * static_cast<float>((i * 31 + step) % 997);
+        ASSERT_TRUE(push(step, g).ok());
+        EXPECT_EQ(weights, Values(*PullNow(ps, step + 1))[0]);
+        EXPECT_EQ(PullInPlace(ps, step + 1, "other", 4096), std::vector<char>{0});
+        if (step == 0) {
+          EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 4096), std::vector<char>{1});
+        } else {
+          EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 8192), std::vector<char>{0});
+        }
+        // Only the first pull into that segment: the worker may change that
+        // memory once it returned.
+        EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 4096), std::vector<char>{0});
       }
-      // Only the first pull into that segment: the worker may change that
-      // memory once it returned.
-      EXPECT_EQ(PullInPlace(ps, step + 1, "seg", 4096), std::vector<char>{0});
+      const std::vector<float> values = Values(*PullNow(ps, 2))[0];
+      g[n - 1] = NAN;
+      EXPECT_EQ(push(2, g).code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(Values(*PullNow(ps, 2))[0], values);  // nothing applied
+      EXPECT_NE(weights[0], values[0]);  // the first pieces were written
+      EXPECT_EQ(PullInPlace(ps, 2, "seg", 4096), std::vector<char>{0});
     }
-    const std::vector<float> values = Values(*PullNow(ps, 2))[0];
-    g[n - 1] = NAN;
-    EXPECT_EQ(push(2, g).code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(Values(*PullNow(ps, 2))[0], values);  // nothing applied
-    EXPECT_NE(weights[0], values[0]);  // the first pieces were written
-    EXPECT_EQ(PullInPlace(ps, 2, "seg", 4096), std::vector<char>{0});
   }
 }
 
@@ -1934,22 +1965,22 @@ TEST(UpdateAheadTest, APullIntoASegmentBeforeTheCommitLeavesThePlaceToThePull) {
   EXPECT_EQ(PullInPlace(ps, 3, "seg", 4096), std::vector<char>{0});
 }
 
-// Rules with slots are not formed ahead: the update of a lone push (one
-// worker) read in place writes the new values where the worker's pulls
-// land as it forms them, when the worker's next pull into that place
-// waits already; they are bit for bit the job's, and that pull need not
-// write them (a later one must). Where the worker's memory
-// turned NaN after the push (its gradient is refused by the update), the
-// values stay and are written there all the same. With two workers'
-// pushes in the update, nothing is written there.
+// A moving average (batch norm's statistics) is not formed ahead: the
+// update of a lone push (one worker) read in place writes the new values
+// where the worker's pulls land as it forms them, when the worker's next
+// pull into that place waits already; they are bit for bit the job's, and
+// that pull need not write them (a later one must). Where the worker's
+// memory turned NaN after the push (its statistic is refused by the
+// update), the values stay and are written there all the same.
 TEST(UpdateAheadTest, TheUpdateOfALonePushWritesTheNewValuesWhereThePullsLand) {
   const int64_t n = 3 * Optimizer::kApplyBlock + 5;
   for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
-    for (auto type : {v1::OptimizerSpec::ADAM, v1::OptimizerSpec::MOMENTUM}) {
+    for (auto type : {v1::OptimizerSpec::ADAM}) {  // the job's; not the average's
       SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type)));
       ParameterServer ps({});
-      v1::RegisterRequest job = OneBigVarJob(mode, n, 0.01f);
-      job.mutable_config()->mutable_optimizer()->set_type(type);
+      v1::RegisterRequest job = OneBigVarJob(mode, n, 0.01f, type);
+      job.mutable_variables(0)->set_update(v1::VariableDef::MOVING_AVERAGE);
+      job.mutable_variables(0)->set_moving_average_decay(0.9f);
       ASSERT_TRUE(ps.Register(job).ok());
       std::vector<float> weights(n, -7.0f);
       std::vector<float> g(n);
@@ -2114,36 +2145,6 @@ TEST(UpdateAheadTest, APushThatFailsAfterFormingChangesNothing) {
   }
 }
 
-// Only a job of one worker with rules without slots updates ahead: two
-// workers (each push one of the step's parts) or Adam (whose moments would
-// change) update in place after the push, as before.
-TEST(UpdateAheadTest, OnlyOneWorkerAndRulesWithoutSlots) {
-  for (int workers : {1, 2}) {
-    for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::ADAM}) {
-      SCOPED_TRACE(absl::StrCat(workers, " workers, ", v1::OptimizerSpec::Type_Name(type)));
-      ParameterServer ps({});
-      v1::RegisterRequest job = TwoVarJob(v1::ASYNC, workers);
-      job.mutable_config()->mutable_optimizer()->set_type(type);
-      ASSERT_TRUE(ps.Register(job).ok());
-      auto r = PushConst(ps, Header(0, 1, 0, 1), 1.0f);
-      ASSERT_TRUE(r.ok()) << r.status();
-      EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
-      const bool ahead = workers == 1 && type == v1::OptimizerSpec::SGD;
-      EXPECT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.steps_applied() == 1; }));
-      v1::StatusRequest req;
-      req.set_job_id("j");
-      EXPECT_EQ(ps.Status(req).jobs(0).updates_ahead(), ahead ? 1 : 0);
-      auto snap = PullNow(ps, 1);
-      if (type == v1::OptimizerSpec::SGD) {
-        EXPECT_EQ(snap->values[0], std::vector<float>(6, 0.5f));
-      } else {
-        // Adam's first step moves each element by about lr (0.5) against g.
-        for (float x : snap->values[0]) EXPECT_NEAR(x, 0.5f, 1e-3f);
-      }
-    }
-  }
-}
-
 // Values formed ahead from a step that another push moved on from (a
 // second incarnation of the worker, applied first) are never applied: the
 // push fails with ABORTED, whether the change comes while it still forms
@@ -2227,6 +2228,124 @@ absl::StatusOr<v1::PushResponse> PushGrads(ParameterServer& ps, v1::PushHeader h
     if (!st.ok()) return st;
   }
   return ps.FinishPush(std::move(*s));
+}
+
+// Rules with slots (momentum, Adam) form the first variable's slots ahead
+// too, apart from the optimizer's: pushes that fail after forming them (a
+// NaN in the second variable, a variable missing, values changed by another incarnation's
+// push) change neither values nor slots, and the pushes that apply give
+// the bits of a server that only ever saw them, step after step (each
+// step's values depend on the slots the steps before left, and the slot
+// buffers the failed pushes wrote in are used again).
+TEST(UpdateAheadTest, PushesThatFailAfterFormingSlotsChangeNoSlot) {
+  for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
+    for (auto type : {v1::OptimizerSpec::MOMENTUM, v1::OptimizerSpec::ADAM}) {
+      SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type)));
+      v1::RegisterRequest job = TwoVarJob(mode, 1);
+      job.mutable_config()->mutable_optimizer()->set_type(type);
+      ParameterServer ps({});
+      ASSERT_TRUE(ps.Register(job).ok());
+      // The reference: the rule itself, applied to the pushes that apply.
+      std::vector<std::vector<float>> want = Values(*PullNow(ps));
+      std::vector<std::unique_ptr<Optimizer>> rules;
+      for (const auto& w : want) {
+        auto rule = NewOptimizer(job.config().optimizer(), static_cast<int64_t>(w.size()));
+        ASSERT_TRUE(rule.ok());
+        rules.push_back(*std::move(rule));
+      }
+      // Same-host pushes (the gradients read in place, here the test's
+      // memory, which stays until the update ran): only they form slots
+      // ahead.
+      auto header = [](uint64_t sequence, int64_t step, uint64_t incarnation) {
+        v1::PushHeader h = Header(0, sequence, step, 1, incarnation);
+        h.mutable_segment()->set_size(1);
+        return h;
+      };
+      uint64_t sequence = 0;
+      for (int64_t step = 0; step < 3; ++step) {
+        const std::vector<float> a9(6, 9.0f), b_nan = {1.0f, NAN}, a3(6, -3.0f), a5(6, 5.0f),
+            b5(2, 5.0f);
+        {  // a NaN in b, after a was formed
+          auto s = ps.BeginPush(header(++sequence, step, 7));
+          ASSERT_TRUE(s.ok());
+          ASSERT_TRUE((*s)->AddShared(0, a9.data(), nullptr).ok());
+          EXPECT_EQ((*s)->AddShared(1, b_nan.data(), nullptr).code(),
+                    absl::StatusCode::kInvalidArgument);
+        }
+        {  // b missing
+          auto s = ps.BeginPush(header(++sequence, step, 7));
+          ASSERT_TRUE(s.ok());
+          ASSERT_TRUE((*s)->AddShared(0, a3.data(), nullptr).ok());
+          EXPECT_EQ(ps.FinishPush(std::move(*s)).status().code(),
+                    absl::StatusCode::kInvalidArgument);
+        }
+        // All formed, then another incarnation's push is applied first:
+        // this one is refused (ASYNC: ABORTED; SYNC: STALE, its step is
+        // over) and the other is the step's update.
+        auto late = ps.BeginPush(header(++sequence, step, 7));
+        ASSERT_TRUE(late.ok());
+        ASSERT_TRUE((*late)->AddShared(0, a5.data(), nullptr).ok());
+        ASSERT_TRUE((*late)->AddShared(1, b5.data(), nullptr).ok());
+        const float g = 0.25f + static_cast<float>(step);
+        auto applied =
+            PushGrads(ps, Header(0, ++sequence, step, 1, /*incarnation=*/8),
+                      {std::vector<float>(6, g), std::vector<float>(2, g)}, /*shared=*/true);
+        ASSERT_TRUE(applied.ok()) << applied.status();
+        EXPECT_EQ(applied->outcome(), v1::PushResponse::APPLIED);
+        auto refused = ps.FinishPush(std::move(*late));
+        if (mode == v1::ASYNC) {
+          EXPECT_EQ(refused.status().code(), absl::StatusCode::kAborted) << refused.status();
+        } else {
+          ASSERT_TRUE(refused.ok()) << refused.status();
+          EXPECT_EQ(refused->outcome(), v1::PushResponse::STALE);
+        }
+        for (size_t v = 0; v < want.size(); ++v) {
+          rules[v]->Apply(absl::MakeSpan(want[v]), std::vector<float>(want[v].size(), g), step + 1);
+        }
+        EXPECT_EQ(Values(*PullNow(ps, step + 1)), want);
+      }
+      // Each step's values depend on the slots the steps before left.
+      EXPECT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) {
+        return j.updates_ahead() == 3 && j.steps_applied() == 3;
+      }));
+    }
+  }
+}
+
+// Only a job of one worker updates ahead: with two workers (each push one
+// of the step's parts) the update is done in place after the push, as
+// before. A rule with slots (momentum, Adam) only from the same host (the
+// gradient read in place), for the first variable; SGD from anywhere.
+TEST(UpdateAheadTest, OnlyAJobOfOneWorkerAndSlotsOnlyOnTheSameHost) {
+  for (int workers : {1, 2}) {
+    for (bool shared : {false, true}) {
+      for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::MOMENTUM,
+                        v1::OptimizerSpec::ADAM}) {
+        SCOPED_TRACE(absl::StrCat(workers, " workers, ", shared ? "same host, " : "",
+                                  v1::OptimizerSpec::Type_Name(type)));
+        ParameterServer ps({});
+        v1::RegisterRequest job = TwoVarJob(v1::ASYNC, workers);
+        job.mutable_config()->mutable_optimizer()->set_type(type);
+        ASSERT_TRUE(ps.Register(job).ok());
+        auto r = PushGrads(ps, Header(0, 1, 0, 1),
+                           {std::vector<float>(6, 1.0f), std::vector<float>(2, 1.0f)}, shared);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+        const bool ahead = workers == 1 && (shared || type == v1::OptimizerSpec::SGD);
+        EXPECT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.steps_applied() == 1; }));
+        v1::StatusRequest req;
+        req.set_job_id("j");
+        EXPECT_EQ(ps.Status(req).jobs(0).updates_ahead(), ahead ? 1 : 0);
+        auto snap = PullNow(ps, 1);
+        if (type != v1::OptimizerSpec::ADAM) {  // momentum's first step is SGD's
+          EXPECT_EQ(snap->values[0], std::vector<float>(6, 0.5f));
+        } else {
+          // Adam's first step moves each element by about lr (0.5) against g.
+          for (float x : snap->values[0]) EXPECT_NEAR(x, 0.5f, 1e-3f);
+        }
+      }
+    }
+  }
 }
 
 // Read in place or copied in, by some workers or all, in any order of
