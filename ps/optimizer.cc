@@ -57,6 +57,21 @@ void CopiedPasses(const float* w, size_t n, absl::Span<float* const> copies, Pas
   }
 }
 
+// ApplyInto's loop for a rule that forms `n` elements with `form(b, k,
+// formed)` (elements [b, b + k) of the range into `formed`): a block of
+// Optimizer::kApplyBlock at a time into scratch in L1, then to `out`, so
+// that no pointer the rule writes aliases one it reads (`out` may be the
+// gradient) and its loop is vectorized.
+template <typename Form>
+void FormOutOfPlace(int64_t n, float* out, Form form) {
+  float formed[Optimizer::kApplyBlock];
+  for (int64_t b = 0; b < n; b += Optimizer::kApplyBlock) {
+    const int64_t k = std::min(Optimizer::kApplyBlock, n - b);
+    form(b, k, formed);
+    std::memcpy(out + b, formed, static_cast<size_t>(k) * sizeof(float));
+  }
+}
+
 // The learning rate of the update numbered `step` (1-based).
 double StepLearningRate(const v1::OptimizerSpec& spec, int64_t step) {
   return common::LearningRateAt(spec, step - 1);
@@ -173,18 +188,13 @@ class Momentum : public Optimizer {
   void ApplyInto(int64_t first, absl::Span<const float> value, absl::Span<const float> grad,
                  absl::Span<float> out, int64_t step,
                  absl::Span<float* const> slots_out) const override {
-    // Update's expressions, each result stored out of place; a block at a
-    // time, the values into a block of scratch first, so that no pointer
-    // aliases another (`out` may be `grad`) and the loop is vectorized.
+    // Update's expressions, each result stored out of place.
     const float lr = static_cast<float>(StepLearningRate(spec_, step));
-    const int64_t n = static_cast<int64_t>(value.size());
-    float formed[kApplyBlock];
-    for (int64_t b = 0; b < n; b += kApplyBlock) {
-      const int64_t k = std::min(kApplyBlock, n - b);
-      FormBlock(k, lr, value.data() + b, grad.data() + b, velocity_.data() + first + b, formed,
-                slots_out[0] + first + b);
-      std::memcpy(out.data() + b, formed, static_cast<size_t>(k) * sizeof(float));
-    }
+    FormOutOfPlace(static_cast<int64_t>(value.size()), out.data(),
+                   [&](int64_t b, int64_t k, float* formed) {
+                     FormBlock(k, lr, value.data() + b, grad.data() + b,
+                               velocity_.data() + first + b, formed, slots_out[0] + first + b);
+                   });
   }
   void AdoptSlots(std::vector<std::vector<float>>* staged) override {
     velocity_.swap((*staged)[0]);
@@ -294,19 +304,14 @@ class Adam : public Optimizer {
   void ApplyInto(int64_t first, absl::Span<const float> value, absl::Span<const float> grad,
                  absl::Span<float> out, int64_t step,
                  absl::Span<float* const> slots_out) const override {
-    // Update's expressions, each result stored out of place; a block at a
-    // time, the values into a block of scratch first, so that no pointer
-    // aliases another (`out` may be `grad`) and the loop is vectorized.
+    // Update's expressions, each result stored out of place.
     const float lr_t = StepRate(step);
-    const int64_t n = static_cast<int64_t>(value.size());
-    float formed[kApplyBlock];
-    for (int64_t b = 0; b < n; b += kApplyBlock) {
-      const int64_t k = std::min(kApplyBlock, n - b);
-      FormBlock(k, lr_t, value.data() + b, grad.data() + b, m_.data() + first + b,
-                v_.data() + first + b, formed, slots_out[0] + first + b,
-                slots_out[1] + first + b);
-      std::memcpy(out.data() + b, formed, static_cast<size_t>(k) * sizeof(float));
-    }
+    FormOutOfPlace(static_cast<int64_t>(value.size()), out.data(),
+                   [&](int64_t b, int64_t k, float* formed) {
+                     FormBlock(k, lr_t, value.data() + b, grad.data() + b, m_.data() + first + b,
+                               v_.data() + first + b, formed, slots_out[0] + first + b,
+                               slots_out[1] + first + b);
+                   });
   }
   void AdoptSlots(std::vector<std::vector<float>>* staged) override {
     m_.swap((*staged)[0]);

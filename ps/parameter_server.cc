@@ -1363,7 +1363,7 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   // A buffer for each variable, except those read in place (same host, not
   // formed ahead: Reserve makes one only if it comes as slices after all).
   for (size_t v = 0; v < s->grads_.size(); ++v) {
-    const bool read_in_place = in_segment && !s->ahead_[v];
+    const bool read_in_place = in_segment && (s->ahead_.empty() || !s->ahead_[v]);
     if (!read_in_place && s->grads_[v].size() != static_cast<size_t>(job->sizes[v])) {
       s->grads_[v].assign(static_cast<size_t>(job->sizes[v]), 0.0f);
     }
