@@ -16,6 +16,7 @@
 #include "common/gradient_codec.h"
 #include "common/initializer.h"
 #include "common/logging.h"
+#include "common/process_cpu.h"
 #include "common/status.h"
 #include "common/storage/checkpoint.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -1295,6 +1296,11 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   s->checked_.assign(job->sizes.size(), 0);
   std::vector<int> slot_counts;  // by var_index, where formed ahead
   const bool in_segment = header.has_segment() && header.slice_encoding() == v1::SLICE_FLOAT32;
+  // A rule with slots ahead only where the server has cores of its own
+  // (parameter_server.h, "Updates ahead"): read before the job's lock.
+  const bool slots_ahead =
+      in_segment && (options_.slots_ahead_on_shared_cpus ||
+                     !common::SharesCpusWith(static_cast<pid_t>(header.segment().pid())));
   {
     // Updates ahead (parameter_server.h): this push is the step's only
     // gradient, and nothing but it would change the values.
@@ -1305,14 +1311,12 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
       slot_counts.assign(job->sizes.size(), 0);
       bool any = false;
       for (size_t v = 0; v < job->vars.size(); ++v) {
-        // A rule with slots only on the same host, and only where
-        // FormsSlotsAhead: each costs a second set of its slots. Over
-        // gRPC, forming it on the thread that reads the stream delayed
-        // the push more than it saved (issue 16).
+        // A rule with slots only where slots_ahead, and only where
+        // FormsSlotsAhead: each costs a second set of its slots.
         const int slots = job->vars[v].optimizer->num_slots();
         s->ahead_[v] = job->vars[v].optimizer->CanApplyInto() &&
-                       (slots == 0 || (in_segment && FormsSlotsAhead(static_cast<int>(v),
-                                                                     job->sizes[v])));
+                       (slots == 0 || (slots_ahead && FormsSlotsAhead(static_cast<int>(v),
+                                                                      job->sizes[v])));
         any = any || s->ahead_[v];
         if (s->ahead_[v]) slot_counts[v] = slots;
       }

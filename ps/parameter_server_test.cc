@@ -1,5 +1,8 @@
 #include "ps/parameter_server.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -1703,6 +1706,14 @@ v1::RegisterRequest OneBigVarJob(v1::Mode mode, int64_t n, float wd,
   return r;
 }
 
+// Options of a server whose same-host pushes form slot rules ahead
+// although the worker (here the test itself) runs on its cores.
+ParameterServerOptions SlotsAheadOnSharedCpus() {
+  ParameterServerOptions o;
+  o.slots_ahead_on_shared_cpus = true;
+  return o;
+}
+
 // Three steps of OneBigVarJob(mode, n, wd, type) in both modes, with and
 // without weight decay, for each of `types` (momentum's and Adam's slots
 // are formed ahead too, apart, then adopted: three steps use both sets of
@@ -1721,7 +1732,7 @@ void ExpectFormedAheadEqualsTheUpdateInPlace(
       for (float wd : {0.0f, 0.01f}) {
         SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type),
                                   " weight_decay ", wd));
-        ParameterServer ps({});
+        ParameterServer ps(SlotsAheadOnSharedCpus());
         const v1::RegisterRequest job = OneBigVarJob(mode, n, wd, type);
         ASSERT_TRUE(ps.Register(job).ok());
         std::vector<float> want = Values(*PullNow(ps))[0];
@@ -1884,7 +1895,7 @@ TEST(UpdateAheadTest, NewValuesWrittenWhereThePullsLandAreVouchedForByTheCommit)
   for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
     for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::ADAM}) {
       SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type)));
-      ParameterServer ps({});
+      ParameterServer ps(SlotsAheadOnSharedCpus());
       ASSERT_TRUE(ps.Register(OneBigVarJob(mode, n, 0.01f, type)).ok());
       std::vector<float> weights(n, -7.0f);
       v1::PushHeader h = Header(0, 1, 0, 10);
@@ -2243,7 +2254,7 @@ TEST(UpdateAheadTest, PushesThatFailAfterFormingSlotsChangeNoSlot) {
       SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type)));
       v1::RegisterRequest job = TwoVarJob(mode, 1);
       job.mutable_config()->mutable_optimizer()->set_type(type);
-      ParameterServer ps({});
+      ParameterServer ps(SlotsAheadOnSharedCpus());
       ASSERT_TRUE(ps.Register(job).ok());
       // The reference: the rule itself, applied to the pushes that apply.
       std::vector<std::vector<float>> want = Values(*PullNow(ps));
@@ -2312,26 +2323,86 @@ TEST(UpdateAheadTest, PushesThatFailAfterFormingSlotsChangeNoSlot) {
   }
 }
 
+// Runs `push` on a thread pinned to one CPU, given the id of a thread
+// pinned to another that waits meanwhile: a worker on cores apart from the
+// server's. False, running nothing, where this process may run on one CPU
+// only.
+bool OnCpusApart(const std::function<void(pid_t worker)>& push) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  if (cpus.size() < 2) return false;
+  auto pin = [](int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof(one), &one) == 0;
+  };
+  absl::Notification pinned, done;
+  pid_t worker = 0;
+  bool worker_pinned = false;
+  std::thread a([&] {
+    worker_pinned = pin(cpus[0]);
+    worker = gettid();
+    pinned.Notify();
+    done.WaitForNotification();
+  });
+  pinned.WaitForNotification();
+  std::thread b([&] {
+    if (worker_pinned && pin(cpus[1])) {
+      push(worker);
+    } else {
+      ADD_FAILURE() << "could not pin threads to cpus " << cpus[0] << " and " << cpus[1];
+    }
+  });
+  b.join();
+  done.Notify();
+  a.join();
+  return true;
+}
+
 // Only a job of one worker updates ahead: with two workers (each push one
 // of the step's parts) the update is done in place after the push, as
 // before. A rule with slots (momentum, Adam) only from the same host (the
-// gradient read in place), for the first variable; SGD from anywhere.
-TEST(UpdateAheadTest, OnlyAJobOfOneWorkerAndSlotsOnlyOnTheSameHost) {
+// gradient read in place) where the worker runs on cores apart from the
+// server's (its pid, in the segment), for the first variable; SGD from
+// anywhere. The worker on the server's cores is the test's own process.
+TEST(UpdateAheadTest, OnlyAJobOfOneWorkerAndSlotsOnlyOnTheSameHostOnCoresApart) {
+  enum Where { kGrpc, kSameHostSameCores, kSameHostCoresApart };
   for (int workers : {1, 2}) {
-    for (bool shared : {false, true}) {
+    for (Where where : {kGrpc, kSameHostSameCores, kSameHostCoresApart}) {
       for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::MOMENTUM,
                         v1::OptimizerSpec::ADAM}) {
-        SCOPED_TRACE(absl::StrCat(workers, " workers, ", shared ? "same host, " : "",
+        SCOPED_TRACE(absl::StrCat(workers, " workers, where ", where, ", ",
                                   v1::OptimizerSpec::Type_Name(type)));
         ParameterServer ps({});
         v1::RegisterRequest job = TwoVarJob(v1::ASYNC, workers);
         job.mutable_config()->mutable_optimizer()->set_type(type);
         ASSERT_TRUE(ps.Register(job).ok());
-        auto r = PushGrads(ps, Header(0, 1, 0, 1),
-                           {std::vector<float>(6, 1.0f), std::vector<float>(2, 1.0f)}, shared);
+        const std::vector<std::vector<float>> grads = {std::vector<float>(6, 1.0f),
+                                                       std::vector<float>(2, 1.0f)};
+        v1::PushHeader h = Header(0, 1, 0, 1);
+        absl::StatusOr<v1::PushResponse> r;
+        if (where == kSameHostCoresApart) {
+          if (!OnCpusApart([&](pid_t worker) {
+                h.mutable_segment()->set_pid(worker);
+                r = PushGrads(ps, h, grads, /*shared=*/true);
+              })) {
+            GTEST_LOG_(INFO) << "one CPU only: no cores apart to test";
+            continue;
+          }
+        } else {
+          if (where == kSameHostSameCores) h.mutable_segment()->set_pid(getpid());
+          r = PushGrads(ps, h, grads, /*shared=*/where != kGrpc);
+        }
         ASSERT_TRUE(r.ok()) << r.status();
         EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
-        const bool ahead = workers == 1 && (shared || type == v1::OptimizerSpec::SGD);
+        const bool ahead =
+            workers == 1 && (where == kSameHostCoresApart || type == v1::OptimizerSpec::SGD);
         EXPECT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.steps_applied() == 1; }));
         v1::StatusRequest req;
         req.set_job_id("j");
