@@ -190,10 +190,10 @@ int main(int argc, char** argv) {
   (*server)->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   const towerps::v1::StatusResponse held = ps.Status(towerps::v1::StatusRequest());
   for (const towerps::v1::JobStatus& j : held.jobs()) {
-    const std::string in_place = towerps::ps::DescribeSegmentPulls(j);
+    const std::string updates = towerps::ps::DescribeUpdates(j);
     TLOG(INFO) << "ps " << spec->task_index << ": job \"" << j.job_id() << "\" held at exit: step "
                << j.global_step() << ", " << j.pushes_applied() << " pushes applied"
-               << (in_place.empty() ? "" : "; ") << in_place;
+               << (updates.empty() ? "" : "; ") << updates;
   }
   TLOG(INFO) << "ps " << spec->task_index << ": stopped; peak resident memory (VmHWM) "
              << towerps::common::PeakResidentBytes()

@@ -1296,10 +1296,10 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   s->checked_.assign(job->sizes.size(), 0);
   std::vector<int> slot_counts;  // by var_index, where formed ahead
   const bool in_segment = header.has_segment() && header.slice_encoding() == v1::SLICE_FLOAT32;
-  // A rule with slots ahead only where the server has cores of its own
+  // From the same host, ahead only where the server has cores of its own
   // (parameter_server.h, "Updates ahead"): read before the job's lock.
-  const bool slots_ahead =
-      in_segment && (options_.slots_ahead_on_shared_cpus ||
+  const bool cores_apart =
+      in_segment && (options_.ahead_on_shared_cpus ||
                      !common::SharesCpusWith(static_cast<pid_t>(header.segment().pid())));
   {
     // Updates ahead (parameter_server.h): this push is the step's only
@@ -1311,12 +1311,14 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
       slot_counts.assign(job->sizes.size(), 0);
       bool any = false;
       for (size_t v = 0; v < job->vars.size(); ++v) {
-        // A rule with slots only where slots_ahead, and only where
+        // A rule with slots only from the same host, and only where
         // FormsSlotsAhead: each costs a second set of its slots.
         const int slots = job->vars[v].optimizer->num_slots();
-        s->ahead_[v] = job->vars[v].optimizer->CanApplyInto() &&
-                       (slots == 0 || (slots_ahead && FormsSlotsAhead(static_cast<int>(v),
-                                                                      job->sizes[v])));
+        s->ahead_[v] =
+            job->vars[v].optimizer->CanApplyInto() &&
+            (in_segment ? cores_apart && (slots == 0 || FormsSlotsAhead(static_cast<int>(v),
+                                                                         job->sizes[v]))
+                        : slots == 0);
         any = any || s->ahead_[v];
         if (s->ahead_[v]) slot_counts[v] = slots;
       }
@@ -1862,7 +1864,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     reserved_bytes_ -= job->reserved;
   }
   int64_t freed = job->bytes();
-  std::string in_place;  // what its pulls into workers' segments found there
+  std::string details;  // DescribeUpdates
   {
     absl::MutexLock lock(&job->mu);
     // A Commit updates the variables in place; a push preparing ahead reads
@@ -1872,10 +1874,12 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
       job->AwaitPreparingLocked();
     }
     v1::JobStatus counts;
+    counts.set_steps_applied(job->steps_applied);
+    counts.set_updates_ahead(job->updates_ahead);
     counts.set_segment_pull_values(job->segment_pull_values);
     counts.set_values_in_place(job->values_in_place);
-    in_place = DescribeSegmentPulls(counts);
-    if (!in_place.empty()) in_place = absl::StrCat("; ", in_place);
+    details = DescribeUpdates(counts);
+    if (!details.empty()) details = absl::StrCat("; ", details);
     freed += job->slot_bytes();
     job->deleted = true;
     // Free the memory now, not when the last waiting pull lets go of the job.
@@ -1894,7 +1898,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
   response.set_existed(true);
   response.set_bytes_freed(freed);
   TLOG(INFO) << "ps " << options_.task_index << ": job \"" << request.job_id()
-             << "\" deleted, " << freed << " bytes freed" << in_place;
+             << "\" deleted, " << freed << " bytes freed" << details;
   return response;
 }
 
@@ -1920,11 +1924,18 @@ absl::StatusOr<std::vector<v1::VariableDef>> ParameterServer::Variables(
   return out;
 }
 
-std::string DescribeSegmentPulls(const v1::JobStatus& status) {
-  if (status.segment_pull_values() == 0) return "";
-  return absl::StrCat("of the ", status.segment_pull_values(),
-                      " variables pulled into workers' shared memory, ",
-                      status.values_in_place(), " were there already");
+std::string DescribeUpdates(const v1::JobStatus& status) {
+  std::vector<std::string> parts;
+  if (status.steps_applied() > 0) {
+    parts.push_back(absl::StrCat(status.updates_ahead(), " of its ", status.steps_applied(),
+                                 " updates formed ahead, during their push"));
+  }
+  if (status.segment_pull_values() > 0) {
+    parts.push_back(absl::StrCat("of the ", status.segment_pull_values(),
+                                 " variables pulled into workers' shared memory, ",
+                                 status.values_in_place(), " were there already"));
+  }
+  return absl::StrJoin(parts, "; ");
 }
 
 }  // namespace towerps::ps

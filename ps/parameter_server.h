@@ -26,20 +26,23 @@
 // variables whose rule has no slots (SGD: Optimizer::num_slots) are
 // formed while the gradient still arrives, block by block as each block is
 // checked, out of place in the push's staging buffer (the values are only
-// read, as a pull writing a segment reads them). On the same host, so is
-// the update of the first and of the small variables (FormsSlotsAhead)
-// when their rule has slots (Adam, momentum), where the server has cores
-// of its own (the thread reading the push may run on no CPU the worker
-// may: common::SharesCpusWith; taskset, cpusets), the slots' new values in
-// buffers of the push's own that the commit adopts
-// (Optimizer::AdoptSlots) and gives back for the next push: a second copy
-// of those slots (FloatsPerElement). Elsewhere a rule with slots is
-// updated by the Commit, after the push: over gRPC, forming it on the
+// read, as a pull writing a segment reads them). From the same host, only
+// where the server has cores of its own (the thread reading the push may
+// run on no CPU the worker's process may: common::SharesCpusWith; taskset,
+// a cgroup's cpuset), and then so is the update of the first and of the
+// small variables (FormsSlotsAhead) whose rule has slots (Adam, momentum),
+// the slots' new values in buffers of the push's own that the commit
+// adopts (Optimizer::AdoptSlots) and gives back for the next push: a
+// second copy of those slots (FloatsPerElement). Otherwise the Commit
+// updates them after the push: over gRPC, forming a rule with slots on the
 // thread that reads the stream delayed the push more than it saved; on
-// cores the worker computes on, it competed with the worker's backward
-// (the update's work lands in its GEMMs instead of after them; issue 16:
-// MLP with Adam on 2 shared cores, 2.06 -> 2.19 ms/step; pinned apart,
-// 3.13 -> 3.02). On the same host, the
+// cores the worker computes on, forming anything ahead competed with its
+// backward, whose GEMMs it held up, where after the push it overlaps the
+// worker's one-core work (issue 16, 1 worker sync on 2 shared cores,
+// ms/step after the push against ahead: the MLP with Adam 2.02 against
+// 2.14, the dense stack with SGD 22.8 against 23.8, its server staging no
+// new values; on cores apart, ahead gains: the MLP 3.06 against 3.16).
+// From the same host, the
 // gradient is read where the worker wrote it, in its segment (AddShared),
 // and never copied: the buffer receives only the new values, so forming
 // them streams the values and the gradient once each (issue 16: copying
@@ -52,7 +55,8 @@
 // costs the step no pass over memory after the last gradient; if the push
 // fails, the staging buffers are simply dropped. Should the values change
 // meanwhile (another incarnation's push applied first), the push fails
-// with ABORTED, nothing applied.
+// with ABORTED, nothing applied. JobStatus.updates_ahead counts the pushes
+// updated so (DescribeUpdates logs it).
 // A push is identified by (worker_task, incarnation, sequence): a retry with a
 // sequence already taken is acknowledged as DUPLICATE and never applied twice.
 //
@@ -140,10 +144,10 @@ struct ParameterServerOptions {
   // Tests only: called under the job's lock when a push, save or deletion
   // starts waiting for a Commit to finish (it must not take that lock).
   std::function<void()> on_commit_wait;
-  // Tests only: a same-host push forms slot rules ahead ("Updates ahead")
+  // Tests only: a same-host push forms its update ahead ("Updates ahead")
   // even where the worker may run on the CPUs of the thread reading it (in
   // a test, the same process).
-  bool slots_ahead_on_shared_cpus = false;
+  bool ahead_on_shared_cpus = false;
 };
 
 // The values of a job's variables at one global step, for a pull to stream
@@ -254,7 +258,7 @@ class Commit {
 // instead), the optimizer's
 // slots (ADAM 2, MOMENTUM 1, SGD none; a MOVING_AVERAGE variable none),
 // twice in a job of one worker where FormsSlotsAhead(index, its elements)
-// (its same-host pushes form those slots' new values ahead, apart:
+// (its same-host pushes may form those slots' new values ahead, apart:
 // "Updates ahead" above; `index`: the variable's in the job, -1 for
 // none), and one push staging buffer per
 // worker (SYNC stages each worker's gradient until its step is complete and
@@ -558,11 +562,14 @@ class ParameterServer {
   std::vector<std::unique_ptr<common::SerialExecutor>> updaters_;
 };
 
-// What a job's pulls into workers' shared memory found there already
-// (JobStatus.segment_pull_values, values_in_place), for the logs:
-// "of the N variables pulled into workers' shared memory, M were there
-// already"; empty when none was pulled there.
-std::string DescribeSegmentPulls(const v1::JobStatus& status);
+// How a job's updates went, for the logs: how many were formed ahead
+// (JobStatus.updates_ahead, steps_applied: "N of its M updates formed
+// ahead, during their push"; none applied, nothing), and what its pulls
+// into workers' shared memory found there already (segment_pull_values,
+// values_in_place: "of the N variables pulled into workers' shared
+// memory, M were there already"; none pulled there, nothing); "; "
+// between them.
+std::string DescribeUpdates(const v1::JobStatus& status);
 
 }  // namespace towerps::ps
 

@@ -1708,9 +1708,9 @@ v1::RegisterRequest OneBigVarJob(v1::Mode mode, int64_t n, float wd,
 
 // Options of a server whose same-host pushes form slot rules ahead
 // although the worker (here the test itself) runs on its cores.
-ParameterServerOptions SlotsAheadOnSharedCpus() {
+ParameterServerOptions AheadOnSharedCpus() {
   ParameterServerOptions o;
-  o.slots_ahead_on_shared_cpus = true;
+  o.ahead_on_shared_cpus = true;
   return o;
 }
 
@@ -1732,7 +1732,7 @@ void ExpectFormedAheadEqualsTheUpdateInPlace(
       for (float wd : {0.0f, 0.01f}) {
         SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type),
                                   " weight_decay ", wd));
-        ParameterServer ps(SlotsAheadOnSharedCpus());
+        ParameterServer ps(AheadOnSharedCpus());
         const v1::RegisterRequest job = OneBigVarJob(mode, n, wd, type);
         ASSERT_TRUE(ps.Register(job).ok());
         std::vector<float> want = Values(*PullNow(ps))[0];
@@ -1832,7 +1832,7 @@ TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
 // 1e38) is refused, naming the variable and worker, and nothing is applied.
 TEST(UpdateAheadTest, NewValuesFormedFromTheSegmentThatAreNotFiniteAreRefused) {
   const int64_t n = 5 * Optimizer::kApplyBlock;
-  ParameterServer ps({});
+  ParameterServer ps(AheadOnSharedCpus());
   v1::RegisterRequest job = OneBigVarJob(v1::SYNC, n, 0.0f);
   job.mutable_config()->mutable_optimizer()->set_learning_rate(4.0f);
   ASSERT_TRUE(ps.Register(job).ok());
@@ -1895,7 +1895,7 @@ TEST(UpdateAheadTest, NewValuesWrittenWhereThePullsLandAreVouchedForByTheCommit)
   for (v1::Mode mode : {v1::SYNC, v1::ASYNC}) {
     for (auto type : {v1::OptimizerSpec::SGD, v1::OptimizerSpec::ADAM}) {
       SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type)));
-      ParameterServer ps(SlotsAheadOnSharedCpus());
+      ParameterServer ps(AheadOnSharedCpus());
       ASSERT_TRUE(ps.Register(OneBigVarJob(mode, n, 0.01f, type)).ok());
       std::vector<float> weights(n, -7.0f);
       v1::PushHeader h = Header(0, 1, 0, 10);
@@ -1941,7 +1941,7 @@ TEST(UpdateAheadTest, NewValuesWrittenWhereThePullsLandAreVouchedForByTheCommit)
 // Without SetValuesSegment, nothing is written.
 TEST(UpdateAheadTest, APullIntoASegmentBeforeTheCommitLeavesThePlaceToThePull) {
   const int64_t n = 3 * Optimizer::kApplyBlock;
-  ParameterServer ps({});
+  ParameterServer ps(AheadOnSharedCpus());
   ASSERT_TRUE(ps.Register(OneBigVarJob(v1::SYNC, n, 0.0f)).ok());
   std::vector<float> weights(n, -7.0f);
   const std::vector<float> g(n, 0.5f);
@@ -2254,7 +2254,7 @@ TEST(UpdateAheadTest, PushesThatFailAfterFormingSlotsChangeNoSlot) {
       SCOPED_TRACE(absl::StrCat(v1::Mode_Name(mode), " ", v1::OptimizerSpec::Type_Name(type)));
       v1::RegisterRequest job = TwoVarJob(mode, 1);
       job.mutable_config()->mutable_optimizer()->set_type(type);
-      ParameterServer ps(SlotsAheadOnSharedCpus());
+      ParameterServer ps(AheadOnSharedCpus());
       ASSERT_TRUE(ps.Register(job).ok());
       // The reference: the rule itself, applied to the pushes that apply.
       std::vector<std::vector<float>> want = Values(*PullNow(ps));
@@ -2367,11 +2367,12 @@ bool OnCpusApart(const std::function<void(pid_t worker)>& push) {
 
 // Only a job of one worker updates ahead: with two workers (each push one
 // of the step's parts) the update is done in place after the push, as
-// before. A rule with slots (momentum, Adam) only from the same host (the
-// gradient read in place) where the worker runs on cores apart from the
-// server's (its pid, in the segment), for the first variable; SGD from
-// anywhere. The worker on the server's cores is the test's own process.
-TEST(UpdateAheadTest, OnlyAJobOfOneWorkerAndSlotsOnlyOnTheSameHostOnCoresApart) {
+// before. From another host (gRPC), SGD only; from the same host (the
+// gradient read in place), only where the worker runs on cores apart from
+// the server's (its pid, in the segment): SGD, and a rule with slots
+// (momentum, Adam) for the first variable. The worker on the server's
+// cores is the test's own process.
+TEST(UpdateAheadTest, OnlyAJobOfOneWorkerFromAnotherHostOrOnCoresApart) {
   enum Where { kGrpc, kSameHostSameCores, kSameHostCoresApart };
   for (int workers : {1, 2}) {
     for (Where where : {kGrpc, kSameHostSameCores, kSameHostCoresApart}) {
@@ -2402,7 +2403,8 @@ TEST(UpdateAheadTest, OnlyAJobOfOneWorkerAndSlotsOnlyOnTheSameHostOnCoresApart) 
         ASSERT_TRUE(r.ok()) << r.status();
         EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
         const bool ahead =
-            workers == 1 && (where == kSameHostCoresApart || type == v1::OptimizerSpec::SGD);
+            workers == 1 && (where == kSameHostCoresApart ||
+                             (where == kGrpc && type == v1::OptimizerSpec::SGD));
         EXPECT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.steps_applied() == 1; }));
         v1::StatusRequest req;
         req.set_job_id("j");

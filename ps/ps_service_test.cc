@@ -123,7 +123,14 @@ class PsServiceTest : public ::testing::Test {
     return out;
   }
 
-  ParameterServer ps_{{}};
+  // The segment's pushes come from this very process: updated ahead all
+  // the same, as from a worker on cores apart ("Updates ahead").
+  static ParameterServerOptions Options() {
+    ParameterServerOptions o;
+    o.ahead_on_shared_cpus = true;
+    return o;
+  }
+  ParameterServer ps_{Options()};
   std::unique_ptr<ParameterServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;

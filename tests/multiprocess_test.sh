@@ -47,6 +47,7 @@ expect_reject "bad batch size" "global_batch_size = -4" -- "$WORKER_BIN" --ps_ho
 # run_cluster NAME NUM_PS NUM_WORKERS WORKER_FLAGS...
 # Starts the workers first, then the servers (workers wait for them; see
 # cluster_faults_test for servers that come up late).
+# PS_PIN / WORKER_PIN, where set: taskset CPU lists to run them on.
 run_cluster() {
   local name="$1" nps="$2" nw="$3"; shift 3
   local p=($(ports $((nps + nw))))
@@ -56,13 +57,15 @@ run_cluster() {
   local dir="$TMP/$name"; mkdir -p "$dir"
   local wpids=()
   for ((i = 0; i < nw; i++)); do
-    timeout 180 "$WORKER_BIN" --ps_hosts="$ps_hosts" --worker_hosts="$wk_hosts" --job_name=worker \
+    ${WORKER_PIN:+taskset -c "$WORKER_PIN"} timeout 180 "$WORKER_BIN" --ps_hosts="$ps_hosts" \
+      --worker_hosts="$wk_hosts" --job_name=worker \
       --task_index=$i --log_every_steps=0 "$@" >"$dir/worker$i.log" 2>&1 &
     wpids+=($!); PIDS+=($!)
   done
   local pspids=()
   for ((i = 0; i < nps; i++)); do
-    timeout 200 "$PS_BIN" --ps_hosts="$ps_hosts" --worker_hosts="$wk_hosts" --job_name=ps \
+    ${PS_PIN:+taskset -c "$PS_PIN"} timeout 200 "$PS_BIN" --ps_hosts="$ps_hosts" \
+      --worker_hosts="$wk_hosts" --job_name=ps \
       --task_index=$i --wait_log_interval_s=1 >"$dir/ps$i.log" 2>&1 &
     pspids+=($!); PIDS+=($!)
   done
@@ -124,24 +127,44 @@ fi
 
 echo "== one worker: the new values its server writes where its pulls land end on the bits of gRPC"
 # One worker, same host: the server writes each update's new values into
-# the worker's segment as it forms them (SGD, formed ahead during the
-# push: the dense stack; Adam, in the update: the MLP), and its pulls then
-# copy nothing. The final line must be the same bits as over gRPC only.
+# the worker's segment as it forms them, and its pulls then copy nothing.
+# On the worker's cores, in the update after the push; on cores apart
+# (taskset: the ps on one CPU, the worker on another), formed ahead during
+# the push (SGD, the dense stack; Adam's slots, the MLP): the ps says how
+# many at the job's end. The final line must be the same bits as over gRPC
+# only, every way.
+# ahead_count DIR: "N of M" from the ps's line at the job's deletion.
+ahead_count() {
+  grep -o '[0-9]* of its [0-9]* updates formed ahead' "$1/ps0.log" | head -n 1 | sed 's/ of its / /; s/ updates.*//'
+}
+CPUS=($(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])'))
 for model in mlp dense_stack; do
-  run_cluster "one_$model" 1 1 --model=$model --mode=sync --max_train_examples=2000 \
-    --max_test_examples=500 --epochs=2
-  ONE_RC=$RC
-  ONE_FINAL=$(grep '^final: ' "$DIR/worker0.log" | sed 's/ wall_s=.*//')
-  ONE_SHM=$(grep -c "writes its pulls into this worker's shared memory" "$DIR/worker0.log")
-  run_cluster "one_${model}_grpc" 1 1 --model=$model --mode=sync --max_train_examples=2000 \
-    --max_test_examples=500 --epochs=2 --shared_memory=false
+  flags=(--model=$model --mode=sync --max_train_examples=2000 --max_test_examples=500 --epochs=2)
+  run_cluster "one_${model}_grpc" 1 1 "${flags[@]}" --shared_memory=false
+  GRPC_RC=$RC
   ONE_GRPC=$(grep '^final: ' "$DIR/worker0.log" | sed 's/ wall_s=.*//')
-  if [ "$ONE_RC" -eq 0 ] && [ "$RC" -eq 0 ] && [ "$ONE_SHM" -eq 1 ] && [ -n "$ONE_FINAL" ] &&
-     [ "$ONE_FINAL" = "$ONE_GRPC" ]; then
-    pass "$model, one worker: $ONE_FINAL"
-  else
-    fail "$model, one worker: rc $ONE_RC/$RC, in shared memory: $ONE_SHM, '$ONE_FINAL' vs gRPC '$ONE_GRPC'"
-  fi
+  for where in shared apart; do
+    if [ "$where" = apart ]; then
+      if [ "${#CPUS[@]}" -lt 2 ]; then
+        echo "($model, cores apart: skipped, this test may run on one CPU only)"
+        continue
+      fi
+      WORKER_PIN=${CPUS[0]} PS_PIN=${CPUS[1]}
+    fi
+    run_cluster "one_${model}_$where" 1 1 "${flags[@]}"
+    unset WORKER_PIN PS_PIN
+    ONE_FINAL=$(grep '^final: ' "$DIR/worker0.log" | sed 's/ wall_s=.*//')
+    ONE_SHM=$(grep -c "writes its pulls into this worker's shared memory" "$DIR/worker0.log")
+    read -r AHEAD STEPS <<<"$(ahead_count "$DIR")"
+    if [ "$where" = apart ]; then WANT_AHEAD=${STEPS:-x}; else WANT_AHEAD=0; fi
+    if [ "$RC" -eq 0 ] && [ "$GRPC_RC" -eq 0 ] && [ "$ONE_SHM" -eq 1 ] && [ -n "$ONE_FINAL" ] &&
+       [ "$ONE_FINAL" = "$ONE_GRPC" ] && [ -n "${STEPS:-}" ] && [ "${STEPS:-0}" -gt 0 ] &&
+       [ "${AHEAD:-}" = "$WANT_AHEAD" ]; then
+      pass "$model, one worker, $where cores: $AHEAD of $STEPS formed ahead, $ONE_FINAL"
+    else
+      fail "$model, one worker, $where cores: rc $RC/$GRPC_RC, in shared memory: $ONE_SHM, formed ahead '${AHEAD:-}' of '${STEPS:-}' (want $WANT_AHEAD), '$ONE_FINAL' vs gRPC '$ONE_GRPC'"
+    fi
+  done
 done
 
 echo "== async training: every gradient applied (steps = workers x iterations)"

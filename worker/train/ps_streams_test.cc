@@ -561,7 +561,13 @@ TEST(PsStreamsTest, TheLastPushIsReadWholeAfterTheClientReleasedItsMemory) {
 // Before that, the next pull after a push writes nothing and the weights
 // living in the segment are the new values.
 TEST(PsStreamsTest, APullAfterTheClientReleasedItsMemoryGetsTheValuesWritten) {
-  LocalPsCluster cluster(1, /*start=*/true, /*shared_memory=*/true);
+  LocalPsCluster cluster(1, /*start=*/false, /*shared_memory=*/true);
+  // The worker is this very process: updated ahead all the same, as from
+  // a worker on cores apart ("Updates ahead").
+  ps::ParameterServerOptions options;
+  options.ahead_on_shared_cpus = true;
+  cluster.set_server_options(options);
+  ASSERT_TRUE(cluster.Start(0).ok());
   auto client = NewClient(Options(cluster, "j"));
   ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
   Buffers w(Vars());
