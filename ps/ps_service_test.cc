@@ -523,8 +523,10 @@ TEST_F(PsServiceSegmentTest, APushWaitsForAPullWritingIntoASegmentNotACopy) {
   std::thread push, late_pull;
   SegmentPull late;
   std::atomic<int> calls{0};
+  std::atomic<int> hook_calls{0};  // every pull's, after its last write
   bool push_waited = false, late_pull_waited = false, push_done_early = true;
   service_->set_pull_fault_for_testing([&](const v1::PullRequest& r, size_t in_segment) {
+    ++hook_calls;
     // Only the first pull, after its variable is written; the lease is held.
     if (r.segment().nonce() != segment_->nonce() || calls++ > 0 || in_segment != 1) {
       return grpc::Status::OK;
@@ -548,6 +550,11 @@ TEST_F(PsServiceSegmentTest, APushWaitsForAPullWritingIntoASegmentNotACopy) {
   const SegmentPull first = PullInto(Segment(1));
   push.join();
   late_pull.join();
+  // A pull's handler calls the hook after its last write, which the
+  // client may see first: the hook goes once both handlers are past it.
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (hook_calls.load() < 2 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(hook_calls.load(), 2);
   service_->set_pull_fault_for_testing(nullptr);
   EXPECT_TRUE(push_waited) << "the push did not wait for the pull writing into the segment";
   EXPECT_FALSE(push_done_early);
