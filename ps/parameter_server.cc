@@ -1297,10 +1297,12 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   std::vector<int> slot_counts;  // by var_index, where formed ahead
   const bool in_segment = header.has_segment() && header.slice_encoding() == v1::SLICE_FLOAT32;
   // From the same host, ahead only where the server has cores of its own
-  // (parameter_server.h, "Updates ahead"): read before the job's lock.
+  // (parameter_server.h, "Updates ahead"): read before the job's lock, and
+  // only where it matters (a job's config never changes).
   const bool cores_apart =
-      in_segment && (options_.ahead_on_shared_cpus ||
-                     !common::SharesCpusWith(static_cast<pid_t>(header.segment().pid())));
+      in_segment && job->config.num_workers() == 1 &&
+      (options_.ahead_on_shared_cpus ||
+       !common::SharesCpusWith(static_cast<pid_t>(header.segment().pid())));
   {
     // Updates ahead (parameter_server.h): this push is the step's only
     // gradient, and nothing but it would change the values.
