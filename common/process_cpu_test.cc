@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -55,7 +56,7 @@ TEST(SharesCpusWithTest, ThreadsPinnedApartShareNone) {
   }
   if (cpus.size() < 2) GTEST_SKIP() << "this process may run on one CPU only";
   absl::Notification pinned, done;
-  pid_t a_tid = 0;
+  std::atomic<pid_t> a_tid{0};  // atomic: TSan does not see into the system's Abseil
   std::thread a([&] {
     PinTo(cpus[0]);
     a_tid = gettid();

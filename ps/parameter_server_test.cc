@@ -2343,8 +2343,9 @@ bool OnCpusApart(const std::function<void(pid_t worker)>& push) {
     return sched_setaffinity(0, sizeof(one), &one) == 0;
   };
   absl::Notification pinned, done;
-  pid_t worker = 0;
-  bool worker_pinned = false;
+  // Atomic: TSan does not see into the system's Abseil (the Notification).
+  std::atomic<pid_t> worker{0};
+  std::atomic<bool> worker_pinned{false};
   std::thread a([&] {
     worker_pinned = pin(cpus[0]);
     worker = gettid();
