@@ -168,7 +168,8 @@ class Model {
   // stage's first layer with parameters comes before its second when it
   // has more elements and both are dense (Layer::SplitsBackward): the last
   // micro-batch backpropagates through the second before forming its
-  // gradients, so that a server on the same host updates the larger first
+  // gradients, so that a server updating ahead (same host, cores of its
+  // own: ps/parameter_server.h) updates the larger first
   // layer, which the next forward needs first, while the worker still
   // forms the smaller second one, rather than after the push (an MLP's
   // 784x256 first layer: issue 16). The same gradients, bit for bit,
