@@ -186,8 +186,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   towerps::ps::ParameterServerOptions options;
   options.max_pull_wait = absl::ZeroDuration();
   options.max_job_bytes = kMaxJobBytes;
-  // Same-host pushes here come from this very process: form slot rules
-  // ahead all the same, to reach that path too.
+  // Same-host pushes here come from this very process: update them ahead
+  // all the same (SGD, and slot rules), to reach that path too.
   options.ahead_on_shared_cpus = true;
   ParameterServer ps(options);
   towerps::ps::ParameterServiceImpl service(ps, /*default_chunk_bytes=*/4096);
