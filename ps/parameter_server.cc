@@ -130,6 +130,7 @@ class Job {
   // where they are until they finish.
   int preparing ABSL_GUARDED_BY(mu) = 0;
   int64_t updates_ahead ABSL_GUARDED_BY(mu) = 0;  // commits of values formed ahead
+  int64_t pushes_named_at_once ABSL_GUARDED_BY(mu) = 0;  // JobStatus
   // Variables pulls into workers' segments named, and of them those found
   // there already (Job::written): JobStatus, and the log at deletion.
   int64_t segment_pull_values ABSL_GUARDED_BY(mu) = 0;
@@ -1297,12 +1298,13 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   std::vector<int> slot_counts;  // by var_index, where formed ahead
   const bool in_segment = header.has_segment() && header.slice_encoding() == v1::SLICE_FLOAT32;
   // From the same host, ahead only where the server has cores of its own
-  // (parameter_server.h, "Updates ahead"): read before the job's lock, and
-  // only where it matters (a job's config never changes).
+  // (parameter_server.h, "Updates ahead"), and elsewhere the gradients are
+  // better named with the commit ("Named with the commit"): read before the
+  // job's lock.
   const bool cores_apart =
-      in_segment && job->config.num_workers() == 1 &&
-      (options_.ahead_on_shared_cpus ||
-       !common::SharesCpusWith(static_cast<pid_t>(header.segment().pid())));
+      in_segment && (options_.as_if_on_cores_apart ||
+                     !common::SharesCpusWith(static_cast<pid_t>(header.segment().pid())));
+  s->names_with_commit_ = in_segment && !cores_apart;
   {
     // Updates ahead (parameter_server.h): this push is the step's only
     // gradient, and nothing but it would change the values.
@@ -1404,6 +1406,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
   }
   TOWERPS_RETURN_IF_ERROR(s->CheckFinite());
   v1::PushResponse response;
+  response.set_names_with_commit(s->names_with_commit_);
   absl::MutexLock lock(&job.mu);
   // Before anything is read: the wait releases the lock.
   job.AwaitWritableLocked(options_.on_commit_wait);
@@ -1500,6 +1503,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       job.AdvanceLocked();
     }
     ++job.applied;
+    if (s->named_at_once_) ++job.pushes_named_at_once;
     if (options_.apply_log != nullptr) {
       Record(absl::StrCat("apply ", job.id, " ", h.worker_task(), " ", h.step()));
     }
@@ -1523,6 +1527,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
     job.acc_examples += h.num_examples();
     job.pushed.insert(h.worker_task());
     ++job.applied;
+    if (s->named_at_once_) ++job.pushes_named_at_once;
     if (options_.apply_log != nullptr) {
       Record(absl::StrCat("apply ", job.id, " ", h.worker_task(), " ", h.step()));
     }
@@ -1807,6 +1812,7 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
     s->set_restored_step(job->restored_step);
     s->set_steps_applied(job->steps_applied);
     s->set_updates_ahead(job->updates_ahead);
+    s->set_pushes_named_at_once(job->pushes_named_at_once);
     s->set_segment_pull_values(job->segment_pull_values);
     s->set_values_in_place(job->values_in_place);
     s->set_slot_bytes(job->slot_bytes());
@@ -1878,6 +1884,8 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     v1::JobStatus counts;
     counts.set_steps_applied(job->steps_applied);
     counts.set_updates_ahead(job->updates_ahead);
+    counts.set_pushes_applied(job->applied);
+    counts.set_pushes_named_at_once(job->pushes_named_at_once);
     counts.set_segment_pull_values(job->segment_pull_values);
     counts.set_values_in_place(job->values_in_place);
     details = DescribeUpdates(counts);
@@ -1931,6 +1939,11 @@ std::string DescribeUpdates(const v1::JobStatus& status) {
   if (status.steps_applied() > 0) {
     parts.push_back(absl::StrCat(status.updates_ahead(), " of its ", status.steps_applied(),
                                  " updates formed ahead, during their push"));
+  }
+  if (status.pushes_applied() > 0) {
+    parts.push_back(absl::StrCat(status.pushes_named_at_once(), " of its ",
+                                 status.pushes_applied(),
+                                 " pushes named every gradient at once, with the commit"));
   }
   if (status.segment_pull_values() > 0) {
     parts.push_back(absl::StrCat("of the ", status.segment_pull_values(),

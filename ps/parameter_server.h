@@ -57,6 +57,15 @@
 // meanwhile (another incarnation's push applied first), the push fails
 // with ABORTED, nothing applied. JobStatus.updates_ahead counts the pushes
 // updated so (DescribeUpdates logs it).
+// Named with the commit: a same-host push on the worker's cores (of any
+// job) has nothing formed ahead, and its gradients are only checked as
+// they are named, work the commit may as well do; so its answer says
+// PushResponse.names_with_commit, and the worker's next pushes to this
+// server name every gradient in their one message, with the commit,
+// rather than as backward produces them: each message woke a thread on
+// either side, on the cores the worker's backward GEMMs ran on (issue 16,
+// the MLP, 1 worker sync on 2 shared cores: 1.81 against 1.92 ms a step).
+// JobStatus.pushes_named_at_once counts them.
 // A push is identified by (worker_task, incarnation, sequence): a retry with a
 // sequence already taken is acknowledged as DUPLICATE and never applied twice.
 //
@@ -144,10 +153,11 @@ struct ParameterServerOptions {
   // Tests only: called under the job's lock when a push, save or deletion
   // starts waiting for a Commit to finish (it must not take that lock).
   std::function<void()> on_commit_wait;
-  // Tests only: a same-host push forms its update ahead ("Updates ahead")
-  // even where the worker may run on the CPUs of the thread reading it (in
-  // a test, the same process).
-  bool ahead_on_shared_cpus = false;
+  // Tests only: a same-host push is taken as from a worker on cores apart
+  // ("Updates ahead": formed ahead where it may be; its gradients wanted as
+  // they are named) even where the worker may run on the CPUs of the thread
+  // reading it (in a test, the same process).
+  bool as_if_on_cores_apart = false;
 };
 
 // The values of a job's variables at one global step, for a pull to stream
@@ -352,6 +362,9 @@ class PushSession {
   // Names (by its nonce) the worker's segment that AddShared's
   // new_values_to point into.
   void SetValuesSegment(std::string key) { values_segment_ = std::move(key); }
+  // The push named every gradient in place in its first message, with the
+  // commit (JobStatus.pushes_named_at_once).
+  void NamedAtOnce() { named_at_once_ = true; }
   const v1::PushHeader& header() const { return header_; }
   // The job's variables on this server: how many, and each one's elements.
   size_t num_variables() const { return covered_.size(); }
@@ -376,6 +389,11 @@ class PushSession {
   std::vector<char> ahead_;
   std::vector<int64_t> prepared_;
   int64_t ahead_of_ = -1;
+  // Read in place from a worker that shares this server's cores: the push's
+  // answer asks for its gradients named with the commit (PushResponse.
+  // names_with_commit); and whether this one came so.
+  bool names_with_commit_ = false;
+  bool named_at_once_ = false;
   // Where the rule has slots (Adam, momentum), their new values, formed
   // with the values, by var_index (Optimizer::ApplyInto's slots_out): the
   // commit adopts them; empty when no variable formed ahead has slots.
@@ -564,7 +582,10 @@ class ParameterServer {
 
 // How a job's updates went, for the logs: how many were formed ahead
 // (JobStatus.updates_ahead, steps_applied: "N of its M updates formed
-// ahead, during their push"; none applied, nothing), and what its pulls
+// ahead, during their push"; none applied, nothing), how many pushes named
+// their gradients at once (pushes_named_at_once, pushes_applied: "N of its
+// M pushes named every gradient at once, with the commit"; none applied,
+// nothing), and what its pulls
 // into workers' shared memory found there already (segment_pull_values,
 // values_in_place: "of the N variables pulled into workers' shared
 // memory, M were there already"; none pulled there, nothing); "; "

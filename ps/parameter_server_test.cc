@@ -1710,7 +1710,7 @@ v1::RegisterRequest OneBigVarJob(v1::Mode mode, int64_t n, float wd,
 // although the worker (here the test itself) runs on its cores.
 ParameterServerOptions AheadOnSharedCpus() {
   ParameterServerOptions o;
-  o.ahead_on_shared_cpus = true;
+  o.as_if_on_cores_apart = true;
   return o;
 }
 
@@ -2372,7 +2372,8 @@ bool OnCpusApart(const std::function<void(pid_t worker)>& push) {
 // gradient read in place), only where the worker runs on cores apart from
 // the server's (its pid, in the segment): SGD, and a rule with slots
 // (momentum, Adam) for the first variable. The worker on the server's
-// cores is the test's own process.
+// cores is the test's own process; only its pushes, of one worker or two,
+// are answered with names_with_commit.
 TEST(UpdateAheadTest, OnlyAJobOfOneWorkerFromAnotherHostOrOnCoresApart) {
   enum Where { kGrpc, kSameHostSameCores, kSameHostCoresApart };
   for (int workers : {1, 2}) {
@@ -2403,6 +2404,7 @@ TEST(UpdateAheadTest, OnlyAJobOfOneWorkerFromAnotherHostOrOnCoresApart) {
         }
         ASSERT_TRUE(r.ok()) << r.status();
         EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+        EXPECT_EQ(r->names_with_commit(), where == kSameHostSameCores);
         const bool ahead =
             workers == 1 && (where == kSameHostCoresApart ||
                              (where == kGrpc && type == v1::OptimizerSpec::SGD));

@@ -251,6 +251,7 @@ PushStreamDecoder::PushStreamDecoder(ParameterServer& ps, bool shared_memory,
 
 absl::Status PushStreamDecoder::Add(const grpc::ByteBuffer& message) {
   if (committed_) return absl::InvalidArgumentError("push: a message after the commit");
+  ++messages_;
   TOWERPS_RETURN_IF_ERROR(common::ReadTensorMessage(message, kPushSlicesField, handler_));
   if (session_ == nullptr) {
     return absl::InvalidArgumentError("push: the first message must carry the header");
@@ -267,6 +268,7 @@ absl::StatusOr<v1::PushResponse> PushStreamDecoder::Finish(std::unique_ptr<Commi
         "push: the stream of worker ", h.worker_task(), " (sequence ", h.sequence(),
         ") ended without its commit: the worker abandoned it; nothing applied"));
   }
+  if (segment_ != nullptr && committed_ && messages_ == 1) session_->NamedAtOnce();
   return ps_.FinishPush(std::move(session_), commit);
 }
 

@@ -93,6 +93,7 @@ class PushStreamDecoder {
   std::vector<int64_t> value_offsets_;  // SharedSegment.value_offsets, or empty
   std::string job_id_;
   int64_t bytes_ = 0;
+  int64_t messages_ = 0;
   bool committed_ = false;  // The commit message came.
 };
 

@@ -127,7 +127,7 @@ class PsServiceTest : public ::testing::Test {
   // the same, as from a worker on cores apart ("Updates ahead").
   static ParameterServerOptions Options() {
     ParameterServerOptions o;
-    o.ahead_on_shared_cpus = true;
+    o.as_if_on_cores_apart = true;
     return o;
   }
   ParameterServer ps_{Options()};

@@ -114,6 +114,22 @@ for i in 0 1; do
   if [ -n "$found" ] && [ "$found" -gt 0 ]; then pass "ps $i: $line"
   else fail "ps $i: no pull found its values written in place: '$line'"; fi
 done
+# The workers share the servers' cores: after its first push, whose answer
+# says so, each names every gradient at once, with the commit, rather than
+# as backward produces them (each ps counts those pushes in its log).
+# named_count DIR PS: "N M" from "N of its M pushes named every gradient".
+named_count() {
+  grep -o '[0-9]* of its [0-9]* pushes named every gradient at once' "$1/ps$2.log" | head -n 1 |
+    sed 's/ of its / /; s/ pushes.*//'
+}
+for i in 0 1; do
+  read -r NAMED PUSHES <<<"$(named_count "$DIR" $i)"
+  if [ -n "${PUSHES:-}" ] && [ "$PUSHES" -gt 2 ] && [ "${NAMED:-0}" -ge $((PUSHES - 2)) ]; then
+    pass "ps $i: $NAMED of $PUSHES pushes named every gradient at once"
+  else
+    fail "ps $i: '${NAMED:-}' of '${PUSHES:-}' pushes named every gradient at once (want all but each worker's first)"
+  fi
+done
 
 echo "== the same job over gRPC only (--shared_memory=false) ends on the same bits"
 run_cluster sync_grpc 2 2 --mode=sync --max_train_examples=4000 --max_test_examples=1000 --epochs=2 --shared_memory=false
@@ -131,8 +147,9 @@ echo "== one worker: the new values its server writes where its pulls land end o
 # On the worker's cores, in the update after the push; on cores apart
 # (taskset: the ps on one CPU, the worker on another), formed ahead during
 # the push (SGD, the dense stack; Adam's slots, the MLP): the ps says how
-# many at the job's end. The final line must be the same bits as over gRPC
-# only, every way.
+# many at the job's end. On its cores, every push after the first names
+# its gradients at once, with the commit. The final line must be the same
+# bits as over gRPC only, every way.
 # ahead_count DIR: "N of M" from the ps's line at the job's deletion.
 ahead_count() {
   grep -o '[0-9]* of its [0-9]* updates formed ahead' "$1/ps0.log" | head -n 1 | sed 's/ of its / /; s/ updates.*//'
@@ -156,13 +173,18 @@ for model in mlp dense_stack; do
     ONE_FINAL=$(grep '^final: ' "$DIR/worker0.log" | sed 's/ wall_s=.*//')
     ONE_SHM=$(grep -c "writes its pulls into this worker's shared memory" "$DIR/worker0.log")
     read -r AHEAD STEPS <<<"$(ahead_count "$DIR")"
-    if [ "$where" = apart ]; then WANT_AHEAD=${STEPS:-x}; else WANT_AHEAD=0; fi
+    read -r NAMED PUSHES <<<"$(named_count "$DIR" 0)"
+    # Cores apart: named as they come, though a push whose gradients were
+    # all out before the worker's push thread looked is one message too.
+    if [ "$where" = apart ]; then WANT_AHEAD=${STEPS:-x} MIN_NAMED=0
+    else WANT_AHEAD=0 MIN_NAMED=$((${PUSHES:-1} - 1)); fi
     if [ "$RC" -eq 0 ] && [ "$GRPC_RC" -eq 0 ] && [ "$ONE_SHM" -eq 1 ] && [ -n "$ONE_FINAL" ] &&
        [ "$ONE_FINAL" = "$ONE_GRPC" ] && [ -n "${STEPS:-}" ] && [ "${STEPS:-0}" -gt 0 ] &&
-       [ "${AHEAD:-}" = "$WANT_AHEAD" ]; then
-      pass "$model, one worker, $where cores: $AHEAD of $STEPS formed ahead, $ONE_FINAL"
+       [ "${AHEAD:-}" = "$WANT_AHEAD" ] && [ "${PUSHES:-}" = "$STEPS" ] &&
+       [ "${NAMED:-0}" -ge "$MIN_NAMED" ]; then
+      pass "$model, one worker, $where cores: $AHEAD of $STEPS formed ahead, $NAMED of $PUSHES pushes named at once, $ONE_FINAL"
     else
-      fail "$model, one worker, $where cores: rc $RC/$GRPC_RC, in shared memory: $ONE_SHM, formed ahead '${AHEAD:-}' of '${STEPS:-}' (want $WANT_AHEAD), '$ONE_FINAL' vs gRPC '$ONE_GRPC'"
+      fail "$model, one worker, $where cores: rc $RC/$GRPC_RC, in shared memory: $ONE_SHM, formed ahead '${AHEAD:-}' of '${STEPS:-}' (want $WANT_AHEAD), pushes named at once '${NAMED:-}' of '${PUSHES:-}' (want at least $MIN_NAMED), '$ONE_FINAL' vs gRPC '$ONE_GRPC'"
     fi
   done
 done

@@ -188,7 +188,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.max_job_bytes = kMaxJobBytes;
   // Same-host pushes here come from this very process: update them ahead
   // all the same (SGD, and slot rules), to reach that path too.
-  options.ahead_on_shared_cpus = true;
+  options.as_if_on_cores_apart = true;
   ParameterServer ps(options);
   towerps::ps::ParameterServiceImpl service(ps, /*default_chunk_bytes=*/4096);
   grpc::ServerContext context;

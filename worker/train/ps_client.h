@@ -121,7 +121,9 @@ class PushStream {
  public:
   virtual ~PushStream() = default;
   // Gradients [first, first + count) are final: sent to their servers as
-  // soon as the transport can. They must stay unchanged until Finish
+  // soon as the transport can (named, from the same host), except to a
+  // same-host server that shares this worker's cores, which takes them all
+  // at once, with the last (PushResponse.names_with_commit). They must stay unchanged until Finish
   // returned or the stream is destroyed. A variable announced twice is sent
   // once. With compression they are encoded here, once (every attempt sends
   // the same bytes): InvalidArgument for a NaN or Inf in them, and the push

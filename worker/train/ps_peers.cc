@@ -150,6 +150,7 @@ void PsPeers::NoteInPlace(int s, int64_t bytes) {
 }
 
 void PsPeers::NoteSegmentRefused(int s, absl::string_view why) {
+  servers_[s]->names_with_commit.store(false, std::memory_order_relaxed);
   if (servers_[s]->segment_refused.exchange(true)) return;
   TLOG(INFO) << "worker " << options_.worker_task << ": " << ServerName(s)
              << " cannot write into this worker's shared memory (" << why

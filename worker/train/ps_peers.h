@@ -119,9 +119,19 @@ class PsPeers {
   // it could not (then no later pull offers it the segment; logged once).
   void NoteInPlace(int s, int64_t bytes);
   void NoteSegmentRefused(int s, absl::string_view why);
-  // A push's `bytes` of gradient that server `s` read from the segment.
-  void NotePushedInPlace(int64_t bytes) {
+  // A push's `bytes` of gradient that server `s` read from the segment,
+  // and whether its answer asked for the next pushes' gradients named at
+  // once, with the commit (PushResponse.names_with_commit: it shares this
+  // worker's cores).
+  void NotePushedInPlace(int s, int64_t bytes, bool names_with_commit) {
     bytes_pushed_in_place_.fetch_add(bytes, std::memory_order_relaxed);
+    servers_[s]->names_with_commit.store(names_with_commit, std::memory_order_relaxed);
+  }
+  // Whether a push to server `s` names its gradients with the commit: its
+  // last in-place push's answer said so, and it has not refused the segment
+  // since.
+  bool names_with_commit(int s) const {
+    return servers_[s]->names_with_commit.load(std::memory_order_relaxed);
   }
   // Bytes of pulled values the servers wrote in place, and of gradients
   // they read from there, since the start.
@@ -162,6 +172,7 @@ class PsPeers {
     std::vector<int64_t> landing_offsets;  // retried pulls, likewise
     std::atomic<bool> segment_refused{false};
     std::atomic<bool> segment_used{false};  // logged once
+    std::atomic<bool> names_with_commit{false};
     std::atomic<uint64_t> pull_ids{0};
     std::unique_ptr<ShmCallClient> push_channel, pull_channel;
   };

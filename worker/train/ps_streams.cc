@@ -430,14 +430,20 @@ class GrpcPushStream final : public PushStream, private StreamBase {
         num_examples_(num_examples),
         grads_(std::move(grads)),
         parts_of_(peers.size()),
+        all_at_once_(peers.size(), false),
         responses_(peers.size()) {
     for (int s = 0; s < peers.size(); ++s) {
       parts_of_[s].resize(grads_.size());
       const std::vector<VariablePart>& parts = peers.parts_on(s);
       for (size_t k = 0; k < parts.size(); ++k) parts_of_[s][parts[k].var].push_back(k);
+      // A server that holds none waits for every gradient anyway.
+      all_at_once_[s] =
+          parts.empty() || (compressor_ == nullptr && peers.names_with_commit(s));
+      if (!all_at_once_[s]) any_as_ready_ = true;
     }
     absl::MutexLock lock(&mu_);
     sent_.assign(grads_.size(), false);
+    unsent_ = grads_.size();
   }
 
   ~GrpcPushStream() override { AbandonAndJoin(); }
@@ -483,8 +489,11 @@ class GrpcPushStream final : public PushStream, private StreamBase {
       }
     }
     absl::MutexLock lock(&mu_);
+    unsent_ -= batch.vars.size();
     batches_.push_back(std::move(batch));
-    cv_.SignalAll();
+    // Where every server takes the gradients all at once, nobody is woken
+    // before the last.
+    if (any_as_ready_ || unsent_ == 0) cv_.SignalAll();
     return absl::OkStatus();
   }
 
@@ -578,12 +587,22 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     *next = batches_.size();
     return true;
   }
+  // NextSent once every gradient was sent.
+  bool AllSent(size_t* next, std::vector<Batch>* out) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    while (unsent_ > 0 && !abandon_.cancelled()) cv_.Wait(&mu_);
+    if (abandon_.cancelled()) return false;
+    out->assign(batches_.begin() + *next, batches_.end());
+    *next = batches_.size();
+    return true;
+  }
 
   // One call, opened when the first gradient this server holds a part of is
-  // sent (a server that holds none: when every gradient is), so that the
-  // call does not wait out the forward pass; each batch of sent gradients
-  // goes out at once in messages pointing into the gradients (no copy); the
-  // call ends when every gradient was sent.
+  // sent (a server that holds none, or asked for them with the commit:
+  // when every gradient is), so that the call does not wait out the forward
+  // pass; each batch of sent gradients goes out at once in messages
+  // pointing into the gradients (no copy); the call ends when every
+  // gradient was sent.
   // Through the server's same-host channel when it is ready and the push
   // goes in place (*channel_broke: it broke; nothing was answered).
   absl::Status PushOnce(int s, v1::PushResponse* response, bool* channel_broke) {
@@ -600,10 +619,15 @@ class GrpcPushStream final : public PushStream, private StreamBase {
       }
       return false;
     };
-    do {
-      if (!NextSent(&next, &batches)) return abandon_.Check("push");
-      for (const Batch& b : batches) sent_vars += b.vars.size();
-    } while (parts.empty() ? sent_vars < grads_.size() : !holds_any());
+    if (all_at_once_[s]) {
+      if (!AllSent(&next, &batches)) return abandon_.Check("push");
+      sent_vars = grads_.size();
+    } else {
+      do {
+        if (!NextSent(&next, &batches)) return abandon_.Check("push");
+        for (const Batch& b : batches) sent_vars += b.vars.size();
+      } while (!holds_any());
+    }
 
     v1::PushRequest msg;
     v1::PushHeader* h = msg.mutable_header();
@@ -753,7 +777,9 @@ class GrpcPushStream final : public PushStream, private StreamBase {
     } else {
       st = FromGrpcStatus(writer->Finish(), peers_.Call("Push", s));
     }
-    if (st.ok() && in_place) peers_.NotePushedInPlace(bytes_in_place);
+    if (st.ok() && in_place) {
+      peers_.NotePushedInPlace(s, bytes_in_place, response->names_with_commit());
+    }
     if (in_place && absl::IsFailedPrecondition(st) &&
         absl::StrContains(st.message(), v1::ps_wire::kPushSegmentRefused)) {
       // The server cannot open the segment (after all): never again (the
@@ -771,11 +797,18 @@ class GrpcPushStream final : public PushStream, private StreamBase {
   const std::vector<const common::Tensor*> grads_;
   // parts_of_[s][v]: the indices (on server s) of variable v's parts there.
   std::vector<std::vector<std::vector<int>>> parts_of_;
+  // [s]: server s takes every gradient in one go, once all are sent (it
+  // holds none, or its last answer asked for them with the commit:
+  // PsPeers::names_with_commit); any_as_ready_: some server takes each as
+  // it is sent.
+  std::vector<bool> all_at_once_;
+  bool any_as_ready_ = false;
   std::vector<v1::PushResponse> responses_;  // [s]: written by server s's call
 
   absl::Mutex encode_mu_;  // one Encode at a time (the compressor's residuals)
 
   std::vector<bool> sent_ ABSL_GUARDED_BY(mu_);      // by variable
+  size_t unsent_ ABSL_GUARDED_BY(mu_) = 0;           // of sent_, those false
   std::vector<Batch> batches_ ABSL_GUARDED_BY(mu_);  // in the order they were sent
   absl::Status send_error_ ABSL_GUARDED_BY(mu_);     // a batch that could not be encoded
 };

@@ -565,7 +565,7 @@ TEST(PsStreamsTest, APullAfterTheClientReleasedItsMemoryGetsTheValuesWritten) {
   // The worker is this very process: updated ahead all the same, as from
   // a worker on cores apart ("Updates ahead").
   ps::ParameterServerOptions options;
-  options.ahead_on_shared_cpus = true;
+  options.as_if_on_cores_apart = true;
   cluster.set_server_options(options);
   ASSERT_TRUE(cluster.Start(0).ok());
   auto client = NewClient(Options(cluster, "j"));
@@ -587,6 +587,72 @@ TEST(PsStreamsTest, APullAfterTheClientReleasedItsMemoryGetsTheValuesWritten) {
     for (int64_t i = 0; i < after.tensors[v].num_elements(); ++i) {
       ASSERT_EQ(after.tensors[v][i], (1.0f - kLr * Grad(v, i)) - kLr * Grad(v, i))
           << "variable " << v << " element " << i;
+    }
+  }
+}
+
+// A same-host server on the worker's cores (here the test's own process)
+// answers a push it read in place with names_with_commit; the worker's
+// later pushes to it then name every gradient in one message, with the
+// commit, although they were announced one by one, from several threads
+// (as backward and pipeline stages do) while the server's push executor
+// may or may not be waiting yet, and apply as before. A server taken as on
+// cores apart, or pushes over gRPC, keep getting each gradient as it is
+// announced (where the threads announce them all before the server's push
+// executor looks, that too is one message in place; over gRPC, none is
+// in place).
+TEST(PsStreamsTest, AServerOnTheWorkersCoresGetsEveryGradientWithTheCommit) {
+  for (bool apart : {false, true}) {
+    for (bool shared : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(apart ? "cores apart" : "same cores",
+                                shared ? ", shared memory" : ", gRPC"));
+      LocalPsCluster cluster(2, /*start=*/false, /*shared_memory=*/true);
+      ps::ParameterServerOptions options;
+      options.as_if_on_cores_apart = apart;
+      cluster.set_server_options(options);
+      for (int s = 0; s < 2; ++s) ASSERT_TRUE(cluster.Start(s).ok());
+      auto client = NewClient(SharedOrNot(cluster, shared));
+      ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+      Buffers w(Vars());
+      Buffers g = Grads();
+      ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());  // the servers write into the segment
+      constexpr int kSteps = 12;
+      for (int step = 0; step < kSteps; ++step) {
+        auto push = client->StartPush(step, 1, g.const_ptrs);
+        ASSERT_TRUE(push.ok()) << push.status();
+        std::vector<std::thread> threads;
+        for (int v = 0; v < 3; ++v) {
+          threads.emplace_back([&, v] {
+            for (int i = 0; i < (step + v) % 3; ++i) std::this_thread::yield();
+            EXPECT_TRUE((*push)->Send(v, 1).ok());
+          });
+        }
+        for (auto& t : threads) t.join();
+        auto r = (*push)->Finish();
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(r->applied, 2);
+        auto pulled = client->Pull(step + 1, step + 1, w.ptrs);
+        ASSERT_TRUE(pulled.ok()) << pulled.status();
+        EXPECT_EQ(*pulled, step + 1);
+      }
+      for (size_t v = 0; v < w.tensors.size(); ++v) {
+        for (int64_t i = 0; i < w.tensors[v].num_elements(); ++i) {
+          float want = 1.0f;
+          for (int step = 0; step < kSteps; ++step) want -= kLr * Grad(v, i);
+          ASSERT_EQ(w.tensors[v][i], want) << "variable " << v << " element " << i;
+        }
+      }
+      for (int s = 0; s < 2; ++s) {
+        EXPECT_EQ(JobOn(cluster, s).pushes_applied(), kSteps) << "ps " << s;
+        const int64_t at_once = JobOn(cluster, s).pushes_named_at_once();
+        if (!shared) {
+          EXPECT_EQ(at_once, 0) << "ps " << s;
+        } else if (!apart) {
+          // Every push after the first, whose answer tells.
+          EXPECT_GE(at_once, kSteps - 1) << "ps " << s;
+        }
+      }
+      EXPECT_EQ(client->bytes_pushed_in_place() > 0, shared);
     }
   }
 }
