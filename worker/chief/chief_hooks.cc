@@ -109,7 +109,9 @@ absl::Status ChiefHooks::StopHere(const std::string& job_id, const v1::JobSpec& 
 void ChiefHooks::OnMetrics(const std::string& id, const v1::Metrics& m, bool epoch_end,
                            common::EventWriter* tb) {
   v1::Metrics merged;
-  absl::Status s = store_.Update(id, [&](v1::JobRecord& record) {
+  // Progress: written by the store's writer thread, not on this (the
+  // training loop's) thread.
+  absl::Status s = store_.UpdateSoon(id, [&](v1::JobRecord& record) {
     v1::Metrics* r = record.mutable_metrics();
     if (epoch_end) {
       r->set_test_loss(m.test_loss());

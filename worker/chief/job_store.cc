@@ -36,7 +36,37 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& stat
   std::unique_ptr<JobStore> store(new JobStore(state_dir));
   TOWERPS_RETURN_IF_ERROR(common::MakeDirs(store->jobs_dir_));
   TOWERPS_RETURN_IF_ERROR(store->Load());
+  store->writer_ = std::thread([s = store.get()] { s->WriterLoop(); });
   return store;
+}
+
+JobStore::~JobStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (writer_.joinable()) writer_.join();
+}
+
+void JobStore::WriterLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || !pending_.empty();
+    };
+    mu_.Await(absl::Condition(&wake));
+    if (pending_.empty()) return;  // stopping, with nothing left to write
+    const std::string id = *pending_.begin();
+    pending_.erase(pending_.begin());
+    Entry* e = FindLocked(id);
+    if (e == nullptr) continue;
+    const std::string serialized = e->record.SerializeAsString();
+    const int64_t version = e->version;
+    mu_.Unlock();  // the write (and its fsync) without the store's lock
+    absl::Status s = WriteRecord(id, serialized, version);
+    if (!s.ok()) TLOG(WARNING) << "chief: " << s << " (the change is kept in memory)";
+    mu_.Lock();
+  }
 }
 
 std::string JobStore::JobDir(const std::string& job_id) const {
@@ -280,6 +310,18 @@ absl::Status JobStore::Update(const std::string& job_id,
   return PersistLocked(*e);
 }
 
+absl::Status JobStore::UpdateSoon(const std::string& job_id,
+                                  const std::function<void(v1::JobRecord&)>& fn) {
+  absl::MutexLock lock(&mu_);
+  Entry* e = FindLocked(job_id);
+  if (e == nullptr) return NotFound(job_id);
+  fn(e->record);
+  ++e->version;
+  pending_.insert(job_id);
+  changed_.SignalAll();
+  return absl::OkStatus();
+}
+
 absl::Status JobStore::UpdateWithEvent(const std::string& job_id,
                                        const std::function<void(v1::JobRecord&)>& fn,
                                        v1::JobEvent::Kind kind, const std::string& message) {
@@ -329,12 +371,23 @@ JobStore::Entry* JobStore::FindLocked(const std::string& job_id) const {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
-absl::Status JobStore::PersistLocked(const Entry& e) const {
-  const std::string path = absl::StrCat(JobDir(e.record.job_id()), "/", kRecordFile);
+absl::Status JobStore::PersistLocked(Entry& e) {
+  ++e.version;
+  return WriteRecord(e.record.job_id(), e.record.SerializeAsString(), e.version);
+}
+
+absl::Status JobStore::WriteRecord(const std::string& job_id, const std::string& serialized,
+                                   int64_t version) {
+  absl::MutexLock lock(&write_mu_);
+  int64_t& on_disk = written_[job_id];
+  if (version <= on_disk) return absl::OkStatus();  // a later one is there
+  const std::string path = absl::StrCat(JobDir(job_id), "/", kRecordFile);
   std::string framed;
-  common::AppendRecord(e.record.SerializeAsString(), &framed);
-  return common::Annotate(common::WriteFileAtomically(path, framed),
-                          absl::StrCat("cannot save job record ", path));
+  common::AppendRecord(serialized, &framed);
+  TOWERPS_RETURN_IF_ERROR(common::Annotate(common::WriteFileAtomically(path, framed),
+                                           absl::StrCat("cannot save job record ", path)));
+  on_disk = version;
+  return absl::OkStatus();
 }
 
 void JobStore::AddEventLocked(Entry& e, v1::JobEvent::Kind kind, const std::string& message,

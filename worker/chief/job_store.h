@@ -5,14 +5,18 @@
 //
 // Thread-safe. Every record change is written before the call returns (the
 // lock is held across the local file write, never across an RPC or a
-// callback); waiters (TakeNext, AwaitEnded, EventsAfter) wake on changes.
+// callback), except UpdateSoon's (a running job's progress), which the
+// store's writer thread writes; waiters (TakeNext, AwaitEnded,
+// EventsAfter) wake on changes.
 #ifndef TOWERPS_WORKER_CHIEF_JOB_STORE_H_
 #define TOWERPS_WORKER_CHIEF_JOB_STORE_H_
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -35,6 +39,10 @@ class JobStore {
   // the chief stopped is QUEUED again with spec.resume set.
   // Errors: the directory cannot be created (naming it).
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& state_dir);
+  // Writes what UpdateSoon left pending, then stops the writer thread.
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
 
   std::string JobDir(const std::string& job_id) const;
 
@@ -72,6 +80,15 @@ class JobStore {
   // Changes the record with `fn` and writes it. NotFound, or the write's
   // error naming the path (the change is kept in memory).
   absl::Status Update(const std::string& job_id, const std::function<void(v1::JobRecord&)>& fn);
+  // Like Update, for what a crash of the chief may lose (a running job's
+  // latest metrics): the change is made, and seen, at once, but the record
+  // is written by the store's writer thread soon after, not by the caller,
+  // so that training never waits for the disk (each write syncs it: a
+  // millisecond or more, every log_every_steps). Any later write of the
+  // record carries the change too; one never overwrites a later one. A
+  // write that fails is logged, the change kept in memory. NotFound.
+  absl::Status UpdateSoon(const std::string& job_id,
+                          const std::function<void(v1::JobRecord&)>& fn);
   // Like Update, then appends an event of `kind` (its state is the new one).
   absl::Status UpdateWithEvent(const std::string& job_id,
                                const std::function<void(v1::JobRecord&)>& fn,
@@ -99,12 +116,21 @@ class JobStore {
     std::unique_ptr<common::RecordWriter> event_file;  // Null if it cannot be written.
     // The current run's token; null unless the job has been taken to run.
     std::shared_ptr<common::CancellationToken> cancel;
+    int64_t version = 0;  // Changes made to `record` since it was loaded or added.
   };
 
   explicit JobStore(std::string state_dir);
   absl::Status Load();
   Entry* FindLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status PersistLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the record (a new version of it) before returning.
+  absl::Status PersistLocked(Entry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `serialized`, version `version` of the job's record, unless a
+  // later version was written already.
+  absl::Status WriteRecord(const std::string& job_id, const std::string& serialized,
+                           int64_t version) ABSL_LOCKS_EXCLUDED(write_mu_);
+  // The writer thread: writes the records UpdateSoon changed, until the
+  // destructor stops it with none pending.
+  void WriterLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void AddEventLocked(Entry& e, v1::JobEvent::Kind kind, const std::string& message,
                       const v1::Metrics* metrics) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasQueuedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -116,6 +142,13 @@ class JobStore {
   std::map<std::string, std::unique_ptr<Entry>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // Submission order.
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::set<std::string> pending_ ABSL_GUARDED_BY(mu_);  // Jobs UpdateSoon changed.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Taken after mu_ (never mu_ while holding it): one record write at a
+  // time, each job's version on disk.
+  absl::Mutex write_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::string, int64_t> written_ ABSL_GUARDED_BY(write_mu_);
+  std::thread writer_;  // WriterLoop; started by Open.
 };
 
 }  // namespace towerps::worker

@@ -1,6 +1,6 @@
 // The job store: queue order, persistence across a restart of the chief
-// (a new store over the same state_dir), and a record that cannot be
-// written refusing the job.
+// (a new store over the same state_dir), a record that cannot be written
+// refusing the job, and progress written by the store's writer thread.
 #include "worker/chief/job_store.h"
 
 #include <filesystem>
@@ -121,6 +121,69 @@ TEST(JobStoreTest, UnwritableRecordRefusesTheJob) {
   // Nothing was kept: a fixed directory takes the same id.
   std::filesystem::remove_all(dir + "/jobs/r/record");
   EXPECT_TRUE(store->Add(Spec("r")).ok());
+}
+
+v1::Metrics StepMetrics(int64_t step) {
+  v1::Metrics m;
+  m.set_step(step);
+  return m;
+}
+
+// UpdateSoon's change is seen at once and on disk once the store is gone,
+// with every other change, whichever came last: a write of the record
+// never undoes a later one.
+TEST(JobStoreTest, ProgressUpdatedSoonIsSeenAtOnceAndWritten) {
+  const std::string dir = FreshDir("soon");
+  {
+    auto store = Open(dir);
+    ASSERT_TRUE(store->Add(Spec("a")).ok());
+    ASSERT_TRUE(store->Add(Spec("b")).ok());
+    for (int64_t step = 1; step <= 50; ++step) {
+      ASSERT_TRUE(store->UpdateSoon("a", [&](v1::JobRecord& r) {
+        *r.mutable_metrics() = StepMetrics(step);
+      }).ok());
+      EXPECT_EQ(store->Get("a")->metrics().step(), step);
+      if (step % 10 == 0) {  // a change written by the caller, in between
+        ASSERT_TRUE(store->Update("a", [&](v1::JobRecord& r) {
+          r.set_restored_step(step);
+        }).ok());
+      }
+    }
+    ASSERT_TRUE(store->UpdateSoon("b", [](v1::JobRecord& r) {
+      *r.mutable_metrics() = StepMetrics(7);
+    }).ok());
+    EXPECT_EQ(store->UpdateSoon("nope", [](v1::JobRecord&) {}).code(),
+              absl::StatusCode::kNotFound);
+  }
+  auto store = Open(dir);
+  EXPECT_EQ(store->Get("a")->metrics().step(), 50);
+  EXPECT_EQ(store->Get("a")->restored_step(), 50);
+  EXPECT_EQ(store->Get("b")->metrics().step(), 7);
+}
+
+// The caller of UpdateSoon never writes: a record that cannot be written
+// fails Update, not UpdateSoon, whose change stays in memory and reaches
+// the disk with the next write that can.
+TEST(JobStoreTest, UpdateSoonLeavesTheWriteToTheStore) {
+  const std::string dir = FreshDir("soon_unwritable");
+  auto store = Open(dir);
+  ASSERT_TRUE(store->Add(Spec("r")).ok());
+  std::filesystem::remove(dir + "/jobs/r/record");
+  std::filesystem::create_directories(dir + "/jobs/r/record/x");  // the rename onto it fails
+  ASSERT_TRUE(store->UpdateSoon("r", [](v1::JobRecord& r) {
+    *r.mutable_metrics() = StepMetrics(3);
+  }).ok());
+  EXPECT_EQ(store->Get("r")->metrics().step(), 3);
+  const absl::Status s = store->Update("r", [](v1::JobRecord&) {});
+  EXPECT_NE(s.message().find("cannot save job record " + dir + "/jobs/r/record"),
+            std::string::npos)
+      << s;
+  std::filesystem::remove_all(dir + "/jobs/r/record");
+  ASSERT_TRUE(store->Update("r", [](v1::JobRecord& r) { r.set_restored_step(4); }).ok());
+  store.reset();
+  auto reopened = Open(dir);
+  EXPECT_EQ(reopened->Get("r")->metrics().step(), 3);
+  EXPECT_EQ(reopened->Get("r")->restored_step(), 4);
 }
 
 TEST(JobStoreTest, CancelFiresTheRunningJobsToken) {
