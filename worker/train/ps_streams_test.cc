@@ -657,6 +657,47 @@ TEST(PsStreamsTest, AServerOnTheWorkersCoresGetsEveryGradientWithTheCommit) {
   }
 }
 
+// Once the servers take every gradient at once (same host, on the
+// worker's cores), their calls start only with the last gradient: a push
+// finished, or dropped, before that changes nothing on any server, and
+// returns; the next whole push applies.
+TEST(PsStreamsTest, APushOfGradientsNamedWithTheCommitAbandonedPartWayChangesNothing) {
+  LocalPsCluster cluster(2, /*start=*/true, /*shared_memory=*/true);
+  auto client = NewClient(SharedOrNot(cluster, true));
+  ASSERT_TRUE(client->Register(Config(v1::SYNC, 1)).ok());
+  Buffers w(Vars());
+  Buffers g = Grads();
+  ASSERT_TRUE(client->Pull(0, 0, w.ptrs).ok());  // the servers write into the segment
+  ASSERT_TRUE(client->Push(0, 1, g.const_ptrs).ok());  // answered: names with the commit
+  ASSERT_TRUE(client->Pull(1, 1, w.ptrs).ok());
+  auto applied = [&] {
+    return JobOn(cluster, 0).pushes_applied() + JobOn(cluster, 1).pushes_applied();
+  };
+  ASSERT_EQ(applied(), 2);
+  {
+    auto push = client->StartPush(1, 1, g.const_ptrs);
+    ASSERT_TRUE(push.ok()) << push.status();
+    ASSERT_TRUE((*push)->Send(0, 2).ok());  // "small" is missing
+    auto r = (*push)->Finish();
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("gradient of small was never sent"));
+  }
+  {
+    auto push = client->StartPush(1, 1, g.const_ptrs);
+    ASSERT_TRUE(push.ok()) << push.status();
+    ASSERT_TRUE((*push)->Send(1, 2).ok());  // "big" is missing; dropped unfinished
+  }
+  EXPECT_EQ(applied(), 2);
+  EXPECT_EQ(JobOn(cluster, 0).global_step(), 1);
+  auto r = client->Push(1, 1, g.const_ptrs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->global_step, 2);
+  EXPECT_EQ(applied(), 4);
+  // Push sends every gradient in one batch: one message each time.
+  EXPECT_EQ(JobOn(cluster, 0).pushes_named_at_once() + JobOn(cluster, 1).pushes_named_at_once(),
+            4);
+}
+
 // A pull that fails part way, after a variable was written in place, is
 // retried into the segment's landing region: the variable the first call
 // completed (which the compute may already be reading, in the tensor that
