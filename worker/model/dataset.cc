@@ -668,6 +668,14 @@ std::vector<int64_t> ShardSlice(const std::vector<int64_t>& shard_perm, int64_t 
   return std::vector<int64_t>(shard_perm.begin() + begin, shard_perm.begin() + end);
 }
 
+common::HugePages PlaceOnHugePages(Dataset* dataset) {
+  if (!dataset->pixels.empty()) {
+    return common::BackWithHugePages(dataset->pixels.data(), dataset->pixels.size());
+  }
+  return common::BackWithHugePages(dataset->features.data(),
+                                   dataset->features.num_elements() * sizeof(float));
+}
+
 void GatherBatch(const Dataset& dataset, const std::vector<int64_t>& indices,
                  Batch* out) {
   const int64_t k = static_cast<int64_t>(indices.size());

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/process_memory.h"
 #include "common/tensor.h"
 #include "worker/model/batch.h"
 
@@ -204,6 +205,13 @@ std::vector<int64_t> WorkerSlice(const std::vector<int64_t>& perm,
 std::vector<int64_t> ShardSlice(const std::vector<int64_t>& shard_perm, int64_t n,
                                 int64_t global_batch, int64_t step, int num_workers,
                                 int worker);
+
+// Puts the set's features (pixels or floats) on transparent huge pages
+// (common::BackWithHugePages): a shuffled epoch reads its rows at random,
+// and on 4 KiB pages nearly every row of a batch costs a TLB miss and a walk
+// of page tables the compute has pushed out of the caches meanwhile. The
+// values do not change.
+common::HugePages PlaceOnHugePages(Dataset* dataset);
 
 // Copies the rows `indices` of `dataset` into `out` (features, and labels or
 // targets, whichever the dataset has), reusing out's buffers.

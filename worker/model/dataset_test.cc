@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/process_memory.h"
 #include "common/tensor.h"
 #include "gtest/gtest.h"
 #include "worker/model/batch.h"
@@ -216,6 +218,48 @@ TEST(FashionMnistTest, LoadsRealTrainAndTestSets) {
   EXPECT_EQ(few->size(), 100);
   EXPECT_EQ(few->labels[0], test->labels[0]);
   EXPECT_EQ(few->FeatureAt(783), test->FeatureAt(783));
+}
+
+// The real train set on huge pages (what a worker does) gives the same
+// batches as before, byte for byte; where the kernel collapsed anything it
+// is whole huge pages inside the set, and otherwise says why not. A float
+// set (MakeOnes) likewise.
+TEST(FashionMnistTest, HugePagesKeepEveryBatch) {
+  auto train = LoadFashionMnist(kFashionMnistDir, /*train=*/true, 0);
+  ASSERT_TRUE(train.ok()) << train.status();
+  const std::vector<int64_t> perm = EpochPermutation(train->size(), 7, 0, true);
+  std::vector<Batch> before(3);
+  for (int b = 0; b < 3; ++b) {
+    GatherBatch(*train, std::vector<int64_t>(perm.begin() + b * 500, perm.begin() + (b + 1) * 500),
+                &before[b]);
+  }
+  const std::vector<uint8_t> bytes = train->pixels;
+  const common::HugePages huge = PlaceOnHugePages(&*train);
+  EXPECT_TRUE(train->pixels == bytes);
+  if (huge.page > 0) {
+    EXPECT_EQ(huge.bytes % huge.page, 0);
+    EXPECT_LE(huge.bytes, static_cast<int64_t>(bytes.size()));
+    if (huge.bytes < static_cast<int64_t>(bytes.size()) - 2 * huge.page) {
+      EXPECT_FALSE(huge.error.empty()) << huge.bytes << " of " << bytes.size();
+    }
+  }
+  for (int b = 0; b < 3; ++b) {
+    Batch after;
+    GatherBatch(*train, std::vector<int64_t>(perm.begin() + b * 500, perm.begin() + (b + 1) * 500),
+                &after);
+    ASSERT_EQ(after.features.num_elements(), before[b].features.num_elements());
+    EXPECT_EQ(std::memcmp(after.features.data(), before[b].features.data(),
+                          after.features.num_elements() * sizeof(float)),
+              0)
+        << "batch " << b;
+    EXPECT_EQ(after.labels, before[b].labels);
+  }
+
+  Dataset ones = MakeOnes(4096, 1000, 1);
+  const common::HugePages ones_huge = PlaceOnHugePages(&ones);
+  EXPECT_LE(ones_huge.bytes, ones.features.num_elements() * int64_t{sizeof(float)});
+  const float* v = ones.features.data();
+  EXPECT_TRUE(std::all_of(v, v + ones.features.num_elements(), [](float x) { return x == 1.0f; }));
 }
 
 TEST(FashionMnistTest, MissingDirectoryIsNotFound) {

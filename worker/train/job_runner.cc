@@ -9,6 +9,7 @@
 #include "common/blas_kernels.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
+#include "common/process_memory.h"
 #include "common/status.h"
 #include "worker/device/backend.h"
 #include "worker/device/cpu_threads.h"
@@ -217,6 +218,20 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   if (shard_or_null != nullptr) {
     Log(hooks, absl::StrCat("data: worker ", spec.task_index, " holds a shard of ", train.size(),
                             " of the ", train.whole_size(), " train examples"));
+  }
+  // Batches read the train set's rows at random (GatherBatch).
+  const int64_t train_bytes = train.pixels.empty()
+                                  ? train.features.num_elements() * int64_t{sizeof(float)}
+                                  : static_cast<int64_t>(train.pixels.size());
+  const common::HugePages huge = PlaceOnHugePages(&train);
+  if (huge.bytes > 0) {
+    Log(hooks, absl::StrFormat("data: %.1f of the train set's %.1f MB on %s pages", huge.bytes / 1e6,
+                               train_bytes / 1e6,
+                               huge.page >= (1 << 20) ? absl::StrCat(huge.page >> 20, " MiB")
+                                                      : absl::StrCat(huge.page >> 10, " KiB")));
+  } else if (!huge.error.empty()) {
+    Log(hooks, absl::StrFormat("data: the train set's %.1f MB on the system's small pages (huge pages: %s)",
+                               train_bytes / 1e6, huge.error));
   }
 
   ParameterClientOptions copts;
