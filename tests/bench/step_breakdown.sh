@@ -146,13 +146,13 @@ def read(path):
 
 STEP = re.compile(r"worker (\d+): (\d+) steps, per step ([\d.]+) ms: compute ([\d.]+) \(\d+%\), "
                   r"pull ([\d.]+) \(wait ([\d.]+)\), push ([\d.]+), other ([\d.]+)"
-                  r"(?: \(eval ([\d.]+)\))?(?:; process cpu ([\d.]+) cores)?")
+                  r"(?: \((?:batches ([\d.]+), )?eval ([\d.]+)\))?(?:; process cpu ([\d.]+) cores)?")
 LOOP = re.compile(r"worker \d+: (\d+) steps, per step ([\d.]+) ms")
 CPU = re.compile(r"cpu time user ([\d.e+-]+) s, system ([\d.e+-]+) s")
 ALONE = re.compile(r"^(?:cpu|gpu)\S*\s+(\S+)\s+1\s+\d+\s+(\d+)\s+([\d.]+)", re.M)
-print("%-11s %2s %-5s %3s %6s %7s %7s %13s %6s %6s %6s %6s %6s %6s %7s %7s %5s %7s %6s | %8s %6s %8s %5s %5s | %8s" % (
+print("%-11s %2s %-5s %3s %6s %7s %7s %13s %6s %6s %6s %6s %6s %6s %6s %7s %7s %5s %7s %6s | %8s %6s %8s %5s %5s | %8s" % (
     "model", "W", "mode", "dev", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
-    "eval", "step/c", "c/step", "alone", "st/alone", "tr/alone", "cores", "wall_s", "acc", "ps MB",
+    "batch", "eval", "step/c", "c/step", "alone", "st/alone", "tr/alone", "cores", "wall_s", "acc", "ps MB",
     "shm MB", "held MB", "x", "x net", "worker MB"))
 for line in open(sys.argv[1]):
     model, workers, mode, run, dev = line.rstrip("\n").split("\t")
@@ -187,13 +187,13 @@ for line in open(sys.argv[1]):
         print("%-11s %2s %-5s  (no breakdown line in the worker logs: %s)" % (model, workers, mode, run))
         continue
     # The slowest worker's figures (in sync they wait for each other).
-    steps, step_ms, comp, pull, wait, push, other, evl, _ = max(bds, key=lambda b: b[1])
+    steps, step_ms, comp, pull, wait, push, other, batch, evl, _ = max(bds, key=lambda b: b[1])
     evl = 0.0 if evl != evl else evl  # a worker without the eval figure: none counted
     # Cores kept busy during the training loop: every worker's process
     # (measured over its loop) plus every ps's whole CPU time over the loop's
     # length (a ps is idle before and after the job).
     loop_s = steps * step_ms / 1e3
-    cores = sum(b[8] for b in bds) + (sum(ps_cpu) / loop_s if loop_s > 0 else 0)
+    cores = sum(b[9] for b in bds) + (sum(ps_cpu) / loop_s if loop_s > 0 else 0)
     worst = (max(ps_rows, key=lambda r: (r[0] - r[3]) / max(1, r[1])) if ps_rows
              else (0, 1, 0, 0))
     alone = float("nan")
@@ -204,8 +204,8 @@ for line in open(sys.argv[1]):
                 if float(r) > 0]
         if runs:
             alone = min(runs)
-    print("%-11s %2s %-5s %3s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %7.2f %5.2f %7.1f %6s | %8.1f %6.1f %8.1f %5.1f %5.1f | %8.1f" % (
-        model, workers, mode, dev, steps, step_ms, comp, pull, wait, push, other, evl,
+    print("%-11s %2s %-5s %3s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %7.2f %5.2f %7.1f %6s | %8.1f %6.1f %8.1f %5.1f %5.1f | %8.1f" % (
+        model, workers, mode, dev, steps, step_ms, comp, pull, wait, push, other, batch, evl,
         step_ms / comp if comp else float("nan"), comp / step_ms if step_ms else float("nan"),
         alone, step_ms / alone, (step_ms - evl) / alone, cores,
         wall, acc, worst[0] / 1e6, worst[3] / 1e6, worst[1] / 1e6, worst[0] / max(1, worst[1]),
@@ -217,7 +217,8 @@ print("servers' hold for the step (async: for the worker's own push), hidden or 
 print("step time over the compute inside it;")
 print("c/step: its inverse. alone: ms per step of the same worker's compute with no cluster")
 print("(worker_throughput, same batch, threads and device: dev, where the chief's towers ran;")
-print("same window; the fastest of 3 runs of 1 s); st/alone: ms/step over alone. eval: of")
+print("same window; the fastest of 3 runs of 1 s); st/alone: ms/step over alone. batch: of")
+print("other, gathering each step's batch (its rows at random in the train set); eval: of")
 print("other, the chief's evaluations at epoch ends inside the loop (no training work);")
 print("tr/alone: (ms/step - eval) over alone.")
 print("cores: CPU seconds of every worker and ps process over the loop's seconds (of %d cores)."

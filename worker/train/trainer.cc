@@ -105,9 +105,10 @@ std::string StepBreakdown::Describe() const {
   auto ms = [n](double s) { return 1e3 * s / n; };
   return absl::StrFormat(
       "%d steps, per step %.2f ms: compute %.2f (%.0f%%), pull %.2f (wait %.2f), push %.2f, "
-      "other %.2f (eval %.2f); process cpu %.2f cores",
+      "other %.2f (batches %.2f, eval %.2f); process cpu %.2f cores",
       steps, ms(loop_s), ms(compute_s), loop_s > 0 ? 100 * compute_s / loop_s : 0.0, ms(pull_s),
-      ms(pull_wait_s), ms(push_s), ms(other_s), ms(eval_s), loop_s > 0 ? cpu_s / loop_s : 0.0);
+      ms(pull_wait_s), ms(push_s), ms(other_s), ms(batches_s), ms(eval_s),
+      loop_s > 0 ? cpu_s / loop_s : 0.0);
 }
 
 absl::StatusOr<TrainResult> Trainer::Run() {
@@ -176,6 +177,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // iteration in ASYNC), unless it holds it already.
   auto gather = [&](int64_t position) {
     if (position == batch_position) return;
+    const absl::Time gather_start = absl::Now();
+    absl::Cleanup timed = [&] {
+      result.breakdown.batches_s += absl::ToDoubleSeconds(absl::Now() - gather_start);
+    };
     const int64_t epoch = position / spe, b = position % spe;
     if (epoch != perm_epoch) {
       // Sharded: each worker shuffles its own shard, with its own stream

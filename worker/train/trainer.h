@@ -73,13 +73,15 @@ struct StepBreakdown {
                            // (waits for weights excluded).
   double push_s = 0;       // Blocked on the push after the compute.
   double other_s = 0;      // The rest: batches, checkpoints, evaluation, progress.
+  double batches_s = 0;    // Of other_s: gathering each step's batch
+                           // (GatherBatch: the rows at random in the set).
   double eval_s = 0;       // Of other_s: the chief's evaluations and their
                            // reports at each epoch's end (no training step's
                            // work; with few steps an epoch, much of other).
   double cpu_s = 0;        // CPU time of the whole worker process during the
                            // loop (compute and communication threads).
   // "470 steps, per step 6.81 ms: compute 3.05 (45%), pull 2.11 (wait 0.40),
-  // push 1.20, other 0.45 (eval 0.21); process cpu 1.52 cores".
+  // push 1.20, other 0.45 (batches 0.05, eval 0.21); process cpu 1.52 cores".
   std::string Describe() const;
 };
 
