@@ -170,7 +170,9 @@ int main(int argc, char** argv) {
   TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
              << address << " (port " << port << "); checkpoints only under "
              << state_roots->roots()[0];
-  TLOG(INFO) << "ps " << spec->task_index << ": " << towerps::common::BlasDescription();
+  TLOG(INFO) << "ps " << spec->task_index << ": " << towerps::common::BlasDescription()
+             << "; update loops (momentum, Adam): "
+             << towerps::ps::UpdateLoopsName(towerps::ps::ActiveUpdateLoops());
   TLOG(INFO) << "ps " << spec->task_index << ": memory budget " << budget
              << " bytes for all jobs, at most " << absl::GetFlag(FLAGS_max_job_bytes)
              << " per job";

@@ -1,6 +1,8 @@
 // The server's update rules, alone: nanoseconds per element of Apply() for
 // each rule at a cache-sized and a memory-sized variable. The rules we loop
-// ourselves (momentum, Nesterov, Adam) are checked in the same run against a
+// ourselves (momentum, Nesterov, Adam) run once with each instruction set
+// their loops are compiled for (`loops`: baseline SSE2, and AVX2 where the
+// CPU has it; ps::UpdateLoops), each checked in the same run against a
 // plain one-element-at-a-time loop of the same formula (`wrong`: elements
 // whose bits differ after the timed updates); SGD is OpenBLAS's saxpy.
 //
@@ -89,7 +91,12 @@ int main(int argc, char** argv) {
   add("adam", OptimizerSpec::ADAM, 0, false, true);
   add("adam+wd", OptimizerSpec::ADAM, 1e-4f, false, true);
 
-  std::printf("%-12s %10s %6s %10s %8s\n", "rule", "elements", "reps", "ns/elem", "wrong");
+  std::vector<towerps::ps::UpdateLoops> all_loops = {towerps::ps::UpdateLoops::kBaseline};
+  if (towerps::ps::SetUpdateLoops(towerps::ps::UpdateLoops::kAvx2).ok()) {
+    all_loops.push_back(towerps::ps::UpdateLoops::kAvx2);
+  }
+  std::printf("%-12s %-16s %10s %6s %10s %8s\n", "rule", "loops", "elements", "reps", "ns/elem",
+              "wrong");
   int64_t wrong_total = 0;
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 0.05f);
@@ -99,27 +106,32 @@ int main(int argc, char** argv) {
     for (float& x : g) x = normal(rng);
     const int reps = static_cast<int>(std::max<int64_t>(3, (64 << 20) / n));
     for (const Case& c : cases) {
-      auto opt = towerps::ps::NewOptimizer(c.spec, n);
-      if (!opt.ok()) {
-        std::fprintf(stderr, "%s: %s\n", c.name, std::string(opt.status().message()).c_str());
-        return 1;
+      for (const towerps::ps::UpdateLoops loops : all_loops) {
+        if (!c.checked && loops != all_loops.back()) continue;  // OpenBLAS's: one row
+        if (!towerps::ps::SetUpdateLoops(loops).ok()) return 1;
+        auto opt = towerps::ps::NewOptimizer(c.spec, n);
+        if (!opt.ok()) {
+          std::fprintf(stderr, "%s: %s\n", c.name, std::string(opt.status().message()).c_str());
+          return 1;
+        }
+        std::vector<float> w = w0;
+        (*opt)->Apply(absl::MakeSpan(w), g, 1);  // warm: pages, slots
+        const auto start = std::chrono::steady_clock::now();
+        for (int r = 0; r < reps; ++r) (*opt)->Apply(absl::MakeSpan(w), g, 2 + r);
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        int64_t wrong = 0;
+        if (c.checked) {
+          std::vector<float> rw = w0, a(n, 0.0f), b(n, 0.0f);
+          for (int r = 0; r <= reps; ++r) Reference(c.spec, 1 + r, rw, g, a, b);
+          for (int64_t i = 0; i < n; ++i) wrong += std::memcmp(&rw[i], &w[i], sizeof(float)) != 0;
+        }
+        wrong_total += wrong;
+        std::printf("%-12s %-16s %10lld %6d %10.3f %8s\n", c.name,
+                    c.checked ? towerps::ps::UpdateLoopsName(loops) : "OpenBLAS",
+                    static_cast<long long>(n), reps, 1e9 * s / (static_cast<double>(n) * reps),
+                    c.checked ? std::to_string(wrong).c_str() : "-");
       }
-      std::vector<float> w = w0;
-      (*opt)->Apply(absl::MakeSpan(w), g, 1);  // warm: pages, slots
-      const auto start = std::chrono::steady_clock::now();
-      for (int r = 0; r < reps; ++r) (*opt)->Apply(absl::MakeSpan(w), g, 2 + r);
-      const double s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      int64_t wrong = 0;
-      if (c.checked) {
-        std::vector<float> rw = w0, a(n, 0.0f), b(n, 0.0f);
-        for (int r = 0; r <= reps; ++r) Reference(c.spec, 1 + r, rw, g, a, b);
-        for (int64_t i = 0; i < n; ++i) wrong += std::memcmp(&rw[i], &w[i], sizeof(float)) != 0;
-      }
-      wrong_total += wrong;
-      std::printf("%-12s %10lld %6d %10.3f %8s\n", c.name, static_cast<long long>(n), reps,
-                  1e9 * s / (static_cast<double>(n) * reps),
-                  c.checked ? std::to_string(wrong).c_str() : "-");
     }
   }
   return wrong_total == 0 ? 0 : 1;

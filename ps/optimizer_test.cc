@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/lr_schedule.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
@@ -493,6 +494,88 @@ TEST(OptimizerTest, ApplyIntoInRangesThenAdoptSlotsIsApplyBitForBit) {
       for (size_t k = 0; k < sa.size(); ++k) {
         ASSERT_EQ(0, std::memcmp(sa[k].second.data(), sb[k].second.data(), n * sizeof(float)))
             << "step " << step << ", slot " << sa[k].first;
+      }
+    }
+  }
+}
+
+// Momentum's and Adam's loops run in either instruction set (UpdateLoops)
+// with the same bits: Apply, ApplyAndCopy and ApplyInto, several steps, over
+// a length with a tail no vector fills and values over many magnitudes.
+TEST(OptimizerTest, EveryUpdateLoopsGivesTheSameBits) {
+  const UpdateLoops was = ActiveUpdateLoops();
+  absl::Cleanup restore = [was] { ASSERT_TRUE(SetUpdateLoops(was).ok()); };
+  std::vector<UpdateLoops> all = {UpdateLoops::kBaseline};
+  const absl::Status avx2 = SetUpdateLoops(UpdateLoops::kAvx2);
+  if (avx2.ok()) {
+    all.push_back(UpdateLoops::kAvx2);
+    EXPECT_EQ(ActiveUpdateLoops(), UpdateLoops::kAvx2);
+  } else {
+    EXPECT_EQ(avx2.code(), absl::StatusCode::kFailedPrecondition) << avx2;
+    EXPECT_EQ(ActiveUpdateLoops(), was);
+  }
+  const int64_t n = 2 * Optimizer::kApplyBlock + 77;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> exponent(-20, 6);
+  auto draw = [&] {
+    std::vector<float> x(n);
+    for (float& v : x) v = std::ldexp(normal(rng), exponent(rng));
+    return x;
+  };
+  const std::vector<float> w0 = draw();
+  std::vector<std::vector<float>> grads;
+  for (int step = 0; step < 4; ++step) grads.push_back(draw());
+  for (auto type : {v1::OptimizerSpec::MOMENTUM, v1::OptimizerSpec::ADAM}) {
+    for (bool nesterov : {false, true}) {
+      if (nesterov && type != v1::OptimizerSpec::MOMENTUM) continue;
+      for (float wd : {0.0f, 1e-3f}) {
+        SCOPED_TRACE(v1::OptimizerSpec::Type_Name(type) + (nesterov ? " nesterov" : "") +
+                     (wd > 0 ? " decay" : ""));
+        // Per instruction set: the values of Apply, of ApplyAndCopy and its
+        // copy, of ApplyInto, then every slot of each.
+        std::vector<std::vector<std::vector<float>>> results;
+        for (UpdateLoops loops : all) {
+          ASSERT_TRUE(SetUpdateLoops(loops).ok());
+          auto plain = Make(type, 0.01f, n, nesterov, wd);
+          auto copying = Make(type, 0.01f, n, nesterov, wd);
+          auto ahead = Make(type, 0.01f, n, nesterov, wd);
+          std::vector<float> a = w0, b = w0, c = w0, copy(n);
+          for (int64_t step = 1; step <= 4; ++step) {
+            const std::vector<float>& g = grads[step - 1];
+            plain->Apply(absl::MakeSpan(a), g, step);
+            copying->ApplyAndCopy(absl::MakeSpan(b), g, step, {copy.data()});
+            std::vector<std::vector<float>> staged(ahead->num_slots(), std::vector<float>(n));
+            std::vector<float*> slots_out;
+            for (auto& st : staged) slots_out.push_back(st.data());
+            std::vector<float> formed(n);
+            ahead->ApplyInto(0, c, g, absl::MakeSpan(formed), step, slots_out);
+            ahead->AdoptSlots(&staged);
+            c = formed;
+          }
+          std::vector<std::vector<float>> r = {a, b, copy, c};
+          for (Optimizer* o : {plain.get(), copying.get(), ahead.get()}) {
+            for (const auto& [name, slot] : o->Slots()) r.emplace_back(slot.begin(), slot.end());
+          }
+          results.push_back(std::move(r));
+        }
+        const size_t slots = type == v1::OptimizerSpec::ADAM ? 2 : 1;
+        for (size_t l = 0; l < results.size(); ++l) {
+          const auto& r = results[l];
+          ASSERT_EQ(r.size(), 4 + 3 * slots);
+          // Within one instruction set, the three paths agree: values (and
+          // the copy), and each slot.
+          for (size_t k = 0; k < r.size(); ++k) {
+            const std::vector<float>& want = k < 4 ? r[0] : r[4 + (k - 4) % slots];
+            EXPECT_EQ(0, std::memcmp(want.data(), r[k].data(), n * sizeof(float)))
+                << UpdateLoopsName(all[l]) << ", result " << k;
+          }
+          // And every set with the baseline.
+          for (size_t k = 0; k < r.size(); ++k) {
+            EXPECT_EQ(0, std::memcmp(results[0][k].data(), r[k].data(), n * sizeof(float)))
+                << UpdateLoopsName(all[l]) << " against the baseline, result " << k;
+          }
+        }
       }
     }
   }
