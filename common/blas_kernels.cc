@@ -55,14 +55,48 @@ std::string BlasRestartNote() {
                       asked);
 }
 
+std::string BlasKernelsNote() {
+  std::string note = BlasRestartNote();
+  if (note.empty()) {
+    note = internal::KeptCoreNote(BlasCoreName(), DetectCpuVectorFeatures(),
+                                  std::getenv("OPENBLAS_CORETYPE"));
+  }
+  return note;
+}
+
 std::string BlasDescription() {
   const char* config = openblas_get_config();
-  const std::string note = BlasRestartNote();
+  const std::string note = BlasKernelsNote();
   return absl::StrCat(config != nullptr ? config : "OpenBLAS (no description)",
                       note.empty() ? "" : " (", note, note.empty() ? "" : ")");
 }
 
 namespace internal {
+
+namespace {
+// 2: kernels for AVX-512; 1: for AVX2 and FMA; 0: older (or unknown).
+int KernelLevel(absl::string_view corename) {
+  const std::string core = absl::AsciiStrToLower(corename);
+  for (const char* c : {"skylakex", "cooperlake", "sapphirerapids"}) {
+    if (core == c) return 2;
+  }
+  for (const char* c : {"haswell", "zen", "excavator"}) {
+    if (core == c) return 1;
+  }
+  return 0;
+}
+}  // namespace
+
+std::string KeptCoreNote(absl::string_view corename, CpuVectorFeatures cpu,
+                         const char* coretype_env) {
+  if (coretype_env == nullptr || *coretype_env == '\0') return "";
+  const int cpu_level = cpu.avx512 ? 2 : cpu.avx2_fma ? 1 : 0;
+  if (KernelLevel(corename) >= cpu_level) return "";
+  return absl::StrCat("OPENBLAS_CORETYPE=", coretype_env,
+                      " from the environment, kept: this CPU has ",
+                      cpu_level == 2 ? "AVX-512, whose SkylakeX" : "AVX2 and FMA, whose Haswell",
+                      " kernels may be faster");
+}
 
 void RestartIfBetter(absl::string_view program, absl::string_view corename, char** argv) {
   const std::string better =

@@ -40,7 +40,7 @@ std::string BetterBlasCore(absl::string_view corename, CpuVectorFeatures cpu,
 std::string BlasCoreName();
 
 // The library's own description, kernels included ("OpenBLAS 0.3.21
-// DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64"), and BlasRestartNote
+// DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64"), and BlasKernelsNote
 // in parentheses where there is one, for start-up logs.
 std::string BlasDescription();
 
@@ -48,6 +48,14 @@ std::string BlasDescription();
 // picked the Prescott kernels for this CPU, so this run started again with
 // OPENBLAS_CORETYPE=SkylakeX"; else "". For the program's start-up log.
 std::string BlasRestartNote();
+
+// Why the library runs the kernels it does, where that is not its own
+// choice or not the best this CPU has: BlasRestartNote where the run
+// started again; else, where OPENBLAS_CORETYPE came from the environment
+// and names kernels older than the CPU runs, that it was kept ("
+// OPENBLAS_CORETYPE=Haswell from the environment, kept: this CPU has
+// AVX-512, whose SkylakeX kernels may be faster"); else "". For start-up logs.
+std::string BlasKernelsNote();
 
 // Where BetterBlasCore names a core for the library's choice on this CPU:
 // sets OPENBLAS_CORETYPE and replaces the process with a fresh run of the
@@ -66,6 +74,10 @@ inline constexpr char kPickedEnv[] = "TOWERPS_OPENBLAS_PICKED";
 // RestartWithBetterBlasKernels for a given choice of the library's (tests
 // pretend one).
 void RestartIfBetter(absl::string_view program, absl::string_view corename, char** argv);
+// BlasKernelsNote's second case for a given choice of kernels, CPU and
+// OPENBLAS_CORETYPE (null: unset); "" where it does not apply.
+std::string KeptCoreNote(absl::string_view corename, CpuVectorFeatures cpu,
+                         const char* coretype_env);
 }  // namespace internal
 
 }  // namespace towerps::common

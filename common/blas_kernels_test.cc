@@ -50,6 +50,26 @@ TEST(BetterBlasCoreTest, TheUsersChoiceIsAlwaysKept) {
   EXPECT_EQ(BetterBlasCore("Prescott", kAvx512, "Haswell"), "");
 }
 
+// A core chosen in the environment is kept, and named where the CPU runs
+// newer kernels than it; a restart's choice, or the best one, is not.
+TEST(KeptCoreNoteTest, NamesAnOlderCoreChosenInTheEnvironment) {
+  EXPECT_EQ(internal::KeptCoreNote("Haswell", kAvx512, "Haswell"),
+            "OPENBLAS_CORETYPE=Haswell from the environment, kept: this CPU has AVX-512, whose "
+            "SkylakeX kernels may be faster");
+  EXPECT_EQ(internal::KeptCoreNote("Prescott", kAvx2, "prescott"),
+            "OPENBLAS_CORETYPE=prescott from the environment, kept: this CPU has AVX2 and FMA, "
+            "whose Haswell kernels may be faster");
+  EXPECT_NE(internal::KeptCoreNote("Zen", kAvx512, "Zen"), "");
+  // The best the CPU runs, or newer than it (the library's own fallback then).
+  EXPECT_EQ(internal::KeptCoreNote("SkylakeX", kAvx512, "SkylakeX"), "");
+  EXPECT_EQ(internal::KeptCoreNote("Cooperlake", kAvx512, "Cooperlake"), "");
+  EXPECT_EQ(internal::KeptCoreNote("Haswell", kAvx2, "Haswell"), "");
+  EXPECT_EQ(internal::KeptCoreNote("Prescott", kSse, "Prescott"), "");
+  // Nothing set: the library's own choice (RestartWithBetterBlasKernels's case).
+  EXPECT_EQ(internal::KeptCoreNote("Haswell", kAvx512, nullptr), "");
+  EXPECT_EQ(internal::KeptCoreNote("Haswell", kAvx512, ""), "");
+}
+
 TEST(BlasDescriptionTest, NamesTheLibrary) {
   EXPECT_NE(BlasDescription().find("OpenBLAS"), std::string::npos) << BlasDescription();
 }

@@ -180,9 +180,9 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                                                    : "",
                                                ")"),
                             ", OpenBLAS kernels ", common::BlasCoreName(),
-                            common::BlasRestartNote().empty()
+                            common::BlasKernelsNote().empty()
                                 ? ""
-                                : absl::StrCat(" (", common::BlasRestartNote(), ")"),
+                                : absl::StrCat(" (", common::BlasKernelsNote(), ")"),
                             "; reduction: ", towers->reducer().Name()));
   }
 
