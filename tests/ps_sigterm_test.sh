@@ -23,6 +23,7 @@ usage() { echo "usage: TRIALS=N $0   (run by bazel test //tests:ps_sigterm_test)
 TRIALS="${TRIALS:-3}"
 [[ "$TRIALS" =~ ^[1-9][0-9]*$ ]] || { echo "TRIALS=$TRIALS: must be a positive integer" >&2; exit 2; }
 
+. "$PWD/tests/await_lib.sh"  # dump_process
 PS_BIN="$PWD/ps/ps"
 WORKER_BIN="$PWD/worker/worker"
 TOWERCTL="$PWD/client/towerctl"
@@ -156,7 +157,9 @@ for ((trial = 1; trial <= TRIALS; trial++)); do
   while kill -0 "$PS1" 2>/dev/null && [ $((SECONDS - start)) -le $((MAX_PULL_WAIT_S + 30)) ]; do sleep 0.1; done
   took=$((SECONDS - start))
   if kill -0 "$PS1" 2>/dev/null; then
-    fail "trial $trial: ps 1 still running ${took} s after SIGTERM"; kill -9 "$PS1" 2>/dev/null
+    fail "trial $trial: ps 1 still running ${took} s after SIGTERM; its threads:"
+    dump_process "$PS1"  # tests/await_lib.sh: where each thread waits
+    kill -9 "$PS1" 2>/dev/null
   fi
   wait "$PS1"; rc=$?
   [ "$rc" -eq 0 ] && pass "trial $trial: ps 1 exited 0 after SIGTERM" \
