@@ -368,6 +368,16 @@ grpc::Status ParameterServiceImpl::DoPull(CallStream* stream, bool attach,
   // ParameterServer::Pull). Declared before `snap`, so that on every return
   // the snapshot is dropped first.
   std::shared_ptr<void> lease;
+  // The call's channel is attached before the pull waits and takes its
+  // lease: Attach may wait for a channel's thread, whose push may wait for
+  // that very lease (a stopping ps deadlocked so, in tests:ps_sigterm_test:
+  // StopServing joining a channel whose push waited for a pull's lease, the
+  // pull waiting to attach).
+  if (attach && request.has_segment() && shared_memory_.load()) {
+    std::shared_ptr<SegmentGates::Gate> gate;
+    auto file = segments_.Map(request.segment(), &gate);
+    if (file.ok()) AttachChannel(request.segment(), *file);
+  }
   // Variables the segment holds already (a push wrote them as it formed
   // them): announced, not written.
   std::vector<char> in_place;
@@ -402,7 +412,6 @@ grpc::Status ParameterServiceImpl::DoPull(CallStream* stream, bool attach,
     if (file.ok()) {
       if (absl::Status fits = CheckPullSegment(seg, w, **file); !fits.ok()) file = fits;
     }
-    if (file.ok() && attach) AttachChannel(seg, *file);
     if (file.ok()) {
       absl::MutexLock lock(&gate->mu);
       gate->used = absl::Now();
