@@ -1581,7 +1581,7 @@ struct SegmentLease {
 
 absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
     const v1::PullRequest& request, absl::Time deadline, std::shared_ptr<void>* segment_lease,
-    std::vector<char>* in_place) {
+    std::vector<char>* in_place, const std::function<bool()>& cancelled) {
   TOWERPS_ASSIGN_OR_RETURN(std::shared_ptr<Job> job_ptr, FindJob(request.job_id()));
   Job& job = *job_ptr;
   deadline = std::min(deadline, absl::Now() + options_.max_pull_wait);
@@ -1699,8 +1699,14 @@ absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> ParameterServer::Pull(
       return absl::AbortedError(absl::StrCat("pull: job \"", job.id, "\" was deleted on ps ",
                                              options_.task_index, " while waiting"));
     }
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("pull: job \"", job.id, "\" on ps ",
+                                               options_.task_index,
+                                               ": the call ended while it waited"));
+    }
     const absl::Time now = absl::Now();
     absl::Time wake = std::min(deadline, next_log);
+    if (cancelled) wake = std::min(wake, now + kCancelledPoll);
     // Waiting only for a push to go first waits for no worker.
     if (!step_ready()) TOWERPS_RETURN_IF_ERROR(check_lost(now, &wake));
     if (now >= deadline && !own_push_taken()) {

@@ -493,9 +493,16 @@ class ParameterServer {
   // first such pull after they were written (the worker may change that
   // memory once it returned). Such a pull also waits while a push writes
   // new values into a segment of the job.
+  //
+  // With `cancelled`, a wait also ends, with CANCELLED, within
+  // kCancelledPoll once it returns true (the caller went away, or a
+  // same-host channel stops: the thread is free for its next call, not
+  // held to the deadline).
   absl::StatusOr<std::shared_ptr<const WeightsSnapshot>> Pull(
       const v1::PullRequest& request, absl::Time deadline,
-      std::shared_ptr<void>* segment_lease = nullptr, std::vector<char>* in_place = nullptr);
+      std::shared_ptr<void>* segment_lease = nullptr, std::vector<char>* in_place = nullptr,
+      const std::function<bool()>& cancelled = nullptr);
+  static constexpr absl::Duration kCancelledPoll = absl::Milliseconds(100);
 
   // Notes that the worker is alive; returns the job's step and this server's
   // incarnation. NotFound for a job not held here; InvalidArgument for a

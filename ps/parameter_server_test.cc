@@ -1327,6 +1327,31 @@ TEST(StopWaitingTest, WakesWaitingPullsWithUnavailableAndServesReadyOnes) {
   EXPECT_NE(PullNow(ps), nullptr);
 }
 
+TEST(PullTest, AWaitEndsWhenItsCallIsCancelled) {
+  ParameterServer ps({.task_index = 2, .max_pull_wait = absl::Seconds(60)});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
+  std::atomic<bool> gone{false};
+  absl::Status waited;
+  std::thread puller([&] {
+    v1::PullRequest p;
+    p.set_job_id("j");
+    p.set_min_step(1);  // never reached: nobody pushes
+    waited = ps.Pull(p, absl::Now() + absl::Seconds(60), nullptr, nullptr,
+                     [&] { return gone.load(); })
+                 .status();
+  });
+  ASSERT_TRUE(WaitForWaitingPulls(ps, 1));
+  // Nothing signals the job: the wait itself looks (else DEADLINE_EXCEEDED
+  // at 60 s).
+  gone.store(true);
+  puller.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kCancelled) << waited;
+  EXPECT_EQ(waited.message(), "pull: job \"j\" on ps 2: the call ended while it waited");
+  // The job is untouched: a pull that is ready is served.
+  EXPECT_NE(PullNow(ps), nullptr);
+  EXPECT_EQ(ps.Status({}).jobs(0).pulls_waiting(), 0);
+}
+
 TEST(DeleteJobTest, FreesTheJobAndWakesWaitingPulls) {
   ParameterServer ps({});
   ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());

@@ -383,7 +383,7 @@ grpc::Status ParameterServiceImpl::DoPull(CallStream* stream, bool attach,
   std::vector<char> in_place;
   auto snap = ps_.Pull(request, deadline,
                        request.has_segment() && shared_memory_.load() ? &lease : nullptr,
-                       &in_place);
+                       &in_place, [stream] { return stream->IsCancelled(); });
   if (!snap.ok()) return ToGrpcStatus(snap.status());
   const absl::Time start = absl::Now();  // after the wait: service time only
   const WeightsSnapshot& w = **snap;

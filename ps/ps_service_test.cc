@@ -137,6 +137,38 @@ class PsServiceTest : public ::testing::Test {
   std::unique_ptr<v1::ParameterService::Stub> stub_;
 };
 
+// A client that cancels its waiting pull frees the server's thread at once,
+// not at the pull's deadline (max_pull_wait: 30 s here).
+TEST_F(PsServiceTest, ACancelledPullStopsWaiting) {
+  auto pulls_waiting = [this] {
+    v1::StatusRequest req;
+    req.set_job_id("j");
+    const v1::StatusResponse st = ps_.Status(req);
+    return st.jobs_size() == 1 ? st.jobs(0).pulls_waiting() : -1;
+  };
+  auto wait_until = [](const std::function<bool()>& done) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (!done() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+    return done();
+  };
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+  v1::PullRequest req;
+  req.set_job_id("j");
+  req.set_min_step(5);  // never reached: nobody pushes
+  auto reader = stub_->Pull(&ctx, req);
+  ASSERT_TRUE(wait_until([&] { return pulls_waiting() == 1; }));
+  ctx.TryCancel();
+  v1::PullResponse m;
+  while (reader->Read(&m)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(wait_until([&] { return pulls_waiting() == 0; }))
+      << "the server still waits for the cancelled pull's step";
+  int messages = 0;
+  EXPECT_EQ(Pull(&messages).size(), 5000u);  // the job serves the next pull
+}
+
 TEST_F(PsServiceTest, PullIsChunkedAndComplete) {
   int messages = 0;
   std::vector<float> w = Pull(&messages);
