@@ -469,11 +469,21 @@ v1::TrainingConfig Normalized(v1::TrainingConfig c) {
   return c;
 }
 
-// Finite check at BLAS speed: the sum of |x| is NaN or Inf iff some element is
-// (or the values are absurdly large, which we reject too).
+// Whether every element is finite, at BLAS speed: a finite sum of |x| means
+// every element is. A sum that is not also comes from finite elements whose
+// sum overflows a float (a few of 1e38): those are looked at one by one, so
+// that the answer is exact and does not depend on how a gradient was cut
+// into pieces (and "contains NaN or Inf" is true when said).
 bool AllFinite(const float* x, int64_t n) {
-  if (n <= 0) return true;
-  return std::isfinite(cblas_sasum(static_cast<int>(n), x, 1));
+  constexpr int64_t kMaxCall = int64_t{1} << 30;  // sasum counts in int
+  for (int64_t first = 0; first < n; first += kMaxCall) {
+    const int64_t k = std::min(kMaxCall, n - first);
+    if (std::isfinite(cblas_sasum(static_cast<int>(k), x + first, 1))) continue;
+    for (int64_t i = first; i < first + k; ++i) {
+      if (!std::isfinite(x[i])) return false;
+    }
+  }
+  return true;
 }
 
 int64_t ElementsOf(const v1::VariableDef& def) {

@@ -510,6 +510,32 @@ TEST(ParameterServerTest, MalformedPushesChangeNothing) {
   EXPECT_EQ(PushConst(ps, Header(0, 1, 0, 1), 1.0f)->outcome(), v1::PushResponse::APPLIED);
 }
 
+// Finite gradients whose absolute sum overflows a float are finite all the
+// same: applied, not refused as "NaN or Inf".
+TEST(ParameterServerTest, HugeFiniteGradientsAreApplied) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  const float huge = 1e38f;  // 6 of them sum past FLT_MAX (3.4e38)
+  ASSERT_FALSE(std::isfinite(6 * huge));
+  auto r = PushConst(ps, Header(0, 1, 0, 1), huge);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+  auto snap = PullNow(ps, 1);
+  ASSERT_NE(snap, nullptr);
+  for (float x : snap->values[0]) EXPECT_EQ(x, 1.0f - kLr * huge);
+  // An infinity among them is still refused, wherever it is.
+  auto s = ps.BeginPush(Header(0, 2, 1, 1));
+  ASSERT_TRUE(s.ok());
+  std::vector<float> g(6, huge);
+  g[4] = std::numeric_limits<float>::infinity();
+  ASSERT_TRUE((*s)->AddSlice(Slice(0, 0, g)).ok());
+  ASSERT_TRUE((*s)->AddSlice(Slice(1, 0, {huge, huge})).ok());
+  const absl::Status bad = ps.FinishPush(std::move(*s)).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(bad.message().find("variable 0 from worker 0 contains NaN or Inf"), std::string::npos)
+      << bad;
+}
+
 TEST(ParameterServerTest, PullWaitsForStepAndTimesOutNamingWorkers) {
   ParameterServer ps({.task_index = 0, .max_pull_wait = absl::Milliseconds(300)});
   ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
