@@ -37,8 +37,14 @@ fi
 union="${PATTERNS[0]}"
 for p in "${PATTERNS[@]:1}"; do union+=" + $p"; done
 query() { bazel query --noshow_progress "$1" 2>/dev/null | sort; }
-mapfile -t UNIT < <(query "kind(cc_test, $union) except attr(tags, gpu, $union)")
-mapfile -t MULTI < <(query "kind(sh_test, $union) except attr(tags, gpu, $union)")
+# The docker test needs its own build (--config=cpu_image, as .ci/run runs
+# it): named, not run here.
+mapfile -t OWN_CONFIG < <(query "attr(tags, '\bdocker\b', tests($union))")
+skip="attr(tags, gpu, $union) + attr(tags, '\bdocker\b', $union)"
+mapfile -t UNIT < <(query "kind(cc_test, $union) except ($skip)")
+mapfile -t MULTI < <(query "kind(sh_test, $union) except ($skip)")
+[ ${#OWN_CONFIG[@]} -eq 0 ] ||
+  echo "flake: not run (needs --config=cpu_image; see .ci/run): ${OWN_CONFIG[*]}"
 ARGS=(--test_output=summary --test_summary=short --test_env=TOWERPS_TB_PYTHON="$TB_PYTHON"
       --test_env=TOWERPS_HEALTH_PYTHON="$HEALTH_PYTHON"
       --test_env=TOWERPS_K8S_PYTHON="$K8S_PYTHON")
