@@ -24,25 +24,6 @@ using common::ValidateOptimizer;
 void SetMathThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
 
 namespace {
-std::atomic<UpdateLoops>& ActiveLoops();
-bool CpuHasAvx2();
-}  // namespace
-
-UpdateLoops ActiveUpdateLoops() { return ActiveLoops().load(); }
-
-absl::Status SetUpdateLoops(UpdateLoops loops) {
-  if (loops == UpdateLoops::kAvx2 && !CpuHasAvx2()) {
-    return absl::FailedPreconditionError("update loops: this CPU (or build) has no AVX2");
-  }
-  ActiveLoops().store(loops);
-  return absl::OkStatus();
-}
-
-const char* UpdateLoopsName(UpdateLoops loops) {
-  return loops == UpdateLoops::kAvx2 ? "AVX2" : "baseline (SSE2)";
-}
-
-namespace {
 
 // Moves `slot`'s buffer out and leaves a copy of it in its place.
 std::vector<float> Detach(std::vector<float>& slot) {
@@ -493,6 +474,20 @@ class MovingAverage : public Optimizer {
 };
 
 }  // namespace
+
+UpdateLoops ActiveUpdateLoops() { return ActiveLoops().load(); }
+
+absl::Status SetUpdateLoops(UpdateLoops loops) {
+  if (loops == UpdateLoops::kAvx2 && !CpuHasAvx2()) {
+    return absl::FailedPreconditionError("update loops: this CPU (or build) has no AVX2");
+  }
+  ActiveLoops().store(loops);
+  return absl::OkStatus();
+}
+
+const char* UpdateLoopsName(UpdateLoops loops) {
+  return loops == UpdateLoops::kAvx2 ? "AVX2" : "baseline (SSE2)";
+}
 
 void Optimizer::ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad,
                              int64_t step, absl::Span<float* const> copies) {
