@@ -149,7 +149,9 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   for (int t = 0; t < num_towers; ++t) {
     const int64_t max_batch = (t == 0 && chief) ? std::max(tower_batch, kEvalBatch) : tower_batch;
     auto r = MemoryReservation::Reserve(towers->tower(t), devices, max_batch);
-    if (!r.ok()) return common::Annotate(r.status(), absl::StrCat("tower ", t, " does not fit its devices"));
+    if (!r.ok()) {
+      return common::Annotate(r.status(), absl::StrCat("tower ", t, " does not fit its devices"));
+    }
     reservations.push_back(std::move(*r));
   }
   if (env.log_device_placement) Log(hooks, "devices:\n" + devices.Describe());
@@ -161,7 +163,8 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   // half of them where servers share a host of 4 cores or more (see
   // CpuThreadsPerTower).
   {
-    const int parallel = num_towers * (job.micro_batches() > 1 ? towers->primary().num_stages() : 1);
+    const int stages = job.micro_batches() > 1 ? towers->primary().num_stages() : 1;
+    const int parallel = num_towers * stages;
     const int on_host = spec.WorkersOnSameHost();
     const int ps_on_host = spec.PsOnSameHost();
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -225,13 +228,14 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                                   : static_cast<int64_t>(train.pixels.size());
   const common::HugePages huge = PlaceOnHugePages(&train);
   if (huge.bytes > 0) {
-    Log(hooks, absl::StrFormat("data: %.1f of the train set's %.1f MB on %s pages", huge.bytes / 1e6,
-                               train_bytes / 1e6,
-                               huge.page >= (1 << 20) ? absl::StrCat(huge.page >> 20, " MiB")
-                                                      : absl::StrCat(huge.page >> 10, " KiB")));
+    const std::string page = huge.page >= (1 << 20) ? absl::StrCat(huge.page >> 20, " MiB")
+                                                    : absl::StrCat(huge.page >> 10, " KiB");
+    Log(hooks, absl::StrFormat("data: %.1f of the train set's %.1f MB on %s pages",
+                               huge.bytes / 1e6, train_bytes / 1e6, page));
   } else if (!huge.error.empty()) {
-    Log(hooks, absl::StrFormat("data: the train set's %.1f MB on the system's small pages (huge pages: %s)",
-                               train_bytes / 1e6, huge.error));
+    Log(hooks, absl::StrFormat(
+                   "data: the train set's %.1f MB on the system's small pages (huge pages: %s)",
+                   train_bytes / 1e6, huge.error));
   }
 
   ParameterClientOptions copts;
