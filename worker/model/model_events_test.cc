@@ -122,7 +122,9 @@ void CheckEvents(Fixture& f, const std::vector<common::Tensor>& truth, const Bat
     EXPECT_TRUE(std::is_sorted(needed_order.begin(), needed_order.end()));
     ASSERT_EQ(ready_order.size(), static_cast<size_t>(n));
   }
-  if (!ready_in.empty()) EXPECT_EQ(ready_order, ready_in);
+  if (!ready_in.empty()) {
+    EXPECT_EQ(ready_order, ready_in);
+  }
 }
 
 void ExpectSameGradients(Model& a, Model& b) {
