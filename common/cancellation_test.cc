@@ -98,7 +98,9 @@ TEST(CancellationTokenTest, ACallbackRunAtOnceSeesTheTokenCancelled) {
     go.store(true);
     std::atomic<bool> ran{false};
     const int64_t id = token.AddCallback([&] { ran.store(true); });
-    if (id < 0) ASSERT_TRUE(token.cancelled()) << "iteration " << i;
+    if (id < 0) {
+      ASSERT_TRUE(token.cancelled()) << "iteration " << i;
+    }
     canceller.join();
     EXPECT_TRUE(ran.load()) << "iteration " << i;  // one way or the other
   }

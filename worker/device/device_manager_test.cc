@@ -465,7 +465,7 @@ TEST(ResolveTest, MissingDeviceListsDevices) {
   EXPECT_THAT(device.status().message(),
               HasSubstr("no device /job:ps/replica:0/task:0/device:CPU:0"));
 
-  for (const std::string& bad : {"GPU", "GPU:x", "/device:", "GPU:1:2"}) {
+  for (const std::string bad : {"GPU", "GPU:x", "/device:", "GPU:1:2"}) {
     device = manager->Resolve(bad, "layer d");
     EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument)
         << bad;

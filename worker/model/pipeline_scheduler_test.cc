@@ -113,8 +113,12 @@ TEST(PipelineSchedulerTest, StagesRunOnTheirOwnThreadsInGPipeOrder) {
       for (int k = 0; k < kMicro; ++k) {
         const std::string f = absl::StrCat("F", s, ".", k);
         const std::string b = absl::StrCat("B", s, ".", k);
-        if (s > 0) EXPECT_LT(at[absl::StrCat("F", s - 1, ".", k)], at[f]);
-        if (s + 1 < kStages) EXPECT_LT(at[absl::StrCat("B", s + 1, ".", k)], at[b]);
+        if (s > 0) {
+          EXPECT_LT(at[absl::StrCat("F", s - 1, ".", k)], at[f]);
+        }
+        if (s + 1 < kStages) {
+          EXPECT_LT(at[absl::StrCat("B", s + 1, ".", k)], at[b]);
+        }
         if (k > 0) {
           EXPECT_LT(at[absl::StrCat("F", s, ".", k - 1)], at[f]);
           EXPECT_LT(at[absl::StrCat("B", s, ".", k - 1)], at[b]);
