@@ -1821,7 +1821,7 @@ TEST(UpdateAheadTest, FormedAsTheGradientArrivesEqualsTheUpdateInPlace) {
   const int64_t n = 3 * Optimizer::kApplyBlock + 123;  // and a partial block
   ExpectFormedAheadEqualsTheUpdateInPlace(
       n, {v1::OptimizerSpec::SGD},
-      [n](ParameterServer& ps, int64_t step, std::vector<float>& g,
+      [&](ParameterServer& ps, int64_t step, std::vector<float>& g,
           const std::vector<float>& before) -> std::unique_ptr<PushSession> {
         auto s = ps.BeginPush(Header(0, step + 1, step, 10));
         EXPECT_TRUE(s.ok()) << s.status();
@@ -1851,7 +1851,7 @@ TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
   const int64_t n = 9 * Optimizer::kApplyBlock + 123;
   ExpectFormedAheadEqualsTheUpdateInPlace(
       n, {v1::OptimizerSpec::SGD, v1::OptimizerSpec::MOMENTUM, v1::OptimizerSpec::ADAM},
-      [n](ParameterServer& ps, int64_t step, std::vector<float>& g,
+      [&](ParameterServer& ps, int64_t step, std::vector<float>& g,
           const std::vector<float>& before) -> std::unique_ptr<PushSession> {
         v1::PushHeader h = Header(0, 2 * step + 1, step, 10);
         h.mutable_segment()->set_size(1);
