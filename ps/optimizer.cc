@@ -78,6 +78,26 @@ double StepLearningRate(const v1::OptimizerSpec& spec, int64_t step) {
   return common::LearningRateAt(spec, step - 1);
 }
 
+// The overflow guard's arithmetic (Optimizer::BoundStep), in double: `x`
+// raised past any rounding of the few float operations it bounds (each is
+// off by at most 2^-24 of its result, or 2^-149 near zero).
+double Up(double x) { return x * (1.0 + 1e-5) + 1e-30; }
+
+// Whether the bounds an update starts from are all known: the values',
+// the first `slots` slots' and the gradient's. Otherwise BoundStep can
+// tell nothing (and 0 * inf would make a NaN of it).
+bool Known(const MagnitudeBounds& b, int slots, double grad_abs_sum) {
+  bool known = std::isfinite(b.value) && std::isfinite(grad_abs_sum);
+  for (int i = 0; i < slots; ++i) known = known && std::isfinite(b.slots[i]);
+  return known;
+}
+
+// BoundStep for what cannot be bounded.
+double Unknown(MagnitudeBounds* after) {
+  *after = MagnitudeBounds();
+  return MagnitudeBounds::kUnknown;
+}
+
 // The rules' element loops (momentum's and Adam's, below) are compiled for
 // two instruction sets: the baseline x86-64 (SSE2, 4 floats a vector) and
 // AVX2 (8). Each loop is an always-inlined function that RunLoop instantiates
@@ -260,6 +280,17 @@ class Sgd : public Optimizer {
       if (over_grad) cblas_scopy(k, w, 1, out.data() + i, 1);
     }
   }
+  double BoundStep(const MagnitudeBounds& before, double grad_abs_sum, int64_t step,
+                   MagnitudeBounds* after) const override {
+    if (!Known(before, 0, grad_abs_sum)) return Unknown(after);
+    // g + wd * w, then w - lr * that.
+    const double lr = std::abs(static_cast<double>(static_cast<float>(
+        StepLearningRate(spec_, step))));
+    const double g = Up(grad_abs_sum + Up(std::abs(weight_decay_) * before.value));
+    *after = MagnitudeBounds();
+    after->value = Up(before.value + Up(lr * g));
+    return std::max(g, after->value);
+  }
   int64_t slot_bytes() const override { return 0; }
   std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
     return {};
@@ -294,6 +325,21 @@ class Momentum : public Optimizer {
   void ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
                     absl::Span<float* const> copies) override {
     Update(value, grad, step, copies);
+  }
+  double BoundStep(const MagnitudeBounds& before, double grad_abs_sum, int64_t step,
+                   MagnitudeBounds* after) const override {
+    if (!Known(before, 1, grad_abs_sum)) return Unknown(after);
+    // MomentumElements' expressions, term by term.
+    const double lr = std::abs(static_cast<double>(static_cast<float>(
+        StepLearningRate(spec_, step))));
+    const double g = Up(grad_abs_sum + Up(std::abs(weight_decay_) * before.value));
+    const double mom = std::abs(m_);
+    const double v = Up(Up(mom * before.slots[0]) + Up(lr * g));
+    const double dw = nesterov_ ? Up(Up(mom * v) + Up(lr * g)) : v;
+    *after = MagnitudeBounds();
+    after->value = Up(before.value + dw);
+    after->slots[0] = v;
+    return std::max({g, v, dw, after->value, Up(lr * g)});
   }
   int64_t slot_bytes() const override { return velocity_.size() * sizeof(float); }
   std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
@@ -376,6 +422,25 @@ class Adam : public Optimizer {
   void ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad, int64_t step,
                     absl::Span<float* const> copies) override {
     Update(value, grad, step, copies);
+  }
+  double BoundStep(const MagnitudeBounds& before, double grad_abs_sum, int64_t step,
+                   MagnitudeBounds* after) const override {
+    if (!Known(before, 2, grad_abs_sum)) return Unknown(after);
+    // AdamElements' expressions, term by term; sqrt(v) + eps >= eps for
+    // the v >= 0 every update leaves.
+    const double lr_t = std::abs(static_cast<double>(StepRate(step)));
+    const double b1 = b1_, b2 = b2_;
+    const double g = Up(grad_abs_sum + Up(std::abs(weight_decay_) * before.value));
+    const double m = Up(Up(b1 * before.slots[0]) + Up(Up(1.0 - b1) * g));
+    const double g2 = Up(Up(Up(1.0 - b2) * g) * g);
+    const double v = Up(Up(b2 * before.slots[1]) + g2);
+    const double step_num = Up(lr_t * m);
+    const double dw = Up(step_num / eps_);
+    *after = MagnitudeBounds();
+    after->value = Up(before.value + dw);
+    after->slots[0] = m;
+    after->slots[1] = v;
+    return std::max({g, m, g2, v, step_num, dw, after->value});
   }
   int64_t slot_bytes() const override {
     return (m_.size() + v_.size()) * sizeof(float);
@@ -463,6 +528,13 @@ class MovingAverage : public Optimizer {
     }
     cblas_saxpby(n, one_minus_decay_, pushed.data(), 1, decay_, value.data(), 1);
   }
+  double BoundStep(const MagnitudeBounds& before, double pushed_abs_sum, int64_t /*step*/,
+                   MagnitudeBounds* after) const override {
+    if (!Known(before, 0, pushed_abs_sum)) return Unknown(after);
+    *after = MagnitudeBounds();
+    after->value = Up(Up(one_minus_decay_ * pushed_abs_sum) + Up(decay_ * before.value));
+    return std::max(after->value, pushed_abs_sum);
+  }
   int64_t slot_bytes() const override { return 0; }
   std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
     return {};
@@ -487,6 +559,27 @@ absl::Status SetUpdateLoops(UpdateLoops loops) {
 
 const char* UpdateLoopsName(UpdateLoops loops) {
   return loops == UpdateLoops::kAvx2 ? "AVX2" : "baseline (SSE2)";
+}
+
+double MaxAbs(const float* x, int64_t n) {
+  constexpr int64_t kMaxCall = int64_t{1} << 30;  // isamax counts in int
+  double max = 0.0;
+  for (int64_t first = 0; first < n; first += kMaxCall) {
+    const int k = static_cast<int>(std::min(kMaxCall, n - first));
+    const float* at = x + first + cblas_isamax(k, x + first, 1);
+    max = std::max(max, static_cast<double>(std::abs(*at)));
+  }
+  return max;
+}
+
+MagnitudeBounds MeasureBounds(absl::Span<const float> value, Optimizer& optimizer) {
+  MagnitudeBounds b;
+  b.value = MaxAbs(value.data(), static_cast<int64_t>(value.size()));
+  const auto slots = optimizer.Slots();
+  for (size_t i = 0; i < slots.size() && i < 2; ++i) {
+    b.slots[i] = MaxAbs(slots[i].second.data(), static_cast<int64_t>(slots[i].second.size()));
+  }
+  return b;
 }
 
 void Optimizer::ApplyAndCopy(absl::Span<float> value, absl::Span<const float> grad,

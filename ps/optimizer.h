@@ -8,6 +8,7 @@
 #define TOWERPS_PS_OPTIMIZER_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,6 +22,19 @@
 #include "proto/tensor.pb.h"
 
 namespace towerps::ps {
+
+// The overflow guard (ParameterServer): upper bounds on the magnitude of
+// every element of a variable's values and of each of its optimizer slots
+// (Slots() order), +inf where unknown.
+struct MagnitudeBounds {
+  static constexpr double kUnknown = std::numeric_limits<double>::infinity();
+  double value = kUnknown;
+  double slots[2] = {kUnknown, kUnknown};
+};
+// Where an update's bound (Optimizer::BoundStep) is below this, none of the
+// floats it forms can overflow (FLT_MAX is about 3.4e38; the margin covers
+// rounding many times over).
+constexpr double kSafeMagnitude = 1e37;
 
 class Optimizer {
  public:
@@ -92,10 +106,24 @@ class Optimizer {
   // slot buffers take their place in `staged` (for the next ApplyInto).
   // The caller serializes it with Apply() and Slots() readers.
   virtual void AdoptSlots(std::vector<std::vector<float>>* staged) {}
+  // The overflow guard: given `before`, bounds on the values and slots
+  // (MagnitudeBounds), and `grad_abs_sum`, at least every |grad[i]| (their
+  // sum is, cheaply), sets *after to bounds on what Apply(value, grad, step)
+  // (or ApplyInto) leaves, and returns a bound on every float the update
+  // forms on the way, results included, whatever their rounding. Sound,
+  // not tight: O(1), from the bounds alone. Infinite where a bound is.
+  virtual double BoundStep(const MagnitudeBounds& before, double grad_abs_sum, int64_t step,
+                           MagnitudeBounds* after) const = 0;
   // The granularity of ApplyInto's ranges: ranges starting at multiples of it
   // give the same rounding as one Apply over the whole variable.
   static constexpr int64_t kApplyBlock = 4096;  // 16 KiB of floats: in L1
 };
+
+// The largest |x[i]| of n floats (0 for none; +inf where one is infinite).
+double MaxAbs(const float* x, int64_t n);
+// Exact bounds (the largest magnitudes) of `value` and `optimizer`'s slots:
+// one pass over each.
+MagnitudeBounds MeasureBounds(absl::Span<const float> value, Optimizer& optimizer);
 
 // Threads OpenBLAS may use for one call of the server's math: the updates'
 // saxpy, the finiteness check's sasum, SYNC's weighted sums. Process-wide.

@@ -749,5 +749,105 @@ TEST(MovingAverageTest, BadDefinitionsAreInvalidArgumentNamingVariableAndField) 
   EXPECT_TRUE(ValidateVariableUpdate(v1::VariableDef()).ok());
 }
 
+
+// The overflow guard's bounds (Optimizer::BoundStep) hold for what each
+// rule leaves in the values and slots, over magnitudes from 1e-3 to 1e30,
+// with the largest value, slot and gradient on one element and signs that
+// add up there (the worst case): nothing measured afterwards is above its
+// bound. Where the values, slots and gradients are of training's usual
+// sizes, the bound is safe (the guard's fast path); from bounds that are
+// not known, nothing is claimed.
+TEST(OptimizerTest, BoundStepBoundsWhatEachRuleLeaves) {
+  const int64_t n = 1000;
+  struct Rule {
+    std::string name;
+    std::function<std::unique_ptr<Optimizer>()> make;
+  };
+  std::vector<Rule> rules;
+  for (float wd : {0.0f, 0.01f}) {
+    const std::string decay = wd > 0.0f ? " with weight decay" : "";
+    rules.push_back({"SGD" + decay, [=] { return Make(v1::OptimizerSpec::SGD, 0.5f, n, false, wd); }});
+    for (bool nesterov : {false, true}) {
+      rules.push_back({(nesterov ? "Nesterov" : "momentum") + decay, [=] {
+                         return Make(v1::OptimizerSpec::MOMENTUM, 0.5f, n, nesterov, wd);
+                       }});
+    }
+    rules.push_back({"Adam" + decay, [=] { return Make(v1::OptimizerSpec::ADAM, 0.01f, n, false, wd); }});
+  }
+  for (float d : {0.0f, 0.9f}) {
+    rules.push_back({"moving average " + std::to_string(d), [=] { return MakeMoving(d, n); }});
+  }
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> unit(-1.0, 1.0);
+  int safe_cases = 0;
+  for (const Rule& rule : rules) {
+    for (double scale_w : {1e-3, 1.0, 1e10, 1e30}) {
+      for (double scale_g : {1e-3, 1.0, 1e15}) {
+        for (double scale_s : {0.0, 1e-2, 1e12}) {
+          SCOPED_TRACE(rule.name + ", values " + std::to_string(scale_w) + ", gradients " +
+                       std::to_string(scale_g) + ", slots " + std::to_string(scale_s));
+          std::unique_ptr<Optimizer> o = rule.make();
+          std::vector<float> w(n), g(n);
+          for (int64_t i = 0; i < n; ++i) {
+            w[i] = static_cast<float>(scale_w * unit(rng));
+            g[i] = static_cast<float>(scale_g * unit(rng));
+          }
+          auto slots = o->Slots();
+          for (size_t k = 0; k < slots.size(); ++k) {
+            absl::Span<float> slot = slots[k].second;
+            // Adam's v (its second slot) is never negative.
+            for (float& x : slot) x = static_cast<float>(scale_s * (k == 1 ? std::abs(unit(rng)) : unit(rng)));
+            slot[0] = static_cast<float>(scale_s);
+            slot[1] = static_cast<float>(k == 1 ? scale_s : -scale_s);
+          }
+          w[0] = w[1] = static_cast<float>(scale_w);
+          g[0] = g[1] = static_cast<float>(-scale_g);
+          for (int64_t step = 1; step <= 3; ++step) {
+            const MagnitudeBounds before = MeasureBounds(w, *o);
+            double abs_sum = 0.0;
+            for (float x : g) abs_sum += std::abs(x);
+            MagnitudeBounds after;
+            const double peak = o->BoundStep(before, abs_sum, step, &after);
+            o->Apply(absl::MakeSpan(w), g, step);
+            if (!(peak < kSafeMagnitude)) break;  // the guard would check instead
+            ++safe_cases;
+            const MagnitudeBounds measured = MeasureBounds(w, *o);
+            EXPECT_LE(measured.value, after.value) << "step " << step;
+            EXPECT_LE(after.value, peak) << "step " << step;
+            for (size_t k = 0; k < o->Slots().size(); ++k) {
+              EXPECT_LE(measured.slots[k], after.slots[k]) << "slot " << k << ", step " << step;
+              EXPECT_LE(after.slots[k], peak) << "slot " << k << ", step " << step;
+            }
+            if (scale_w <= 1.0 && scale_g <= 1.0 && scale_s <= 1e-2) {
+              EXPECT_LT(peak, 1e20) << "step " << step;  // far from the guard's slow path
+            }
+            if (HasFailure()) return;
+          }
+          MagnitudeBounds unknown_after;
+          EXPECT_FALSE(o->BoundStep(MagnitudeBounds(), 1.0, 1, &unknown_after) < kSafeMagnitude);
+          EXPECT_FALSE(std::isfinite(unknown_after.value));
+        }
+      }
+    }
+  }
+  EXPECT_GT(safe_cases, 200);
+}
+
+// MaxAbs and MeasureBounds: the exact largest magnitudes, infinity kept.
+TEST(OptimizerTest, MeasureBoundsIsTheLargestMagnitude) {
+  const std::vector<float> x = {1.0f, -7.5f, 3.0f, 7.0f};
+  EXPECT_EQ(MaxAbs(x.data(), 4), 7.5);
+  EXPECT_EQ(MaxAbs(x.data(), 0), 0.0);
+  const std::vector<float> inf = {1.0f, -std::numeric_limits<float>::infinity()};
+  EXPECT_EQ(MaxAbs(inf.data(), 2), std::numeric_limits<double>::infinity());
+  auto adam = Make(v1::OptimizerSpec::ADAM, 0.01f, 4);
+  adam->Slots()[0].second[2] = -5.0f;
+  adam->Slots()[1].second[3] = 0.25f;
+  const MagnitudeBounds b = MeasureBounds(x, *adam);
+  EXPECT_EQ(b.value, 7.5);
+  EXPECT_EQ(b.slots[0], 5.0);
+  EXPECT_EQ(b.slots[1], 0.25);
+}
+
 }  // namespace
 }  // namespace towerps::ps

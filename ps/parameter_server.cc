@@ -30,6 +30,10 @@ struct Variable {
   std::vector<float> value;
   std::unique_ptr<Optimizer> optimizer;
   int64_t updates = 0;
+  // Bounds on the magnitudes of `value` and the optimizer's slots, for the
+  // overflow guard (Commit::Update): measured when the job is made, then
+  // carried by each update (Optimizer::BoundStep).
+  MagnitudeBounds bounds;
 };
 
 struct WorkerRecord {
@@ -293,15 +297,13 @@ class Job {
   // (AwaitWritableLocked).
   //
   // Variables whose new values were formed ahead (`prepared`, by var_index;
-  // PushSession::PrepareAhead) into `formed` (the one part's buffers, of
-  // weight 1), and their slots into `formed_slots` (the part's, by
-  // var_index), are swapped in here, under the lock, once views have let
-  // go, so that every snapshot taken from here on views them; the old
-  // values and slots go back with the part's buffers, and the Commit only
-  // publishes them.
+  // PushSession::PrepareAhead) into `formed` (the one part, of weight 1:
+  // its buffers, its slots, and bounds on both), are swapped in here,
+  // under the lock, once views have let go, so that every snapshot taken
+  // from here on views them; the old values and slots go back with the
+  // part's buffers, and the Commit only publishes them.
   std::shared_ptr<Publication> BeginCommitLocked(
-      const std::vector<char>& prepared = {}, std::vector<std::vector<float>>* formed = nullptr,
-      std::vector<std::vector<std::vector<float>>>* formed_slots = nullptr)
+      const std::vector<char>& prepared = {}, GradientPart* formed = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     DetachViewsLocked(/*keep_copies=*/true);
     committing = true;
@@ -309,9 +311,10 @@ class Job {
     if (!prepared.empty()) ++updates_ahead;
     for (size_t v = 0; v < prepared.size(); ++v) {
       if (!prepared[v]) continue;
-      vars[v].value.swap((*formed)[v]);
-      if (vars[v].optimizer->num_slots() > 0) vars[v].optimizer->AdoptSlots(&(*formed_slots)[v]);
+      vars[v].value.swap(formed->owned[v]);
+      if (vars[v].optimizer->num_slots() > 0) vars[v].optimizer->AdoptSlots(&formed->slots[v]);
       ++vars[v].updates;
+      vars[v].bounds = formed->formed_bounds[v];
     }
     AdvanceLocked();
     return publishing;
@@ -474,16 +477,36 @@ v1::TrainingConfig Normalized(v1::TrainingConfig c) {
 // sum overflows a float (a few of 1e38): those are looked at one by one, so
 // that the answer is exact and does not depend on how a gradient was cut
 // into pieces (and "contains NaN or Inf" is true when said).
-bool AllFinite(const float* x, int64_t n) {
+// With `abs_sum`, the sum of |x| is added to it (+inf where it overflows a
+// float, the elements finite): at least every |x[i]|, as each partial sum
+// rounds no lower than its terms (the overflow guard's bound).
+bool AllFinite(const float* x, int64_t n, double* abs_sum = nullptr) {
   constexpr int64_t kMaxCall = int64_t{1} << 30;  // sasum counts in int
   for (int64_t first = 0; first < n; first += kMaxCall) {
     const int64_t k = std::min(kMaxCall, n - first);
-    if (std::isfinite(cblas_sasum(static_cast<int>(k), x + first, 1))) continue;
+    const float sum = cblas_sasum(static_cast<int>(k), x + first, 1);
+    if (abs_sum != nullptr) *abs_sum += sum;
+    if (std::isfinite(sum)) continue;
     for (int64_t i = first; i < first + k; ++i) {
       if (!std::isfinite(x[i])) return false;
     }
   }
   return true;
+}
+
+// Bounds of 0, where sums of |x| start.
+MagnitudeBounds ZeroBounds() {
+  MagnitudeBounds b;
+  b.value = b.slots[0] = b.slots[1] = 0.0;
+  return b;
+}
+
+// The lower of two bounds on the same elements, field by field.
+MagnitudeBounds LowerBounds(const MagnitudeBounds& a, const MagnitudeBounds& b) {
+  MagnitudeBounds low;
+  low.value = std::min(a.value, b.value);
+  for (int i = 0; i < 2; ++i) low.slots[i] = std::min(a.slots[i], b.slots[i]);
+  return low;
 }
 
 int64_t ElementsOf(const v1::VariableDef& def) {
@@ -633,6 +656,8 @@ GradientPart PushSession::TakePart(float weight) {
   part.values_to = std::move(values_to_);
   part.values_at = std::move(values_at_);
   part.slots = std::move(slots_);
+  part.abs_sums = std::move(abs_sum_);
+  part.formed_bounds = std::move(formed_bounds_);
   if (!part.values_to.empty()) part.values_key = values_segment_;
   grads_.clear();
   shared_.clear();
@@ -681,11 +706,12 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad, float* to, 
     }
   }
   // Each piece is checked, then read again from cache to form its values:
-  // the gradient streams from the worker's memory once. What is formed is
-  // checked too, in cache: the worker's memory may change between the
-  // gradient's check and its read (a worker that broke its word, which
-  // must not put a NaN into the values; an update that overflows is
-  // refused alike).
+  // the gradient streams from the worker's memory once. What is formed
+  // (values and slots) is checked too, in cache: the worker's memory may
+  // change between the gradient's check and its read (a worker that broke
+  // its word, which must not put a NaN into the values, nor a gradient
+  // larger than the one checked), so no bound is taken from the gradient's
+  // check; an update that overflows is refused alike.
   constexpr int64_t kPiece = 4 * Optimizer::kApplyBlock;
   const int64_t n = job.sizes[v];
   const std::vector<float*> slots_out = SlotsOut(v);
@@ -700,16 +726,14 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad, float* to, 
     var->optimizer->ApplyInto(first, absl::MakeConstSpan(var->value).subspan(first, k),
                               absl::MakeConstSpan(grad + first, k), absl::MakeSpan(formed, k),
                               var->updates + 1, slots_out);
-    if (!AllFinite(formed, k)) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          "push: the new values of variable ", v, " formed from the gradient of worker ",
-          header_.worker_task(), " are not finite (the update overflows, or the gradient "
-          "changed while the server read it); nothing applied"));
+    if (!FormedFinite(v, formed, first, k)) {
+      status = NotFiniteFormedError(v, ", or the gradient changed while the server read it");
       break;
     }
     if (to != nullptr) std::memcpy(to + first, formed, static_cast<size_t>(k) * sizeof(float));
   }
   ReleaseValues(job, /*writing=*/to != nullptr);
+  if (status.ok()) formed_bounds_[v] = formed_sums_[v];
   if (status.ok()) covered_[v] = checked_[v] = prepared_[v] = n;
   if (status.ok() && to != nullptr) written_[v] = 1;
   return status;
@@ -772,7 +796,7 @@ absl::Status PushSession::CheckFinite() {
     // Only what came as slices since the last check: a variable read in
     // place (or formed ahead) was checked as it came, and has no buffer.
     if (covered_[v] == checked_[v]) continue;
-    if (!AllFinite(grads_[v].data() + checked_[v], covered_[v] - checked_[v])) {
+    if (!AllFinite(grads_[v].data() + checked_[v], covered_[v] - checked_[v], &abs_sum_[v])) {
       return NotFiniteError(v);
     }
     checked_[v] = covered_[v];
@@ -805,17 +829,60 @@ absl::Status PushSession::PrepareAhead() {
       if (todo[v].second > todo[v].first) vars[v] = &job.vars[v];
     }
   }
-  for (size_t v = 0; v < vars.size(); ++v) {
+  // The overflow guard: abs_sum_ covers every element checked so far, so
+  // where the rule's bound from it is safe, nothing formed can overflow;
+  // else each piece formed is checked, in cache, and the push refused if
+  // anything came out not finite.
+  constexpr int64_t kPiece = 4 * kBlock;
+  absl::Status status = absl::OkStatus();
+  for (size_t v = 0; v < vars.size() && status.ok(); ++v) {
     if (vars[v] == nullptr) continue;
-    const auto [first, end] = todo[v];
-    const absl::Span<float> grad = absl::MakeSpan(grads_[v]).subspan(first, end - first);
-    vars[v]->optimizer->ApplyInto(first,
-                                  absl::MakeConstSpan(vars[v]->value).subspan(first, end - first),
-                                  grad, grad, vars[v]->updates + 1, SlotsOut(v));
+    const internal::Variable& var = *vars[v];
+    const int64_t step = var.updates + 1;
+    MagnitudeBounds after;
+    const bool safe = var.optimizer->BoundStep(var.bounds, abs_sum_[v], step, &after) <
+                      kSafeMagnitude;
+    all_checked_[v] = all_checked_[v] && !safe;
+    const std::vector<float*> slots_out = SlotsOut(v);
+    const auto [from, end] = todo[v];
+    for (int64_t first = from; first < end; first += safe ? end - from : kPiece) {
+      const int64_t k = safe ? end - first : std::min(kPiece, end - first);
+      const absl::Span<float> grad = absl::MakeSpan(grads_[v]).subspan(first, k);
+      var.optimizer->ApplyInto(first, absl::MakeConstSpan(var.value).subspan(first, k), grad,
+                               grad, step, slots_out);
+      if (!safe && !FormedFinite(v, grad.data(), first, k)) {
+        status = NotFiniteFormedError(v, "");
+        break;
+      }
+    }
+    if (!status.ok()) break;
     prepared_[v] = end;
+    if (end == job.sizes[v]) {
+      // All of it formed: bounds from the whole gradient's sum, or, where
+      // every piece was checked, the sums of what was formed, if lower.
+      formed_bounds_[v] = after;
+      if (all_checked_[v]) formed_bounds_[v] = LowerBounds(after, formed_sums_[v]);
+    }
   }
   ReleaseValues(job);
-  return absl::OkStatus();
+  return status;
+}
+
+bool PushSession::FormedFinite(size_t v, const float* formed, int64_t first, int64_t k) {
+  MagnitudeBounds& sums = formed_sums_[v];
+  bool finite = AllFinite(formed, k, &sums.value);
+  const std::vector<float*> slots_out = SlotsOut(v);
+  for (size_t i = 0; i < slots_out.size() && i < 2; ++i) {
+    finite = finite && AllFinite(slots_out[i] + first, k, &sums.slots[i]);
+  }
+  return finite;
+}
+
+absl::Status PushSession::NotFiniteFormedError(size_t v, const char* or_else) const {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "push: the new values of variable ", v, " formed from the gradient of worker ",
+      header_.worker_task(), " are not finite (or its optimizer slots are not: the update ",
+      "overflows", or_else, "); nothing applied"));
 }
 
 
@@ -1047,6 +1114,7 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::CreateJob(
   if (request.restore_from().empty()) {
     for (auto& v : job->vars) {
       common::InitializeValues(v.def.initializer(), absl::MakeSpan(v.value));
+      v.bounds = MeasureBounds(v.value, *v.optimizer);
     }
     return job;
   }
@@ -1104,6 +1172,7 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::CreateJob(
     }
     v.value = std::move(saved.value);
     v.updates = saved.updates;
+    v.bounds = MeasureBounds(v.value, *v.optimizer);
   }
   job->global_step = shard.global_step;
   job->restored_step = shard.global_step;
@@ -1187,18 +1256,15 @@ void Commit::Run() {
       continue;
     }
     internal::Variable& var = *vars[v];
-    const absl::Span<const float> mean = FormMean(v);
+    double abs_sum = 0.0;
+    const absl::Span<const float> mean = FormMean(v, &abs_sum);
     // Where the parts' workers' pulls land: the new values go there too
     // (ParameterServer::DecidePush vouched for them already).
     copies_.clear();
     for (const GradientPart& p : parts_) {
       if (v < p.values_to.size() && p.values_to[v] != nullptr) copies_.push_back(p.values_to[v]);
     }
-    if (!mean.empty() && copies_.empty()) {
-      var.optimizer->Apply(absl::MakeSpan(var.value), mean, ++var.updates);
-    } else if (!mean.empty()) {
-      var.optimizer->ApplyAndCopy(absl::MakeSpan(var.value), mean, ++var.updates, copies_);
-    } else {
+    if (mean.empty() || !Update(v, var, mean, abs_sum)) {
       for (float* to : copies_) std::memcpy(to, var.value.data(), var.value.size() * sizeof(float));
     }
     publication_->Publish(v + 1);
@@ -1215,7 +1281,55 @@ void Commit::Run() {
   job.changed.SignalAll();
 }
 
-absl::Span<const float> Commit::FormMean(size_t v) {
+bool Commit::Update(size_t v, internal::Variable& var, absl::Span<const float> mean,
+                    double abs_sum) {
+  const int64_t step = var.updates + 1;
+  MagnitudeBounds after;
+  if (!(var.optimizer->BoundStep(var.bounds, abs_sum, step, &after) < kSafeMagnitude)) {
+    // The bounds grew past use (they only add up): measured afresh.
+    var.bounds = MeasureBounds(var.value, *var.optimizer);
+  }
+  if (var.optimizer->BoundStep(var.bounds, abs_sum, step, &after) < kSafeMagnitude) {
+    if (copies_.empty()) {
+      var.optimizer->Apply(absl::MakeSpan(var.value), mean, step);
+    } else {
+      var.optimizer->ApplyAndCopy(absl::MakeSpan(var.value), mean, step, copies_);
+    }
+    var.updates = step;
+    var.bounds = after;
+    return true;
+  }
+  // Near float's limits: applied with the values and slots kept, and
+  // undone unless everything it leaves is finite (rare: only values or
+  // gradients within a few powers of ten of FLT_MAX come here).
+  const std::vector<float> old_value = var.value;
+  std::vector<std::vector<float>> old_slots;
+  for (const auto& [name, slot] : var.optimizer->Slots()) {
+    old_slots.emplace_back(slot.begin(), slot.end());
+  }
+  var.optimizer->Apply(absl::MakeSpan(var.value), mean, step);
+  bool finite = AllFinite(var.value.data(), static_cast<int64_t>(var.value.size()));
+  const auto slots = var.optimizer->Slots();
+  for (const auto& [name, slot] : slots) {
+    finite = finite && AllFinite(slot.data(), static_cast<int64_t>(slot.size()));
+  }
+  if (finite) {
+    var.updates = step;
+    for (float* to : copies_) std::memcpy(to, var.value.data(), var.value.size() * sizeof(float));
+  } else {
+    std::copy(old_value.begin(), old_value.end(), var.value.begin());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      std::copy(old_slots[i].begin(), old_slots[i].end(), slots[i].second.begin());
+    }
+    TLOG(ERROR) << "job \"" << job_->id << "\": the update of variable " << v
+                << " would leave values or optimizer slots that are not finite (the update "
+                   "overflows a float): not applied this step";
+  }
+  var.bounds = MeasureBounds(var.value, *var.optimizer);
+  return finite;
+}
+
+absl::Span<const float> Commit::FormMean(size_t v, double* abs_sum) {
   Job& job = *job_;
   const int64_t n = job.sizes[v];
   // The weighted mean, in the first part's buffer where it has one (else
@@ -1243,6 +1357,10 @@ absl::Span<const float> Commit::FormMean(size_t v) {
   // overflow: what is formed is checked before it is applied.
   const bool check = any_shared || parts_.size() > 1;
   bool finite = true;
+  // The sum of |mean|, for the overflow guard (a bound on each |element|):
+  // formed with the check, or, for a lone gradient that came as slices,
+  // summed as they were checked (else its largest |element|).
+  *abs_sum = 0.0;
   constexpr int64_t kBlock = Optimizer::kApplyBlock;
   for (int64_t b = 0; b < n; b += kBlock) {
     const int m = static_cast<int>(std::min(kBlock, n - b));
@@ -1260,7 +1378,11 @@ absl::Span<const float> Commit::FormMean(size_t v) {
       pending = 1.0f;
     }
     if (pending != 1.0f) cblas_sscal(m, pending, y, 1);
-    if (check) finite = finite && AllFinite(y, m);
+    if (check) finite = finite && AllFinite(y, m, abs_sum);
+  }
+  if (!check) {
+    const bool summed = v < first.abs_sums.size() && first.abs_sums[v] >= 0.0;
+    *abs_sum = summed ? first.abs_sums[v] : MaxAbs(mean, n);
   }
   if (!finite) {
     TLOG(ERROR) << "job \"" << job.id << "\": the mean of variable " << v
@@ -1305,6 +1427,7 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
   s->header_ = header;
   s->covered_.assign(job->sizes.size(), 0);
   s->checked_.assign(job->sizes.size(), 0);
+  s->abs_sum_.assign(job->sizes.size(), 0.0);
   std::vector<int> slot_counts;  // by var_index, where formed ahead
   const bool in_segment = header.has_segment() && header.slice_encoding() == v1::SLICE_FLOAT32;
   // From the same host, ahead only where the server has cores of its own
@@ -1338,6 +1461,9 @@ absl::StatusOr<std::unique_ptr<PushSession>> ParameterServer::BeginPush(
       }
       if (any) {
         s->prepared_.assign(job->sizes.size(), 0);
+        s->formed_sums_.assign(job->sizes.size(), ZeroBounds());
+        s->all_checked_.assign(job->sizes.size(), 1);
+        s->formed_bounds_.assign(job->sizes.size(), MagnitudeBounds());
         s->ahead_of_ = job->steps_applied;
         // The slots are formed ahead too, apart from the optimizer's: in
         // the buffers the last commit gave back, if it kept them.
@@ -1505,7 +1631,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       std::vector<GradientPart> parts;
       parts.push_back(s->TakePart(1.0f));
       std::shared_ptr<Publication> publication =
-          job.BeginCommitLocked(prepared, &parts[0].owned, &parts[0].slots);
+          job.BeginCommitLocked(prepared, &parts[0]);
       vouch(parts);
       *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                            std::move(prepared));
@@ -1556,7 +1682,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       // one part, of weight w0 / w0, exactly 1.
       if (!parts.empty()) {
         std::shared_ptr<Publication> publication =
-            job.BeginCommitLocked(prepared, &parts[0].owned, &parts[0].slots);
+            job.BeginCommitLocked(prepared, &parts[0]);
         vouch(parts);
         *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
                              std::move(prepared));

@@ -104,6 +104,7 @@
 #include "common/paths.h"
 #include "common/serial_executor.h"
 #include "ps/apply_log.h"
+#include "ps/optimizer.h"
 #include "ps/publication.h"
 #include "proto/ps.pb.h"
 #include "proto/tensor.pb.h"
@@ -189,6 +190,7 @@ struct WeightsSnapshot {
 
 namespace internal {
 class Job;
+struct Variable;
 }
 
 // One worker's gradient (or batch statistic) for an update, variable by
@@ -214,6 +216,11 @@ struct GradientPart {
   // Where the update was formed ahead, the optimizer slots' new values, by
   // var_index (Optimizer::AdoptSlots order; empty where none).
   std::vector<std::vector<std::vector<float>>> slots;
+  // By var_index, for the overflow guard (Commit::Run): the sum of |g| of
+  // each owned gradient, as checked when it came (-1 or none: unknown);
+  // and where the update was formed ahead, bounds on what it formed.
+  std::vector<double> abs_sums;
+  std::vector<MagnitudeBounds> formed_bounds;
 
   bool is_shared(size_t v) const { return v < shared.size() && shared[v] != nullptr; }
   const float* data(size_t v) const { return is_shared(v) ? shared[v] : owned[v].data(); }
@@ -240,9 +247,17 @@ class Commit {
  private:
   friend class ParameterServer;
   Commit() = default;
-  // Variable `v`'s weighted mean of parts_, formed; empty when it is not
-  // finite (logged; the variable keeps its values this step).
-  absl::Span<const float> FormMean(size_t v);
+  // Variable `v`'s weighted mean of parts_, formed, and the sum of its
+  // |elements| in *abs_sum; empty when it is not finite (logged; the
+  // variable keeps its values this step).
+  absl::Span<const float> FormMean(size_t v, double* abs_sum);
+  // Applies `mean` (of `abs_sum`) to variable `v` and writes its new
+  // values to copies_: in place where its bounds show that nothing can
+  // overflow (the rule: measured afresh where the bounds grew too large);
+  // else on the values and slots with a copy of them kept, which they go
+  // back to (logged) if anything came out not finite. Returns whether the
+  // update was applied.
+  bool Update(size_t v, internal::Variable& var, absl::Span<const float> mean, double abs_sum);
   std::shared_ptr<internal::Job> job_;
   std::shared_ptr<Publication> publication_;
   // The gradients to average, by ascending worker, with their weights
@@ -389,6 +404,14 @@ class PushSession {
   std::vector<char> ahead_;
   std::vector<int64_t> prepared_;
   int64_t ahead_of_ = -1;
+  // The overflow guard, by variable: the sum of |g| over what CheckFinite
+  // passed (GradientPart::abs_sums); for updates ahead, the sums of |x|
+  // over the new values and slots formed and checked, whether every piece
+  // was checked so, and the bounds on what was formed (once all of it is).
+  std::vector<double> abs_sum_;
+  std::vector<MagnitudeBounds> formed_sums_;
+  std::vector<char> all_checked_;
+  std::vector<MagnitudeBounds> formed_bounds_;
   // Read in place from a worker that shares this server's cores: the push's
   // answer asks for its gradients named with the commit (PushResponse.
   // names_with_commit); and whether this one came so.
@@ -407,6 +430,13 @@ class PushSession {
   absl::Status NotFiniteError(size_t v) const;
   // Forms the new values of the checked blocks not formed yet.
   absl::Status PrepareAhead();
+  // Whether the k new values formed at `formed` (elements [first, first +
+  // k) of variable `v`) and the slots formed with them are finite; their
+  // sums of |x| go to formed_sums_[v].
+  bool FormedFinite(size_t v, const float* formed, int64_t first, int64_t k);
+  // InvalidArgument: what variable `v`'s update formed is not finite
+  // (`or_else`: another cause to name besides an overflow).
+  absl::Status NotFiniteFormedError(size_t v, const char* or_else) const;
   // Checks and forms variable `v`'s new values, all of them, from its
   // gradient at `grad` (AddShared), also into `to` (may be null) at byte
   // `at` of values_segment_.

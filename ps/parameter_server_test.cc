@@ -1916,6 +1916,44 @@ TEST(UpdateAheadTest, NewValuesFormedFromTheSegmentThatAreNotFiniteAreRefused) {
   EXPECT_EQ(Values(*PullNow(ps, 1))[0][n - 7], before[n - 7] - 4.0f);
 }
 
+// Adam's slots formed ahead from the segment are checked as well: a
+// gradient element of 1e21 leaves the values finite but overflows the
+// second moment (g * g), and such a push is refused; nothing is applied,
+// and the next push is the update a server that never saw it makes.
+TEST(UpdateAheadTest, SlotsFormedFromTheSegmentThatAreNotFiniteAreRefused) {
+  const int64_t n = 5 * Optimizer::kApplyBlock;
+  ParameterServer ps(AheadOnSharedCpus()), fresh(AheadOnSharedCpus());
+  const v1::RegisterRequest job = OneBigVarJob(v1::SYNC, n, 0.0f, v1::OptimizerSpec::ADAM);
+  ASSERT_TRUE(ps.Register(job).ok());
+  ASSERT_TRUE(fresh.Register(job).ok());
+  const std::vector<float> before = Values(*PullNow(ps))[0];
+  std::vector<float> g(n, 0.25f);
+  g[n - 7] = 1e21f;
+  v1::PushHeader h = Header(0, 1, 0, 10);
+  h.mutable_segment()->set_size(1);
+  {
+    auto s = ps.BeginPush(h);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const absl::Status st = (*s)->AddShared(0, g.data(), nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("or its optimizer slots are not"), std::string::npos) << st;
+  }
+  EXPECT_EQ(PullNow(ps)->global_step, 0);
+  EXPECT_EQ(Values(*PullNow(ps))[0], before);
+  g[n - 7] = 0.25f;
+  for (ParameterServer* server : {&ps, &fresh}) {
+    h.set_sequence(server == &ps ? 2 : 1);
+    auto s = server->BeginPush(h);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE((*s)->AddShared(0, g.data(), nullptr).ok());
+    auto r = server->FinishPush(std::move(*s));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+  }
+  EXPECT_EQ(Values(*PullNow(ps, 1))[0], Values(*PullNow(fresh, 1))[0]);
+  EXPECT_NE(Values(*PullNow(ps, 1))[0], before);
+}
+
 // A push that fails after its first variable was formed ahead (a NaN in
 // the second, or the second missing) changes nothing; the next push
 // updates from the same values.
@@ -2621,6 +2659,114 @@ TEST(SharedPushTest, AVariableComesOnce) {
   EXPECT_EQ((*s)->AddSlice(Slice(0, 0, a)).code(), absl::StatusCode::kInvalidArgument);
   s->reset();
   EXPECT_EQ(Values(*PullNow(lone))[0], std::vector<float>(6, 1.0f));
+}
+
+// The gradients (or statistics) of each variable, pushed as slices.
+absl::StatusOr<v1::PushResponse> PushEach(ParameterServer& ps, const v1::PushHeader& h,
+                                          const std::vector<std::vector<float>>& grads) {
+  return PushGrads(ps, h, grads, /*shared=*/false);
+}
+
+// An update whose new values would overflow a float is not applied, where
+// the update runs after the pushes were answered (a step of two workers):
+// that variable keeps its values, the other one of the step is updated,
+// and the variable trains on at the next step. Before, its values became
+// -inf, with nothing said.
+TEST(OverflowGuardTest, AStepThatWouldOverflowAVariableLeavesItsValues) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
+  const float huge = -3e38f;  // lr 0.5: 1 + 1.5e38, 3e38, then 4.5e38 (inf)
+  std::vector<float> before;
+  for (int64_t step = 0; step < 4; ++step) {
+    const float g = step < 3 ? huge : 1e38f;
+    for (int worker : {0, 1}) {
+      auto r = PushEach(ps, Header(worker, step + 1, step, 1),
+                        {std::vector<float>(6, g), std::vector<float>(2, 1.0f)});
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+    }
+    auto snap = PullNow(ps, step + 1);
+    ASSERT_EQ(snap->global_step, step + 1);
+    const std::vector<float> a = Values(*snap)[0];
+    for (float x : a) EXPECT_TRUE(std::isfinite(x)) << "step " << step;
+    EXPECT_EQ(Values(*snap)[1], std::vector<float>(2, -kLr * static_cast<float>(step + 1)));
+    if (step == 1) {
+      EXPECT_EQ(a, std::vector<float>(6, 3e38f));
+    } else if (step == 2) {
+      EXPECT_EQ(a, before) << "the update that overflows was not applied";
+    } else if (step == 3) {
+      EXPECT_EQ(a, std::vector<float>(6, 3e38f - kLr * 1e38f));
+    }
+    before = a;
+  }
+}
+
+// Adam's second moment overflows for a gradient past 1.8e19 (g * g) while
+// the values stay finite: such an update is not applied either, whether
+// it runs for a step of two workers or for a lone worker's push that came
+// as slices, so the next update is the one a server that never saw it
+// makes, bit for bit. Before, v became +inf and froze those elements: each
+// later update moved them by 0.
+TEST(OverflowGuardTest, AnUpdateThatWouldOverflowAdamsSlotsLeavesThem) {
+  for (int workers : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(workers, " workers"));
+    auto job = [&] {
+      v1::RegisterRequest r = TwoVarJob(v1::SYNC, workers);
+      r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::ADAM);
+      return r;
+    };
+    ParameterServer guarded({}), fresh({});
+    ASSERT_TRUE(guarded.Register(job()).ok());
+    ASSERT_TRUE(fresh.Register(job()).ok());
+    const std::vector<std::vector<float>> huge = {std::vector<float>(6, 1e21f),
+                                                  std::vector<float>(2, 1.0f)};
+    const std::vector<std::vector<float>> usual = {std::vector<float>(6, 0.5f),
+                                                   std::vector<float>(2, 1.0f)};
+    const std::vector<float> start = Values(*PullNow(guarded))[0];
+    for (int worker = 0; worker < workers; ++worker) {
+      ASSERT_TRUE(PushEach(guarded, Header(worker, 1, 0, 1), huge).ok());
+      ASSERT_TRUE(PushEach(fresh, Header(worker, 1, 0, 1), usual).ok());
+    }
+    EXPECT_EQ(Values(*PullNow(guarded, 1))[0], start);  // when it came
+    for (int worker = 0; worker < workers; ++worker) {
+      ASSERT_TRUE(PushEach(guarded, Header(worker, 2, 1, 1), usual).ok());
+    }
+    const std::vector<float> a = Values(*PullNow(guarded, 2))[0];
+    EXPECT_EQ(a, Values(*PullNow(fresh, 1))[0]);
+    EXPECT_NE(a, start);
+  }
+}
+
+// Updates formed ahead as a lone worker's slices arrive (SGD over gRPC)
+// are checked alike: a push whose new values would overflow is refused,
+// naming the variable and worker, and nothing is applied. Before, it was
+// answered APPLIED and the values became -inf.
+TEST(OverflowGuardTest, AnUpdateFormedAheadThatWouldOverflowIsRefused) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  const std::vector<std::vector<float>> huge = {std::vector<float>(6, -3e38f),
+                                                std::vector<float>(2, 1.0f)};
+  for (uint64_t seq = 1; seq <= 2; ++seq) {
+    auto r = PushEach(ps, Header(0, seq, 0, 1), huge);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->outcome(), v1::PushResponse::APPLIED);
+  }
+  EXPECT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.updates_ahead() == 2; }));
+  const std::shared_ptr<const WeightsSnapshot> before = PullNow(ps, 2);
+  EXPECT_EQ(Values(*before)[0], std::vector<float>(6, 3e38f));
+  auto r = PushEach(ps, Header(0, 3, 0, 1), huge);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find(
+                "new values of variable 0 formed from the gradient of worker 0 are not finite"),
+            std::string::npos)
+      << r.status();
+  auto after = PullNow(ps, 2);
+  EXPECT_EQ(after->global_step, 2);
+  EXPECT_EQ(Values(*after), Values(*before));
+  // The variable trains on.
+  r = PushEach(ps, Header(0, 3, 0, 1), {std::vector<float>(6, 1e38f), std::vector<float>(2, 1.0f)});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Values(*PullNow(ps, 3))[0], std::vector<float>(6, 3e38f - kLr * 1e38f));
 }
 
 }  // namespace
