@@ -454,6 +454,15 @@ class Adam : public Optimizer {
     out.push_back(Detach(v_));
     return out;
   }
+  absl::Status CheckRestoredSlots() const override {
+    for (size_t i = 0; i < v_.size(); ++i) {
+      if (v_[i] < 0.0f) {
+        return absl::InvalidArgumentError(absl::StrCat("slot \"v\" holds ", v_[i], " at element ",
+                                                       i, " (Adam's second moment is never below 0)"));
+      }
+    }
+    return absl::OkStatus();
+  }
   bool CanApplyInto() const override { return true; }
   int num_slots() const override { return 2; }
   void ApplyInto(int64_t first, absl::Span<const float> value, absl::Span<const float> grad,

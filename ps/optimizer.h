@@ -77,6 +77,12 @@ class Optimizer {
   // buffers. Empty for rules without slots. The caller serializes it with
   // Apply().
   virtual std::vector<std::vector<float>> DetachSlots() { return {}; }
+  // After slots were restored through Slots() (a checkpoint): OK, or
+  // InvalidArgument naming the slot and element where one holds what no
+  // update leaves (Adam's "v" below 0, whose square root the update takes;
+  // the overflow guard relies on it too). Values that are not finite are
+  // the caller's to check.
+  virtual absl::Status CheckRestoredSlots() const { return absl::OkStatus(); }
 
   // Out of place, for an update prepared while its gradient still arrives
   // (ParameterServer, "Updates ahead"): whether ApplyInto can compute this

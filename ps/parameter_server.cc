@@ -1170,6 +1170,20 @@ absl::StatusOr<std::shared_ptr<Job>> ParameterServer::CreateJob(
       std::copy(saved.slots[k].values.begin(), saved.slots[k].values.end(),
                 slots[k].second.begin());
     }
+    // What no update leaves: refused, so that a restored job trains from
+    // finite state (and the overflow guard's bounds hold).
+    if (!AllFinite(saved.value.data(), static_cast<int64_t>(saved.value.size()))) {
+      return mismatch(absl::StrCat("variable \"", v.def.name(), "\" holds NaN or Inf"));
+    }
+    for (const auto& [name, slot] : slots) {
+      if (!AllFinite(slot.data(), static_cast<int64_t>(slot.size()))) {
+        return mismatch(absl::StrCat("variable \"", v.def.name(), "\" slot \"", name,
+                                     "\" holds NaN or Inf"));
+      }
+    }
+    if (absl::Status st = v.optimizer->CheckRestoredSlots(); !st.ok()) {
+      return mismatch(absl::StrCat("variable \"", v.def.name(), "\" ", st.message()));
+    }
     v.value = std::move(saved.value);
     v.updates = saved.updates;
     v.bounds = MeasureBounds(v.value, *v.optimizer);

@@ -915,6 +915,57 @@ TEST(CheckpointTest, RestoreRefusesAShardOfAnotherModel) {
   EXPECT_EQ(b.Register(missing).status().code(), absl::StatusCode::kNotFound);
 }
 
+// A shard whose values or slots hold what no update leaves (NaN or Inf;
+// Adam's v below 0, which would make NaNs of the next update) is refused
+// at restore, naming the variable and slot; nothing is created.
+TEST(CheckpointTest, RestoreRefusesStateNoUpdateLeaves) {
+  const std::string tmp = std::string(getenv("TEST_TMPDIR"));
+  ParameterServer a({});
+  ASSERT_TRUE(a.Register(AdamJob()).ok());
+  ASSERT_TRUE(PushConst(a, Header(0, 1, 0, 4), 0.5f).ok());
+  v1::SaveRequest save;
+  save.set_job_id("j");
+  save.set_checkpoint_dir(tmp + "/good");
+  save.set_num_ps(1);
+  auto saved = a.Save(save);
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  struct Case {
+    std::string name, want;
+    std::function<void(common::ShardState&)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"nan_value", "variable \"a\" holds NaN or Inf",
+       [](common::ShardState& s) { s.vars[0].value[2] = NAN; }},
+      {"inf_slot", "variable \"b\" slot \"m\" holds NaN or Inf",
+       [](common::ShardState& s) { s.vars[1].slots[0].values[1] = -INFINITY; }},
+      {"negative_v", "variable \"a\" slot \"v\" holds -0.5 at element 4",
+       [](common::ShardState& s) { s.vars[0].slots[1].values[4] = -0.5f; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto shard = common::ReadShard(saved->path());
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    ASSERT_EQ(shard->vars[0].slots.size(), 2u);
+    c.spoil(*shard);
+    const std::string dir = tmp + "/" + c.name;
+    ASSERT_TRUE(common::WriteShard(dir, *shard).ok());
+    ParameterServer b({});
+    v1::RegisterRequest r = AdamJob();
+    r.set_restore_from(dir);
+    r.set_num_ps(1);
+    auto reg = b.Register(r);
+    EXPECT_EQ(reg.status().code(), absl::StatusCode::kFailedPrecondition) << reg.status();
+    EXPECT_NE(reg.status().message().find(c.want), std::string::npos) << reg.status();
+    EXPECT_EQ(b.Status(v1::StatusRequest()).jobs_size(), 0);
+  }
+  // The shard as saved restores.
+  ParameterServer c({});
+  v1::RegisterRequest r = AdamJob();
+  r.set_restore_from(tmp + "/good");
+  r.set_num_ps(1);
+  EXPECT_TRUE(c.Register(r).ok());
+}
+
 // Issue 15: Save and restore stay under --state_dir (checkpoint_roots).
 TEST(CheckpointTest, SaveAndRestoreOutsideTheStateDirAreRefused) {
   const std::string tmp = std::string(getenv("TEST_TMPDIR"));
