@@ -241,6 +241,20 @@ std::string ImbalanceNote(const std::vector<std::pair<int, int64_t>>& shard_byte
       largest.first, 100 * share, 100 * even);
 }
 
+// A line naming the servers that did not apply some variable updates
+// (JobStatus.updates_skipped: their values would not have been finite),
+// with their counts; empty where none.
+std::string SkippedUpdatesNote(const std::vector<std::pair<int, int64_t>>& shard_skipped) {
+  std::vector<std::string> parts;
+  for (const auto& [ps, skipped] : shard_skipped) {
+    if (skipped > 0) parts.push_back(absl::StrCat("ps ", ps, " skipped ", skipped));
+  }
+  if (parts.empty()) return "";
+  return absl::StrCat("Variable updates not applied, their values not finite (a gradient or an ",
+                      "update out of float's range; the ps logs name them): ",
+                      absl::StrJoin(parts, ", "), ".");
+}
+
 // --- Follow / logs -----------------------------------------------------------
 
 // Streams the job's events to env.out. follow: until the job ends, riding out
@@ -526,6 +540,12 @@ void PrintLive(const Call& call, const v1::JobLiveStatus& live) {
     out << "\n" << shards.Render("  ");
     const std::string note = ImbalanceNote(bytes);
     if (!note.empty()) out << "  " << note << "\n";
+    std::vector<std::pair<int, int64_t>> skipped;
+    for (const v1::ShardStatus& s : live.shards()) {
+      skipped.emplace_back(s.ps_task(), s.status().updates_skipped());
+    }
+    const std::string skipped_note = SkippedUpdatesNote(skipped);
+    if (!skipped_note.empty()) out << "  " << skipped_note << "\n";
   }
 }
 
@@ -550,6 +570,12 @@ void PrintFinalShards(const Call& call, const v1::JobRecord& r) {
   call.env.out << "\nParameter servers at the end of the job:\n" << shards.Render("  ");
   const std::string note = ImbalanceNote(bytes);
   if (!note.empty()) call.env.out << "  " << note << "\n";
+  std::vector<std::pair<int, int64_t>> skipped;
+  for (int i = 0; i < r.final_shards_size(); ++i) {
+    skipped.emplace_back(i, r.final_shards(i).updates_skipped());
+  }
+  const std::string skipped_note = SkippedUpdatesNote(skipped);
+  if (!skipped_note.empty()) call.env.out << "  " << skipped_note << "\n";
 }
 
 int Status(Call& call, const std::string& job_id) {

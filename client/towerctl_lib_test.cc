@@ -57,7 +57,8 @@ v1::JobEvent Event(int64_t seq, v1::JobEvent::Kind kind, const std::string& mess
 }
 
 // A chief with canned, consistent state:
-//   mnist   SUCCEEDED, evaluated, two unbalanced shards at the end, exportable
+//   mnist   SUCCEEDED, evaluated, two unbalanced shards at the end (the second
+//           skipped 2 variable updates), exportable
 //   big     RUNNING, its open step 12 waiting for worker 1 for 8.2 s
 //   broken  FAILED ("ps 1 lost")
 //   flaky   SUCCEEDED; its first WatchJob stream breaks (UNAVAILABLE) after 2 events
@@ -92,6 +93,7 @@ class FakeJobService final : public v1::JobService::Service {
       s->set_bytes_held(bytes);
       s->set_global_step(468);
     }
+    mnist.mutable_final_shards(1)->set_updates_skipped(2);
     events_["mnist"] = {Event(1, v1::JobEvent::STATE, "", v1::RUNNING),
                         Event(2, v1::JobEvent::PROGRESS, "", {}, 50),
                         Event(3, v1::JobEvent::EPOCH, "", {}, 100),
@@ -600,6 +602,7 @@ TEST_F(TowerctlTest, StatusOfARunningJobExplainsTheStall) {
   EXPECT_TRUE(Contains(r.out, "10.0.0.1:2222  yes        3.00 MiB  75.0%")) << r.out;
   EXPECT_TRUE(Contains(r.out, "25.0%")) << r.out;
   EXPECT_TRUE(Contains(r.out, "Placement is unbalanced: ps 0 holds 75.0% of the bytes")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "not applied")) << r.out;  // none skipped
 }
 
 TEST_F(TowerctlTest, StatusOfAFinishedJobShowsItsRecordAndFinalShards) {
@@ -610,6 +613,9 @@ TEST_F(TowerctlTest, StatusOfAFinishedJobShowsItsRecordAndFinalShards) {
   EXPECT_TRUE(Contains(r.out, "test_acc 0.8632")) << r.out;
   EXPECT_TRUE(Contains(r.out, "Parameter servers at the end of the job")) << r.out;
   EXPECT_TRUE(Contains(r.out, "90.0%")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "Variable updates not applied, their values not finite")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "): ps 1 skipped 2.")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "ps 0 skipped")) << r.out;
   EXPECT_FALSE(Contains(r.out, "Live:")) << r.out;
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <string>
 
@@ -131,14 +132,6 @@ int main(int argc, char** argv) {
     }
     apply_log = std::move(*log);
   }
-  towerps::ps::ParameterServer ps(
-      {.task_index = spec->task_index,
-       .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),
-       .wait_log_interval = absl::Seconds(absl::GetFlag(FLAGS_wait_log_interval_s)),
-       .max_job_bytes = absl::GetFlag(FLAGS_max_job_bytes),
-       .memory_budget_bytes = budget,
-       .checkpoint_roots = *state_roots,
-       .apply_log = apply_log.get()});
   std::string address = absl::GetFlag(FLAGS_bind_address);
   if (address.empty()) address = towerps::common::AnyAddressWithPortOf(spec->self_address());
   std::unique_ptr<towerps::common::MetricsServer> metrics_server;
@@ -155,6 +148,19 @@ int main(int argc, char** argv) {
         metrics_server->registry(), absl::StrCat("ps:", spec->task_index));
     TLOG(INFO) << "ps " << spec->task_index << ": metrics on port " << metrics_server->port();
   }
+  std::function<void(const std::string&)> on_update_skipped;
+  if (metrics != nullptr) {
+    on_update_skipped = [m = metrics.get()](const std::string& job) { m->CountSkippedUpdate(job); };
+  }
+  towerps::ps::ParameterServer ps(
+      {.task_index = spec->task_index,
+       .max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s)),
+       .wait_log_interval = absl::Seconds(absl::GetFlag(FLAGS_wait_log_interval_s)),
+       .max_job_bytes = absl::GetFlag(FLAGS_max_job_bytes),
+       .memory_budget_bytes = budget,
+       .checkpoint_roots = *state_roots,
+       .apply_log = apply_log.get(),
+       .on_update_skipped = std::move(on_update_skipped)});
   towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes), metrics.get(),
                                             absl::GetFlag(FLAGS_shared_memory));
   int port = 0;

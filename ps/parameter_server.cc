@@ -134,6 +134,7 @@ class Job {
   // where they are until they finish.
   int preparing ABSL_GUARDED_BY(mu) = 0;
   int64_t updates_ahead ABSL_GUARDED_BY(mu) = 0;  // commits of values formed ahead
+  int64_t updates_skipped ABSL_GUARDED_BY(mu) = 0;  // variable updates not applied
   int64_t pushes_named_at_once ABSL_GUARDED_BY(mu) = 0;  // JobStatus
   // Variables pulls into workers' segments named, and of them those found
   // there already (Job::written): JobStatus, and the log at deletion.
@@ -1262,6 +1263,7 @@ void Commit::Run() {
   }
   // Until `committing` is cleared below, only this touches the values and
   // slots (Job::committing), so the lock is not held while they change.
+  int64_t skipped = 0;  // variables not updated (not finite)
   for (size_t v = 0; v < vars.size(); ++v) {
     if (!prepared_.empty() && prepared_[v]) {
       // Formed ahead and already swapped in (Job::BeginCommitLocked).
@@ -1280,6 +1282,10 @@ void Commit::Run() {
     }
     if (mean.empty() || !Update(v, var, mean, abs_sum)) {
       for (float* to : copies_) std::memcpy(to, var.value.data(), var.value.size() * sizeof(float));
+      if (!var.value.empty()) {  // (a variable of no elements has nothing to update)
+        ++skipped;
+        if (on_update_skipped_) on_update_skipped_(job.id);
+      }
     }
     publication_->Publish(v + 1);
     if (after_publish_) after_publish_(v + 1);
@@ -1290,6 +1296,7 @@ void Commit::Run() {
     job.KeepSlotsLocked(std::move(part.slots));
   }
   parts_.clear();  // and the segments they read
+  job.updates_skipped += skipped;
   job.committing = false;
   job.publishing.reset();
   job.changed.SignalAll();
@@ -1417,6 +1424,7 @@ std::unique_ptr<Commit> ParameterServer::MakeCommit(
   c->parts_ = std::move(parts);
   c->prepared_ = std::move(prepared);
   c->after_publish_ = options_.after_publish;
+  c->on_update_skipped_ = options_.on_update_skipped;
   return c;
 }
 
@@ -1968,6 +1976,7 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
     s->set_restored_step(job->restored_step);
     s->set_steps_applied(job->steps_applied);
     s->set_updates_ahead(job->updates_ahead);
+    s->set_updates_skipped(job->updates_skipped);
     s->set_pushes_named_at_once(job->pushes_named_at_once);
     s->set_segment_pull_values(job->segment_pull_values);
     s->set_values_in_place(job->values_in_place);
@@ -2040,6 +2049,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     v1::JobStatus counts;
     counts.set_steps_applied(job->steps_applied);
     counts.set_updates_ahead(job->updates_ahead);
+    counts.set_updates_skipped(job->updates_skipped);
     counts.set_pushes_applied(job->applied);
     counts.set_pushes_named_at_once(job->pushes_named_at_once);
     counts.set_segment_pull_values(job->segment_pull_values);
@@ -2100,6 +2110,10 @@ std::string DescribeUpdates(const v1::JobStatus& status) {
     parts.push_back(absl::StrCat(status.pushes_named_at_once(), " of its ",
                                  status.pushes_applied(),
                                  " pushes named every gradient at once, with the commit"));
+  }
+  if (status.updates_skipped() > 0) {
+    parts.push_back(absl::StrCat(status.updates_skipped(),
+                                 " variable updates not applied (not finite; see the log)"));
   }
   if (status.segment_pull_values() > 0) {
     parts.push_back(absl::StrCat("of the ", status.segment_pull_values(),

@@ -142,6 +142,10 @@ struct ParameterServerOptions {
   // Not owned; null (the default): no record. When set, every registration,
   // accepted push, written shard and deletion appends a line (apply_log.h).
   ApplyLog* apply_log = nullptr;
+  // Called (from the updater thread, without any lock) for each variable
+  // update of a job that is not applied (JobStatus.updates_skipped), with
+  // the job's id; null: none.
+  std::function<void(const std::string&)> on_update_skipped;
   // Tests only: called by Save between taking its view of the job and
   // writing it (without the job's lock), to interleave an update.
   std::function<void()> after_save_view;
@@ -273,6 +277,7 @@ class Commit {
   std::vector<char> prepared_;
   std::vector<float*> copies_;  // Run's: where one variable's new values go as well
   std::function<void(size_t)> after_publish_;
+  std::function<void(const std::string&)> on_update_skipped_;
   bool done_ = false;
 };
 

@@ -2724,7 +2724,11 @@ absl::StatusOr<v1::PushResponse> PushEach(ParameterServer& ps, const v1::PushHea
 // and the variable trains on at the next step. Before, its values became
 // -inf, with nothing said.
 TEST(OverflowGuardTest, AStepThatWouldOverflowAVariableLeavesItsValues) {
-  ParameterServer ps({});
+  std::atomic<int> callbacks{0};
+  ParameterServer ps({.on_update_skipped = [&](const std::string& job) {
+    EXPECT_EQ(job, "j");
+    ++callbacks;
+  }});
   ASSERT_TRUE(ps.Register(TwoVarJob(v1::SYNC, 2)).ok());
   const float huge = -3e38f;  // lr 0.5: 1 + 1.5e38, 3e38, then 4.5e38 (inf)
   std::vector<float> before;
@@ -2741,6 +2745,11 @@ TEST(OverflowGuardTest, AStepThatWouldOverflowAVariableLeavesItsValues) {
     const std::vector<float> a = Values(*snap)[0];
     for (float x : a) EXPECT_TRUE(std::isfinite(x)) << "step " << step;
     EXPECT_EQ(Values(*snap)[1], std::vector<float>(2, -kLr * static_cast<float>(step + 1)));
+    v1::StatusRequest req;
+    req.set_job_id("j");
+    // Counted once the update ran (the pull above waited for that).
+    EXPECT_EQ(ps.Status(req).jobs(0).updates_skipped(), step >= 2 ? 1 : 0) << "step " << step;
+    EXPECT_EQ(callbacks.load(), step >= 2 ? 1 : 0) << "step " << step;
     if (step == 1) {
       EXPECT_EQ(a, std::vector<float>(6, 3e38f));
     } else if (step == 2) {

@@ -46,6 +46,13 @@ PsMetrics::PsMetrics(prometheus::Registry& registry, const std::string& task)
                         "stale (SYNC: its step was already applied; dropped).")
                   .Labels({{"task", task}})
                   .Register(registry)),
+      updates_skipped_(prometheus::BuildCounter()
+                           .Name("towerps_ps_updates_skipped_total")
+                           .Help("Variable updates not applied (each logged): the mean of a "
+                                 "step's gradients was not finite, or the update would "
+                                 "overflow a float.")
+                           .Labels({{"task", task}})
+                           .Register(registry)),
       checkpoint_seconds_(prometheus::BuildHistogram()
                               .Name("towerps_ps_checkpoint_seconds")
                               .Help("Time to write this server's checkpoint shard.")
@@ -70,6 +77,10 @@ void PsMetrics::CountRefusal(const std::string& reason) {
 
 void PsMetrics::CountPush(const std::string& training_job, const std::string& outcome) {
   pushes_.Add({{"training_job", training_job}, {"outcome", outcome}}).Increment();
+}
+
+void PsMetrics::CountSkippedUpdate(const std::string& training_job) {
+  updates_skipped_.Add({{"training_job", training_job}}).Increment();
 }
 
 void PsMetrics::RecordCheckpoint(int64_t bytes, double seconds) {

@@ -11,6 +11,9 @@
 //   towerps_ps_pushes_total{training_job,outcome}  pushes by outcome: applied,
 //                                               duplicate (a retry), stale (SYNC:
 //                                               its step already applied: dropped)
+//   towerps_ps_updates_skipped_total{training_job}  variable updates not applied:
+//                                               the step's mean gradient not finite,
+//                                               or the update would overflow a float
 //   towerps_ps_checkpoint_seconds               time to write this server's shard (histogram)
 //   towerps_ps_checkpoint_bytes_total           bytes of the shards written
 //   towerps_refusals_total{server="ps",reason}  requests refused by a limit
@@ -45,6 +48,9 @@ class PsMetrics {
   void SetGlobalStep(const std::string& training_job, int64_t step);
   // One finished push of `training_job`: "applied", "duplicate" or "stale".
   void CountPush(const std::string& training_job, const std::string& outcome);
+  // One variable's update of `training_job` not applied (its values would
+  // not be finite).
+  void CountSkippedUpdate(const std::string& training_job);
   // One shard written: its bytes and how long it took.
   void RecordCheckpoint(int64_t bytes, double seconds);
   // One request refused by a limit; `reason` names it ("max_job_bytes").
@@ -59,6 +65,7 @@ class PsMetrics {
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Gauge>& global_step_;
   prometheus::Family<prometheus::Counter>& pushes_;
+  prometheus::Family<prometheus::Counter>& updates_skipped_;
   prometheus::Histogram& checkpoint_seconds_;
   prometheus::Counter& checkpoint_bytes_;
   prometheus::Family<prometheus::Counter>& refusals_;

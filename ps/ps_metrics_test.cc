@@ -45,12 +45,14 @@ TEST(PsMetricsTest, CountsPushOutcomesAndCheckpoints) {
   m.CountPush("j", "applied");
   m.CountPush("j", "applied");
   m.CountPush("j", "stale");
+  m.CountSkippedUpdate("j");
   m.RecordCheckpoint(1000, 0.5);
   m.RecordCheckpoint(24, 0.25);
   const std::string text = Scrape(registry);
   for (const char* want :
        {"towerps_ps_pushes_total{task=\"ps:1\",outcome=\"applied\",training_job=\"j\"} 2",
         "towerps_ps_pushes_total{task=\"ps:1\",outcome=\"stale\",training_job=\"j\"} 1",
+        "towerps_ps_updates_skipped_total{task=\"ps:1\",training_job=\"j\"} 1",
         "towerps_ps_checkpoint_bytes_total{task=\"ps:1\"} 1024",
         "towerps_ps_checkpoint_seconds_count{task=\"ps:1\"} 2",
         "towerps_ps_checkpoint_seconds_sum{task=\"ps:1\"} 0.75"}) {
