@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace towerps::common {
 
@@ -28,6 +31,26 @@ void InitializeValues(const v1::Initializer& init, absl::Span<float> out) {
     default:
       std::fill(out.begin(), out.end(), 0.0f);
   }
+}
+
+absl::Status ValidateInitializer(const v1::Initializer& init) {
+  if (!v1::Initializer::Type_IsValid(init.type())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initializer.type = ", static_cast<int>(init.type()), " is unknown"));
+  }
+  if (init.type() == v1::Initializer::CONSTANT && !std::isfinite(init.value())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initializer.value = ", init.value(), " (want a finite number)"));
+  }
+  for (const auto& [field, x] : {std::pair<const char*, int64_t>{"fan_in", init.fan_in()},
+                                 {"fan_out", init.fan_out()},
+                                 {"offset", init.offset()}}) {
+    if (x < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("initializer.", field, " = ", x, " (want >= 0)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace towerps::common

@@ -4,6 +4,7 @@
 #ifndef TOWERPS_COMMON_INITIALIZER_H_
 #define TOWERPS_COMMON_INITIALIZER_H_
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "proto/tensor.pb.h"
 
@@ -14,6 +15,10 @@ namespace towerps::common {
 // part of a variable gets the values the whole has there); ZEROS and
 // CONSTANT fill.
 void InitializeValues(const v1::Initializer& init, absl::Span<float> out);
+
+// OK, or InvalidArgument naming the field: a type that is not known, a
+// CONSTANT value that is not finite, a negative fan_in, fan_out or offset.
+absl::Status ValidateInitializer(const v1::Initializer& init);
 
 }  // namespace towerps::common
 

@@ -1,6 +1,7 @@
 #include "common/initializer.h"
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -65,6 +66,39 @@ TEST(InitializerTest, ZerosAndConstant) {
   c.set_value(1.5f);
   InitializeValues(c, absl::MakeSpan(v));
   EXPECT_EQ(v, std::vector<float>(5, 1.5f));
+}
+
+TEST(InitializerTest, ValidationNamesTheBadField) {
+  v1::Initializer init;
+  EXPECT_TRUE(ValidateInitializer(init).ok());  // ZEROS
+  init.set_type(v1::Initializer::GLOROT_UNIFORM);
+  init.set_fan_in(3);
+  init.set_fan_out(4);
+  init.set_offset(100);
+  EXPECT_TRUE(ValidateInitializer(init).ok());
+  auto message = [](const v1::Initializer& i) {
+    const absl::Status s = ValidateInitializer(i);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    return std::string(s.message());
+  };
+  v1::Initializer bad = init;
+  bad.set_fan_in(-1);
+  EXPECT_EQ(message(bad), "initializer.fan_in = -1 (want >= 0)");
+  bad = init;
+  bad.set_offset(-5);
+  EXPECT_EQ(message(bad), "initializer.offset = -5 (want >= 0)");
+  bad = init;
+  bad.set_type(static_cast<v1::Initializer::Type>(7));
+  EXPECT_EQ(message(bad), "initializer.type = 7 is unknown");
+  v1::Initializer c;
+  c.set_type(v1::Initializer::CONSTANT);
+  c.set_value(2.5f);
+  EXPECT_TRUE(ValidateInitializer(c).ok());
+  c.set_value(NAN);
+  EXPECT_EQ(message(c), "initializer.value = nan (want a finite number)");
+  c.set_value(1.0f);
+  c.set_value(-INFINITY);
+  EXPECT_EQ(message(c), "initializer.value = -inf (want a finite number)");
 }
 
 }  // namespace

@@ -446,6 +446,9 @@ absl::Status ValidateRegister(const v1::RegisterRequest& r, int64_t max_bytes) {
     }
     // Before anything is created: a bad update rule must never reach CreateJob.
     TOWERPS_RETURN_IF_ERROR(common::Annotate(ValidateVariableUpdate(v), "register"));
+    TOWERPS_RETURN_IF_ERROR(common::Annotate(
+        common::ValidateInitializer(v.initializer()),
+        absl::StrCat("register: variable \"", v.name(), "\"")));
     int64_t n = 1;
     for (int64_t d : v.shape()) {
       if (d <= 0) {

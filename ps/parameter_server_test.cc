@@ -184,6 +184,20 @@ TEST(ParameterServerTest, BadRegistrationsAreRejected) {
   r = TwoVarJob(v1::SYNC, 2);
   r.mutable_variables(1)->set_name("a");
   EXPECT_NE(ps.Register(r).status().message().find("twice"), std::string::npos);
+  // An initializer that would start the values off NaN or Inf, or is not known.
+  r = TwoVarJob(v1::SYNC, 2);
+  r.mutable_variables(0)->mutable_initializer()->set_value(INFINITY);
+  absl::Status st = ps.Register(r).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("variable \"a\": initializer.value = inf"), std::string::npos)
+      << st;
+  r = TwoVarJob(v1::SYNC, 2);
+  r.mutable_variables(1)->mutable_initializer()->set_type(static_cast<v1::Initializer::Type>(9));
+  st = ps.Register(r).status();
+  EXPECT_NE(st.message().find("variable \"b\": initializer.type = 9 is unknown"),
+            std::string::npos)
+      << st;
+  EXPECT_EQ(ps.Status(v1::StatusRequest()).jobs_size(), 0);
   r = TwoVarJob(v1::SYNC, 2);
   r.mutable_variables(0)->set_shape(0, 1 << 20);
   EXPECT_EQ(ps.Register(r).status().code(), absl::StatusCode::kResourceExhausted);
