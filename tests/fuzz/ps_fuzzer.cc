@@ -22,7 +22,11 @@
 // directory, so the fuzzer never writes elsewhere.
 // Invariants: no crash, no exception out of a handler (gRPC would answer
 // UNKNOWN), an error code the API documents with a message; a pull's chunks
-// cover the snapshot exactly.
+// cover the snapshot exactly; and every value pulled is finite: no
+// registration, push or restore puts a NaN or Inf into a job's values
+// (refused gradients, checked initializers and checkpoints, the overflow
+// guard of the updates).
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -132,6 +136,12 @@ void DoPull(ParameterServer& ps, const v1::PullRequest& request) {
     return;
   }
   const towerps::ps::WeightsSnapshot& w = **snap;
+  for (size_t v = 0; v < w.values.size(); ++v) {
+    for (size_t i = 0; i < w.values[v].size(); ++i) {
+      FUZZ_CHECK(std::isfinite(w.values[v][i]), "variable %zu element %zu is %g", v, i,
+                 static_cast<double>(w.values[v][i]));
+    }
+  }
   const int64_t chunk =
       std::clamp<int64_t>(request.chunk_bytes() > 0 ? request.chunk_bytes() : 4096, 4096,
                           int64_t{32} << 20) /

@@ -316,6 +316,55 @@ void PsRequests() {
   }
 }
 
+// Updates that would overflow a float (the overflow guard): SGD at lr 0.5
+// with gradients of -3e38 takes the values to 1.5e38, 3e38, then past
+// FLT_MAX, by a step of two workers (the update after the answer) and by a
+// lone worker's pushes (formed ahead as they arrive); a pull after each.
+// The fuzzer's invariant (every pulled value finite) fails on a server
+// without the guard.
+void PsOverflowRequests() {
+  for (int workers : {1, 2}) {
+    v1::RegisterRequest reg;
+    reg.set_job_id("j");
+    reg.set_num_ps(1);
+    auto* c = reg.mutable_config();
+    c->set_mode(workers == 1 ? v1::ASYNC : v1::SYNC);
+    c->set_num_workers(workers);
+    c->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
+    c->mutable_optimizer()->set_learning_rate(0.5f);
+    auto* w = reg.add_variables();
+    w->set_name("w");
+    w->add_shape(6);
+    w->set_dtype(v1::DT_FLOAT32);
+    w->mutable_initializer()->set_type(v1::Initializer::CONSTANT);
+    w->mutable_initializer()->set_value(1.0f);
+    std::string seq;
+    Op(&seq, 0, reg);
+    const std::vector<float> g(6, -3e38f);
+    for (int step = 0; step < 3; ++step) {
+      for (int worker = 0; worker < workers; ++worker) {
+        v1::PushRequest push;
+        auto* h = push.mutable_header();
+        h->set_job_id("j");
+        h->set_worker_task(worker);
+        h->set_incarnation(7);
+        h->set_sequence(step + 1);
+        h->set_step(workers == 1 ? 0 : step);
+        h->set_num_examples(4);
+        auto* s = push.add_slices();
+        s->set_var_index(0);
+        s->set_data(std::string(reinterpret_cast<const char*>(g.data()), 24));
+        Op(&seq, 1, push);
+      }
+      v1::PullRequest pull;
+      pull.set_job_id("j");
+      pull.set_min_step(step + 1);
+      Op(&seq, 2, pull);
+    }
+    Write("ps_fuzzer", workers == 1 ? "overflow-ahead" : "overflow-sync", seq);
+  }
+}
+
 // Compressed pushes (issue 16): float16, top-k and bfloat16 pushes encoded
 // by the real codec, the batch norm statistic as float32, pulls between.
 void PsCompressedRequests() {
@@ -469,6 +518,7 @@ int main(int argc, char** argv) {
   Datasets();
   PsRequests();
   PsCompressedRequests();
+  PsOverflowRequests();
   JobServiceRequests();
   ShmRings();
   std::printf("write_seeds: seeds written under %s\n", out_dir.c_str());
