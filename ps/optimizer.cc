@@ -92,6 +92,17 @@ bool Known(const MagnitudeBounds& b, int slots, double grad_abs_sum) {
   return known;
 }
 
+// BoundStep's bound on the gradient every rule uses, g + wd * w.
+double DecayedGradientBound(double grad_abs_sum, float weight_decay,
+                            const MagnitudeBounds& before) {
+  return Up(grad_abs_sum + Up(std::abs(weight_decay) * before.value));
+}
+
+// |The float learning rate the rules use for update `step`|.
+double FloatRate(const v1::OptimizerSpec& spec, int64_t step) {
+  return std::abs(static_cast<double>(static_cast<float>(StepLearningRate(spec, step))));
+}
+
 // BoundStep for what cannot be bounded.
 double Unknown(MagnitudeBounds* after) {
   *after = MagnitudeBounds();
@@ -284,9 +295,8 @@ class Sgd : public Optimizer {
                    MagnitudeBounds* after) const override {
     if (!Known(before, 0, grad_abs_sum)) return Unknown(after);
     // g + wd * w, then w - lr * that.
-    const double lr = std::abs(static_cast<double>(static_cast<float>(
-        StepLearningRate(spec_, step))));
-    const double g = Up(grad_abs_sum + Up(std::abs(weight_decay_) * before.value));
+    const double lr = FloatRate(spec_, step);
+    const double g = DecayedGradientBound(grad_abs_sum, weight_decay_, before);
     *after = MagnitudeBounds();
     after->value = Up(before.value + Up(lr * g));
     return std::max(g, after->value);
@@ -330,9 +340,8 @@ class Momentum : public Optimizer {
                    MagnitudeBounds* after) const override {
     if (!Known(before, 1, grad_abs_sum)) return Unknown(after);
     // MomentumElements' expressions, term by term.
-    const double lr = std::abs(static_cast<double>(static_cast<float>(
-        StepLearningRate(spec_, step))));
-    const double g = Up(grad_abs_sum + Up(std::abs(weight_decay_) * before.value));
+    const double lr = FloatRate(spec_, step);
+    const double g = DecayedGradientBound(grad_abs_sum, weight_decay_, before);
     const double mom = std::abs(m_);
     const double v = Up(Up(mom * before.slots[0]) + Up(lr * g));
     const double dw = nesterov_ ? Up(Up(mom * v) + Up(lr * g)) : v;
@@ -430,7 +439,7 @@ class Adam : public Optimizer {
     // the v >= 0 every update leaves.
     const double lr_t = std::abs(static_cast<double>(StepRate(step)));
     const double b1 = b1_, b2 = b2_;
-    const double g = Up(grad_abs_sum + Up(std::abs(weight_decay_) * before.value));
+    const double g = DecayedGradientBound(grad_abs_sum, weight_decay_, before);
     const double m = Up(Up(b1 * before.slots[0]) + Up(Up(1.0 - b1) * g));
     const double g2 = Up(Up(Up(1.0 - b2) * g) * g);
     const double v = Up(Up(b2 * before.slots[1]) + g2);

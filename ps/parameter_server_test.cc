@@ -1942,6 +1942,17 @@ TEST(UpdateAheadTest, FormedFromTheSegmentEqualsTheUpdateInPlace) {
       });
 }
 
+// A same-host push of header `h` naming `g` (variable 0) in place: AddShared
+// refuses it, InvalidArgument with `want` in its message.
+void ExpectSharedPushRefused(ParameterServer& ps, const v1::PushHeader& h,
+                             const std::vector<float>& g, const std::string& want) {
+  auto s = ps.BeginPush(h);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const absl::Status st = (*s)->AddShared(0, g.data(), nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find(want), std::string::npos) << st;
+}
+
 // Same host: the new values formed from a worker's memory are checked too,
 // since that memory may change after the gradient's check; a finite
 // gradient whose update is not (here it overflows: lr 4, an element of
@@ -1957,16 +1968,9 @@ TEST(UpdateAheadTest, NewValuesFormedFromTheSegmentThatAreNotFiniteAreRefused) {
   g[n - 7] = 1e38f;  // finite, in the last piece; 4e38 is not
   v1::PushHeader h = Header(0, 1, 0, 10);
   h.mutable_segment()->set_size(1);
-  {
-    auto s = ps.BeginPush(h);
-    ASSERT_TRUE(s.ok()) << s.status();
-    const absl::Status st = (*s)->AddShared(0, g.data(), nullptr);
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_NE(st.message().find("new values of variable 0 formed from the gradient of worker 0 "
-                                "are not finite"),
-              std::string::npos)
-        << st;
-  }
+  ExpectSharedPushRefused(ps, h, g,
+                          "new values of variable 0 formed from the gradient of worker 0 "
+                          "are not finite");
   auto snap = PullNow(ps);
   EXPECT_EQ(snap->global_step, 0);
   EXPECT_EQ(Values(*snap)[0], before);
@@ -1996,13 +2000,7 @@ TEST(UpdateAheadTest, SlotsFormedFromTheSegmentThatAreNotFiniteAreRefused) {
   g[n - 7] = 1e21f;
   v1::PushHeader h = Header(0, 1, 0, 10);
   h.mutable_segment()->set_size(1);
-  {
-    auto s = ps.BeginPush(h);
-    ASSERT_TRUE(s.ok()) << s.status();
-    const absl::Status st = (*s)->AddShared(0, g.data(), nullptr);
-    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-    EXPECT_NE(st.message().find("or its optimizer slots are not"), std::string::npos) << st;
-  }
+  ExpectSharedPushRefused(ps, h, g, "or its optimizer slots are not");
   EXPECT_EQ(PullNow(ps)->global_step, 0);
   EXPECT_EQ(Values(*PullNow(ps))[0], before);
   g[n - 7] = 0.25f;
