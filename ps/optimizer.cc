@@ -466,8 +466,9 @@ class Adam : public Optimizer {
   absl::Status CheckRestoredSlots() const override {
     for (size_t i = 0; i < v_.size(); ++i) {
       if (v_[i] < 0.0f) {
-        return absl::InvalidArgumentError(absl::StrCat("slot \"v\" holds ", v_[i], " at element ",
-                                                       i, " (Adam's second moment is never below 0)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("slot \"v\" holds ", v_[i], " at element ", i,
+                         " (Adam's second moment is never below 0)"));
       }
     }
     return absl::OkStatus();

@@ -766,13 +766,15 @@ TEST(OptimizerTest, BoundStepBoundsWhatEachRuleLeaves) {
   std::vector<Rule> rules;
   for (float wd : {0.0f, 0.01f}) {
     const std::string decay = wd > 0.0f ? " with weight decay" : "";
-    rules.push_back({"SGD" + decay, [=] { return Make(v1::OptimizerSpec::SGD, 0.5f, n, false, wd); }});
+    rules.push_back(
+        {"SGD" + decay, [=] { return Make(v1::OptimizerSpec::SGD, 0.5f, n, false, wd); }});
     for (bool nesterov : {false, true}) {
       rules.push_back({(nesterov ? "Nesterov" : "momentum") + decay, [=] {
                          return Make(v1::OptimizerSpec::MOMENTUM, 0.5f, n, nesterov, wd);
                        }});
     }
-    rules.push_back({"Adam" + decay, [=] { return Make(v1::OptimizerSpec::ADAM, 0.01f, n, false, wd); }});
+    rules.push_back(
+        {"Adam" + decay, [=] { return Make(v1::OptimizerSpec::ADAM, 0.01f, n, false, wd); }});
   }
   for (float d : {0.0f, 0.9f}) {
     rules.push_back({"moving average " + std::to_string(d), [=] { return MakeMoving(d, n); }});
@@ -796,7 +798,9 @@ TEST(OptimizerTest, BoundStepBoundsWhatEachRuleLeaves) {
           for (size_t k = 0; k < slots.size(); ++k) {
             absl::Span<float> slot = slots[k].second;
             // Adam's v (its second slot) is never negative.
-            for (float& x : slot) x = static_cast<float>(scale_s * (k == 1 ? std::abs(unit(rng)) : unit(rng)));
+            for (float& x : slot) {
+              x = static_cast<float>(scale_s * (k == 1 ? std::abs(unit(rng)) : unit(rng)));
+            }
             slot[0] = static_cast<float>(scale_s);
             slot[1] = static_cast<float>(k == 1 ? scale_s : -scale_s);
           }
