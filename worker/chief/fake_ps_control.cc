@@ -54,6 +54,11 @@ void FakePsControl::SetJob(const std::string& job_id, int64_t global_step, doubl
   for (int w : waiting_for) job.add_waiting_for(w);
 }
 
+void FakePsControl::SetUpdatesSkipped(const std::string& job_id, int64_t skipped) {
+  absl::MutexLock lock(&mu_);
+  jobs_[job_id].set_updates_skipped(skipped);
+}
+
 void FakePsControl::SetUnreachable(bool unreachable) {
   absl::MutexLock lock(&mu_);
   unreachable_ = unreachable;

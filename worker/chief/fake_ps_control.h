@@ -32,6 +32,8 @@ class FakePsControl : public PsControl {
   // `step_open_s` seconds waiting for `waiting_for`.
   void SetJob(const std::string& job_id, int64_t global_step, double step_open_s = 0,
               std::vector<int> waiting_for = {});
+  // The server's JobStatus.updates_skipped for `job_id` (held: SetJob first).
+  void SetUpdatesSkipped(const std::string& job_id, int64_t skipped);
   // While unreachable every call answers Unavailable "ps N unreachable".
   void SetUnreachable(bool unreachable);
 

@@ -1,11 +1,14 @@
 #include "worker/chief/job_manager.h"
 
 #include <algorithm>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/cancellation.h"
@@ -317,6 +320,21 @@ class JobManager::Impl {
       if (!final_checkpoint.ok()) {
         store_->AddEvent(id, v1::JobEvent::LOG, std::string(final_checkpoint.message()));
       }
+    }
+    // Variable updates the servers did not apply (values not finite): an
+    // event, so that `towerctl logs` says so as well as `status`.
+    std::vector<std::string> skipped;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      if (shards[i].updates_skipped() > 0) {
+        skipped.push_back(absl::StrCat("ps ", i, " skipped ", shards[i].updates_skipped()));
+      }
+    }
+    if (!skipped.empty()) {
+      store_->AddEvent(id, v1::JobEvent::LOG,
+                       absl::StrCat("variable updates not applied, their values not finite (a "
+                                    "gradient or an update out of float's range; the ps logs "
+                                    "name them): ",
+                                    absl::StrJoin(skipped, ", ")));
     }
     int64_t bytes = 0;
     for (const auto& s : shards) bytes += s.bytes_held();

@@ -325,6 +325,28 @@ TEST_F(JobManagerTest, CancelQueuedAndRunningJobs) {
   EXPECT_EQ(m->Cancel("zzz").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Variable updates a server did not apply (values not finite) end the job
+// with an event naming the server and the count; a job with none has no
+// such event.
+TEST_F(JobManagerTest, SkippedUpdatesAreAnEventOfTheJob) {
+  auto m = StartManager(FakeWorkerClient::OnStart::kRun);
+  for (const std::string id : {"s", "t"}) {
+    ASSERT_TRUE(m->Submit(Job(id)).ok());
+    ASSERT_TRUE(workers_[0]->AwaitStarts(id == "s" ? 1 : 2, absl::Seconds(30)));
+    for (auto* p : ps_) p->SetJob(id, 10);
+    if (id == "s") ps_[1]->SetUpdatesSkipped(id, 3);
+    for (auto* w : workers_) w->Finish();
+    EXPECT_EQ(AwaitEnd(*m, id).state(), v1::SUCCEEDED);
+    const std::vector<std::string> events = Messages(*m, id);
+    const bool named = std::any_of(events.begin(), events.end(), [](const std::string& e) {
+      return e.find("variable updates not applied") != std::string::npos &&
+             e.find("ps 1 skipped 3") != std::string::npos &&
+             e.find("ps 0 skipped") == std::string::npos;
+    });
+    EXPECT_EQ(named, id == "s") << id;
+  }
+}
+
 TEST_F(JobManagerTest, AFailedFinalCheckpointFailsTheJobNamingThePath) {
   auto m = StartManager(FakeWorkerClient::OnStart::kRun);
   std::filesystem::create_directories(dir_);
