@@ -730,7 +730,7 @@ absl::Status PushSession::FormAheadFrom(size_t v, const float* grad, float* to, 
     var->optimizer->ApplyInto(first, absl::MakeConstSpan(var->value).subspan(first, k),
                               absl::MakeConstSpan(grad + first, k), absl::MakeSpan(formed, k),
                               var->updates + 1, slots_out);
-    if (!FormedFinite(v, formed, first, k)) {
+    if (!FormedFinite(v, formed, first, k, slots_out)) {
       status = NotFiniteFormedError(v, ", or the gradient changed while the server read it");
       break;
     }
@@ -854,7 +854,7 @@ absl::Status PushSession::PrepareAhead() {
       const absl::Span<float> grad = absl::MakeSpan(grads_[v]).subspan(first, k);
       var.optimizer->ApplyInto(first, absl::MakeConstSpan(var.value).subspan(first, k), grad,
                                grad, step, slots_out);
-      if (!safe && !FormedFinite(v, grad.data(), first, k)) {
+      if (!safe && !FormedFinite(v, grad.data(), first, k, slots_out)) {
         status = NotFiniteFormedError(v, "");
         break;
       }
@@ -872,10 +872,10 @@ absl::Status PushSession::PrepareAhead() {
   return status;
 }
 
-bool PushSession::FormedFinite(size_t v, const float* formed, int64_t first, int64_t k) {
+bool PushSession::FormedFinite(size_t v, const float* formed, int64_t first, int64_t k,
+                               const std::vector<float*>& slots_out) {
   MagnitudeBounds& sums = formed_sums_[v];
   bool finite = AllFinite(formed, k, &sums.value);
-  const std::vector<float*> slots_out = SlotsOut(v);
   for (size_t i = 0; i < slots_out.size() && i < 2; ++i) {
     finite = finite && AllFinite(slots_out[i] + first, k, &sums.slots[i]);
   }
@@ -1309,11 +1309,13 @@ bool Commit::Update(size_t v, internal::Variable& var, absl::Span<const float> m
                     double abs_sum) {
   const int64_t step = var.updates + 1;
   MagnitudeBounds after;
-  if (!(var.optimizer->BoundStep(var.bounds, abs_sum, step, &after) < kSafeMagnitude)) {
+  bool safe = var.optimizer->BoundStep(var.bounds, abs_sum, step, &after) < kSafeMagnitude;
+  if (!safe) {
     // The bounds grew past use (they only add up): measured afresh.
     var.bounds = MeasureBounds(var.value, *var.optimizer);
+    safe = var.optimizer->BoundStep(var.bounds, abs_sum, step, &after) < kSafeMagnitude;
   }
-  if (var.optimizer->BoundStep(var.bounds, abs_sum, step, &after) < kSafeMagnitude) {
+  if (safe) {
     if (copies_.empty()) {
       var.optimizer->Apply(absl::MakeSpan(var.value), mean, step);
     } else {
@@ -1405,8 +1407,7 @@ absl::Span<const float> Commit::FormMean(size_t v, double* abs_sum) {
     if (check) finite = finite && AllFinite(y, m, abs_sum);
   }
   if (!check) {
-    const bool summed = v < first.abs_sums.size() && first.abs_sums[v] >= 0.0;
-    *abs_sum = summed ? first.abs_sums[v] : MaxAbs(mean, n);
+    *abs_sum = v < first.abs_sums.size() ? first.abs_sums[v] : MaxAbs(mean, n);
   }
   if (!finite) {
     TLOG(ERROR) << "job \"" << job.id << "\": the mean of variable " << v

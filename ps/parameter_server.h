@@ -221,7 +221,7 @@ struct GradientPart {
   // var_index (Optimizer::AdoptSlots order; empty where none).
   std::vector<std::vector<std::vector<float>>> slots;
   // By var_index, for the overflow guard (Commit::Run): the sum of |g| of
-  // each owned gradient, as checked when it came (-1 or none: unknown);
+  // each owned gradient, as checked when it came (none: unknown);
   // and where the update was formed ahead, bounds on what it formed.
   std::vector<double> abs_sums;
   std::vector<MagnitudeBounds> formed_bounds;
@@ -436,9 +436,10 @@ class PushSession {
   // Forms the new values of the checked blocks not formed yet.
   absl::Status PrepareAhead();
   // Whether the k new values formed at `formed` (elements [first, first +
-  // k) of variable `v`) and the slots formed with them are finite; their
-  // sums of |x| go to formed_sums_[v].
-  bool FormedFinite(size_t v, const float* formed, int64_t first, int64_t k);
+  // k) of variable `v`) and the slots formed with them (at `slots_out`,
+  // SlotsOut(v)) are finite; their sums of |x| go to formed_sums_[v].
+  bool FormedFinite(size_t v, const float* formed, int64_t first, int64_t k,
+                    const std::vector<float*>& slots_out);
   // InvalidArgument: what variable `v`'s update formed is not finite
   // (`or_else`: another cause to name besides an overflow).
   absl::Status NotFiniteFormedError(size_t v, const char* or_else) const;
