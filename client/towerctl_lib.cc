@@ -23,6 +23,7 @@
 #include "common/job_spec.h"
 #include "common/retry.h"
 #include "common/rpc.h"
+#include "common/skipped_updates.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/client_context.h"
@@ -239,20 +240,6 @@ std::string ImbalanceNote(const std::vector<std::pair<int, int64_t>>& shard_byte
   return absl::StrFormat(
       "Placement is unbalanced: ps %d holds %.1f%% of the bytes (an even share is %.1f%%).",
       largest.first, 100 * share, 100 * even);
-}
-
-// A line naming the servers that did not apply some variable updates
-// (JobStatus.updates_skipped: their values would not have been finite),
-// with their counts; empty where none.
-std::string SkippedUpdatesNote(const std::vector<std::pair<int, int64_t>>& shard_skipped) {
-  std::vector<std::string> parts;
-  for (const auto& [ps, skipped] : shard_skipped) {
-    if (skipped > 0) parts.push_back(absl::StrCat("ps ", ps, " skipped ", skipped));
-  }
-  if (parts.empty()) return "";
-  return absl::StrCat("Variable updates not applied, their values not finite (a gradient or an ",
-                      "update out of float's range; the ps logs name them): ",
-                      absl::StrJoin(parts, ", "), ".");
 }
 
 // --- Follow / logs -----------------------------------------------------------
@@ -544,7 +531,7 @@ void PrintLive(const Call& call, const v1::JobLiveStatus& live) {
     for (const v1::ShardStatus& s : live.shards()) {
       skipped.emplace_back(s.ps_task(), s.status().updates_skipped());
     }
-    const std::string skipped_note = SkippedUpdatesNote(skipped);
+    const std::string skipped_note = common::SkippedUpdatesNote(skipped);
     if (!skipped_note.empty()) out << "  " << skipped_note << "\n";
   }
 }
@@ -574,7 +561,7 @@ void PrintFinalShards(const Call& call, const v1::JobRecord& r) {
   for (int i = 0; i < r.final_shards_size(); ++i) {
     skipped.emplace_back(i, r.final_shards(i).updates_skipped());
   }
-  const std::string skipped_note = SkippedUpdatesNote(skipped);
+  const std::string skipped_note = common::SkippedUpdatesNote(skipped);
   if (!skipped_note.empty()) call.env.out << "  " << skipped_note << "\n";
 }
 

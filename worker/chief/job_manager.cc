@@ -8,13 +8,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/cancellation.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/paths.h"
+#include "common/skipped_updates.h"
 #include "common/status.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
@@ -323,19 +323,12 @@ class JobManager::Impl {
     }
     // Variable updates the servers did not apply (values not finite): an
     // event, so that `towerctl logs` says so as well as `status`.
-    std::vector<std::string> skipped;
+    std::vector<std::pair<int, int64_t>> skipped;
     for (size_t i = 0; i < shards.size(); ++i) {
-      if (shards[i].updates_skipped() > 0) {
-        skipped.push_back(absl::StrCat("ps ", i, " skipped ", shards[i].updates_skipped()));
-      }
+      skipped.emplace_back(static_cast<int>(i), shards[i].updates_skipped());
     }
-    if (!skipped.empty()) {
-      store_->AddEvent(id, v1::JobEvent::LOG,
-                       absl::StrCat("variable updates not applied, their values not finite (a "
-                                    "gradient or an update out of float's range; the ps logs "
-                                    "name them): ",
-                                    absl::StrJoin(skipped, ", ")));
-    }
+    const std::string skipped_note = common::SkippedUpdatesNote(skipped);
+    if (!skipped_note.empty()) store_->AddEvent(id, v1::JobEvent::LOG, skipped_note);
     int64_t bytes = 0;
     for (const auto& s : shards) bytes += s.bytes_held();
     LogIfError(store_->Update(id, [&](v1::JobRecord& r) {

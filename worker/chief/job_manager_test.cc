@@ -339,7 +339,7 @@ TEST_F(JobManagerTest, SkippedUpdatesAreAnEventOfTheJob) {
     EXPECT_EQ(AwaitEnd(*m, id).state(), v1::SUCCEEDED);
     const std::vector<std::string> events = Messages(*m, id);
     const bool named = std::any_of(events.begin(), events.end(), [](const std::string& e) {
-      return e.find("variable updates not applied") != std::string::npos &&
+      return e.find("Variable updates not applied") != std::string::npos &&
              e.find("ps 1 skipped 3") != std::string::npos &&
              e.find("ps 0 skipped") == std::string::npos;
     });
