@@ -24,8 +24,6 @@
 namespace towerps::worker {
 namespace {
 
-constexpr int64_t kEvalBatch = 1000;  // EvaluateModel's batch
-
 void Log(const JobHooks& hooks, const std::string& line) {
   if (hooks.log) {
     hooks.log(line);
@@ -142,13 +140,13 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
 
   // Charge every tower's layers to their devices' memory limits now, so a
   // model that does not fit fails here with the device and the numbers. The
-  // reservations are released when the job ends.
-  const int64_t worker_batch = (job.global_batch_size() + num_workers - 1) / num_workers;
-  const int64_t tower_batch = (worker_batch + num_towers - 1) / num_towers;
+  // reservations are released when the job ends. The chief evaluates on
+  // tower 0 in passes of the same batch (TowerBatch): an evaluation never
+  // needs memory that training did not.
+  const int64_t tower_batch = TowerBatch(job.global_batch_size(), num_workers, num_towers);
   std::vector<std::unique_ptr<MemoryReservation>> reservations;
   for (int t = 0; t < num_towers; ++t) {
-    const int64_t max_batch = (t == 0 && chief) ? std::max(tower_batch, kEvalBatch) : tower_batch;
-    auto r = MemoryReservation::Reserve(towers->tower(t), devices, max_batch);
+    auto r = MemoryReservation::Reserve(towers->tower(t), devices, tower_batch);
     if (!r.ok()) {
       return common::Annotate(r.status(), absl::StrCat("tower ", t, " does not fit its devices"));
     }

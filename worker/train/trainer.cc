@@ -19,14 +19,21 @@
 
 namespace towerps::worker {
 
-absl::StatusOr<std::pair<double, double>> EvaluateModel(Model& model, const Dataset& data) {
-  constexpr int64_t kEvalBatch = 1000;
+int64_t TowerBatch(int64_t global_batch, int num_workers, int num_towers) {
+  const int64_t workers = std::max(1, num_workers);
+  const int64_t towers = std::max(1, num_towers);
+  return ((global_batch + workers - 1) / workers + towers - 1) / towers;
+}
+
+absl::StatusOr<std::pair<double, double>> EvaluateModel(Model& model, const Dataset& data,
+                                                        int64_t eval_batch) {
+  const int64_t per_pass = std::max<int64_t>(1, eval_batch);
   Batch batch;
   std::vector<int64_t> idx;
   double loss = 0;
   int64_t correct = 0;
-  for (int64_t start = 0; start < data.size(); start += kEvalBatch) {
-    const int64_t end = std::min(data.size(), start + kEvalBatch);
+  for (int64_t start = 0; start < data.size(); start += per_pass) {
+    const int64_t end = std::min(data.size(), start + per_pass);
     idx.resize(end - start);
     std::iota(idx.begin(), idx.end(), start);
     GatherBatch(data, idx, &batch);
@@ -74,7 +81,9 @@ absl::Status Trainer::CheckCancelled() const {
 }
 
 absl::Status Trainer::EvalAndReport(int64_t epoch, int64_t step, TrainResult* result) {
-  TOWERPS_ASSIGN_OR_RETURN(auto eval, EvaluateModel(towers_.primary(), test_));
+  const int64_t per_pass =
+      TowerBatch(options_.job.global_batch_size(), options_.num_workers, towers_.num_towers());
+  TOWERPS_ASSIGN_OR_RETURN(auto eval, EvaluateModel(towers_.primary(), test_, per_pass));
   result->test_loss = eval.first;
   result->test_accuracy = eval.second;
   result->evaluated = true;
