@@ -31,14 +31,13 @@ absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers,
   auto size = CheckModelLimits(job.model());
   if (!size.ok()) return common::Annotate(size.status(), "job spec");
   const int64_t towers = std::max(1, std::max(job.towers(), job.tower_devices_size()));
-  const int64_t workers = std::max(1, num_workers);
-  const int64_t per_worker = (job.global_batch_size() + workers - 1) / workers;
-  const int64_t per_tower = (per_worker + towers - 1) / towers;
+  const int64_t per_tower = TowerBatch(job.global_batch_size(), num_workers,
+                                       static_cast<int>(towers));
   const int64_t need = WorkerTrainingBytes(*size, per_tower, static_cast<int>(towers));
   if (need > worker_budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "job spec: the model needs about ", need, " bytes on each worker (", size->parameters,
-        " parameters, ", size->activations_per_example, " activations per example x ",
+        " parameters, ", size->activations_per_example, " activation floats per example x ",
         per_tower, " examples x ", towers, " towers, weights and gradients); a worker's budget is ",
         worker_budget_bytes, " bytes (--memory_budget_bytes)"));
   }

@@ -33,15 +33,17 @@ TEST(ValidateSubmissionTest, TheBuiltInJobsAreValid) {
 }
 
 // Issue 15 (limits): the built-in mlp on 2 workers holds (269322 parameters x
-// 2 + 522 activations x 2 x 128 examples) floats = 2689104 bytes per worker.
+// 2 + 2068 x 128 examples) floats = 3213392 bytes per worker: per example,
+// two 256-unit layers' outputs, their ReLUs' and the 10 logits, each with
+// its gradient (model_limits.h).
 TEST(ValidateSubmissionTest, AModelOverTheWorkerBudgetIsResourceExhausted) {
-  EXPECT_TRUE(ValidateSubmission(Mlp(), 2, 2689104).ok());
-  const absl::Status s = ValidateSubmission(Mlp(), 2, 2689103);
+  EXPECT_TRUE(ValidateSubmission(Mlp(), 2, 3213392).ok());
+  const absl::Status s = ValidateSubmission(Mlp(), 2, 3213391);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(s.message(),
-            "job spec: the model needs about 2689104 bytes on each worker (269322 parameters, "
-            "522 activations per example x 128 examples x 1 towers, weights and gradients); a "
-            "worker's budget is 2689103 bytes (--memory_budget_bytes)");
+            "job spec: the model needs about 3213392 bytes on each worker (269322 parameters, "
+            "2068 activation floats per example x 128 examples x 1 towers, weights and "
+            "gradients); a worker's budget is 3213391 bytes (--memory_budget_bytes)");
   // A 10^9-unit layer: the field, before anything is built.
   v1::JobSpec huge = Mlp();
   huge.mutable_model()->mutable_layers(1)->set_units(1000000000);

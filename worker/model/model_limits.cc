@@ -36,8 +36,15 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
   // `channels` x `pixels` of them.
   int64_t width = std::max(1, spec.input_dim());
   int64_t channels = width, height = 1, cols = 1;
-  // Output side of a strided layer: ceil(in / stride) bounds SAME and VALID.
-  auto shrink = [](int64_t side, int64_t stride) { return (side + stride - 1) / stride; };
+  // Output side of a window over `side`: ceil(side / stride) with SAME
+  // padding (and a residual block's one row and column each side), else
+  // the windows that fit (at least 1: Model::Create refuses a window that
+  // does not fit, in its own words).
+  auto shrink = [](int64_t side, int64_t window, int64_t stride, bool same) {
+    if (same) return (side + stride - 1) / stride;
+    return side >= window ? (side - window) / stride + 1 : int64_t{1};
+  };
+  auto same = [](const v1::LayerSpec& l) { return l.padding() == v1::LayerSpec::PADDING_SAME; };
   bool image = false;
   if (spec.has_input_shape()) {
     const v1::ImageShape& in = spec.input_shape();
@@ -57,6 +64,8 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
   }
   for (int i = 0; i < spec.layers_size(); ++i) {
     const v1::LayerSpec& l = spec.layers(i);
+    const int64_t width_in = width;
+    const int64_t channels_in = image ? channels : width;
     const std::string at = absl::StrCat("layers[", i, "].");
     auto within = [&](const char* field, int64_t v, int64_t hi) -> absl::Status {
       if (v > hi) return OutOfRange(at + field, v, hi);
@@ -77,12 +86,13 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
         TOWERPS_RETURN_IF_ERROR(within("strides", l.strides(), limits.max_kernel));
         const int64_t in_c = image ? channels : width;
         const int64_t f = pos(l.filters());
+        int64_t kh = 3, kw = 3;  // a residual block's, padded to keep the side
         if (l.type() == v1::LayerSpec::CONV2D) {
           TOWERPS_RETURN_IF_ERROR(
               within("kernel_size", l.kernel_size(), limits.max_kernel));
           TOWERPS_RETURN_IF_ERROR(within("kernel_w", l.kernel_w(), limits.max_kernel));
-          const int64_t kh = pos(l.kernel_size());
-          const int64_t kw = l.kernel_w() == 0 ? kh : pos(l.kernel_w());
+          kh = pos(l.kernel_size());
+          kw = l.kernel_w() == 0 ? kh : pos(l.kernel_w());
           params = SaturatingAdd(SaturatingMul(SaturatingMul(f, in_c), kh * kw), f);
         } else {
           // Two 3x3 convolutions, two batch norms (4 per channel), a 1x1
@@ -93,8 +103,9 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
         }
         if (!image) height = cols = 1;
         const int64_t stride = l.strides() > 0 ? l.strides() : 1;
-        height = shrink(height, stride);
-        cols = shrink(cols, stride);
+        const bool padded = l.type() == v1::LayerSpec::RESIDUAL_BLOCK || same(l);
+        height = shrink(height, kh, stride, padded);
+        cols = shrink(cols, kw, stride, padded);
         channels = f;
         image = true;
         width = SaturatingMul(channels, SaturatingMul(height, cols));
@@ -107,8 +118,8 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
         if (image) {
           const int64_t pool = l.pool_size() > 0 ? l.pool_size() : 2;
           const int64_t stride = l.strides() > 0 ? l.strides() : pool;
-          height = shrink(height, stride);
-          cols = shrink(cols, stride);
+          height = shrink(height, pool, stride, same(l));
+          cols = shrink(cols, pool, stride, same(l));
           width = SaturatingMul(channels, SaturatingMul(height, cols));
         }
         break;
@@ -126,7 +137,43 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
         break;
     }
     size.parameters = SaturatingAdd(size.parameters, params);
-    size.activations_per_example = SaturatingAdd(size.activations_per_example, width);
+    // What a training step holds for the layer, as the layers do
+    // (worker/model): its output and that output's gradient (Model's flow),
+    // and a fused ReLU is a layer of its own; beyond those two, a max pool
+    // keeps its workspace and recomputed output, a dropout its mask, and a
+    // residual block its four intermediates, their four gradients, and with
+    // a projection the shortcut's output and its input gradient. Batch norms
+    // (a residual block has two) keep 4 floats per channel per step.
+    int64_t per_example = 2;
+    const bool fuses_relu = l.type() == v1::LayerSpec::DENSE ||
+                            l.type() == v1::LayerSpec::CONV2D ||
+                            l.type() == v1::LayerSpec::BATCH_NORM ||
+                            l.type() == v1::LayerSpec::RESIDUAL_BLOCK;
+    if (fuses_relu && l.activation() == v1::RELU) per_example += 2;
+    switch (l.type()) {
+      case v1::LayerSpec::MAX_POOL2D:
+        if (image) per_example += 2;
+        break;
+      case v1::LayerSpec::DROPOUT:
+        per_example += 1;
+        break;
+      case v1::LayerSpec::RESIDUAL_BLOCK:
+        per_example += 8;
+        if (l.strides() > 1 || channels_in != channels) {
+          per_example += 1;
+          size.activations_per_example = SaturatingAdd(size.activations_per_example, width_in);
+        }
+        size.floats_per_step = SaturatingAdd(size.floats_per_step, SaturatingMul(8, channels));
+        break;
+      case v1::LayerSpec::BATCH_NORM:
+        size.floats_per_step =
+            SaturatingAdd(size.floats_per_step, SaturatingMul(4, image ? channels : width));
+        break;
+      default:
+        break;
+    }
+    size.activations_per_example =
+        SaturatingAdd(size.activations_per_example, SaturatingMul(per_example, width));
     if (size.parameters > limits.max_parameters) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model: about ", size.parameters, " parameters up to model.layers[", i, "] (limit ",
@@ -136,11 +183,16 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
   return size;
 }
 
+int64_t TowerBatch(int64_t global_batch, int num_workers, int num_towers) {
+  const int64_t workers = std::max(1, num_workers);
+  const int64_t towers = std::max(1, num_towers);
+  return ((global_batch + workers - 1) / workers + towers - 1) / towers;
+}
+
 int64_t WorkerTrainingBytes(const ModelSize& size, int64_t examples_per_step, int towers) {
-  const int64_t per_tower =
-      SaturatingAdd(SaturatingMul(size.parameters, 2),
-                    SaturatingMul(SaturatingMul(size.activations_per_example, 2),
-                                  std::max<int64_t>(1, examples_per_step)));
+  const int64_t per_tower = SaturatingAdd(
+      SaturatingAdd(SaturatingMul(size.parameters, 2), size.floats_per_step),
+      SaturatingMul(size.activations_per_example, std::max<int64_t>(1, examples_per_step)));
   return SaturatingMul(SaturatingMul(per_tower, sizeof(float)), std::max(1, towers));
 }
 

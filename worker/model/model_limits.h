@@ -4,10 +4,9 @@
 // CheckModelLimits first, so that the chief's submission check, the chief's
 // variable listing and the worker's job runner are all covered.
 //
-// The sizes are upper-bound estimates from the spec alone (a strided image
-// layer's output side is taken as ceil(input side / stride), which bounds
-// both paddings), with saturating arithmetic: no product of spec fields can
-// overflow.
+// The sizes are computed from the spec alone, as the layers will allocate
+// them (model_limits_test checks them against an allocator's count), with
+// saturating arithmetic: no product of spec fields can overflow.
 //
 // Thread-safe (pure functions).
 #ifndef TOWERPS_WORKER_MODEL_MODEL_LIMITS_H_
@@ -34,7 +33,12 @@ struct ModelLimits {
 // What one replica of the model holds, estimated from the spec.
 struct ModelSize {
   int64_t parameters = 0;                // floats of all variables
-  int64_t activations_per_example = 0;  // floats of every layer's output, one example
+  // Floats a training step holds per example: every layer's output and its
+  // gradient, and the layers' own buffers (a fused ReLU's output, a max
+  // pool's workspace, a dropout's mask, a residual block's intermediates).
+  int64_t activations_per_example = 0;
+  // Floats a training step holds whatever its batch (batch norms' statistics).
+  int64_t floats_per_step = 0;
 };
 
 // Checks the spec's sizes against `limits` and estimates the model's size.
@@ -45,10 +49,19 @@ struct ModelSize {
 absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec,
                                            const ModelLimits& limits = {});
 
+// The most examples one tower trains on in a step: the worker's share of
+// the global batch (WorkerSlice: the larger parts have one more) cut among
+// its towers alike (tower 0 gets the most). A worker reserves its towers'
+// memory for it (worker/train/job_runner), and the chief evaluates in
+// passes of it, so that an evaluation needs no memory (activation buffers,
+// a device's limit) beyond what training holds.
+int64_t TowerBatch(int64_t global_batch, int num_workers, int num_towers);
+
 // Bytes a worker holds to train `size` with `examples_per_step` examples per
 // tower and `towers` towers: per tower, weights and gradients (2 floats per
-// parameter) and each layer's output and its gradient (2 floats per
-// activation per example). Saturates at INT64_MAX.
+// parameter), floats_per_step, and activations_per_example per example: what
+// the layers allocate for a step, to within a few buffers of the size of a
+// kernel's gradient (micro-batches' partial sums). Saturates at INT64_MAX.
 int64_t WorkerTrainingBytes(const ModelSize& size, int64_t examples_per_step, int towers);
 
 }  // namespace towerps::worker

@@ -103,14 +103,13 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   {
     auto size = CheckModelLimits(job.model());
     if (!size.ok()) return common::Annotate(size.status(), "job spec");
-    const int64_t per_worker = (job.global_batch_size() + num_workers - 1) / num_workers;
-    const int64_t per_tower = (per_worker + num_towers - 1) / num_towers;
+    const int64_t per_tower = TowerBatch(job.global_batch_size(), num_workers, num_towers);
     const int64_t need = WorkerTrainingBytes(*size, per_tower, num_towers);
     if (need > env.memory_budget_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "job spec: the model needs about ", need, " bytes on this worker (",
           size->parameters, " parameters, ", size->activations_per_example,
-          " activations per example x ", per_tower, " examples x ", num_towers,
+          " activation floats per example x ", per_tower, " examples x ", num_towers,
           " towers, weights and gradients); its budget is ", env.memory_budget_bytes,
           " bytes (--memory_budget_bytes)"));
     }

@@ -159,18 +159,19 @@ TEST_F(JobRunnerTest, TargetsWiderThanTheModelOutputAreInvalidArgument) {
       HasSubstr("targets shape [5,5] does not match predictions shape [5,3]"));
 }
 
-// Issue 15 (limits): SmallJob's towers hold (67 parameters x 2 + 11
-// activations x 2 x 5 examples) floats = 976 bytes; a budget of 975 refuses
-// it before anything is built or registered.
+// Issue 15 (limits): SmallJob's towers hold (67 parameters x 2 + 38 x 5
+// examples) floats = 1296 bytes (per example, the 8 units, their ReLU and
+// the 3 outputs, each with its gradient); a budget of 1295 refuses it
+// before anything is built or registered.
 TEST_F(JobRunnerTest, AJobOverTheWorkerBudgetIsResourceExhausted) {
-  env_.memory_budget_bytes = 975;
+  env_.memory_budget_bytes = 1295;
   auto result = RunJob(env_, SmallJob(), "", hooks_);
   ASSERT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
   EXPECT_THAT(std::string(result.status().message()),
-              HasSubstr("the model needs about 976 bytes on this worker (67 parameters, 11 "
-                        "activations per example x 5 examples x 1 towers"));
+              HasSubstr("the model needs about 1296 bytes on this worker (67 parameters, 38 "
+                        "activation floats per example x 5 examples x 1 towers"));
   EXPECT_THAT(std::string(result.status().message()),
-              HasSubstr("its budget is 975 bytes (--memory_budget_bytes)"));
+              HasSubstr("its budget is 1295 bytes (--memory_budget_bytes)"));
   EXPECT_FALSE(cluster_.server(0).Variables("small").ok());
   EXPECT_FALSE(cluster_.server(1).Variables("small").ok());
 }

@@ -16,14 +16,9 @@
 #include "common/process_cpu.h"
 #include "common/rpc.h"
 #include "common/status.h"
+#include "worker/model/model_limits.h"
 
 namespace towerps::worker {
-
-int64_t TowerBatch(int64_t global_batch, int num_workers, int num_towers) {
-  const int64_t workers = std::max(1, num_workers);
-  const int64_t towers = std::max(1, num_towers);
-  return ((global_batch + workers - 1) / workers + towers - 1) / towers;
-}
 
 absl::StatusOr<std::pair<double, double>> EvaluateModel(Model& model, const Dataset& data,
                                                         int64_t eval_batch) {

@@ -96,13 +96,6 @@ struct TrainResult {
   StepBreakdown breakdown;
 };
 
-// The most examples one tower trains on in a step: the worker's share of
-// the global batch (WorkerSlice: the larger parts have one more) cut among
-// its towers alike. Memory is reserved for it (job_runner), and the chief
-// evaluates in passes of it, so that evaluating needs no memory (activation
-// buffers, a device's limit) beyond what training holds.
-int64_t TowerBatch(int64_t global_batch, int num_workers, int num_towers);
-
 // Mean loss and accuracy of `model` (current weights) over `data`, in
 // forward passes of at most `batch` examples (the same results, up to the
 // order the per-batch sums are added in). REQUIRES: batch > 0.

@@ -2,7 +2,6 @@
 // step count, metrics, falling loss, cancellation and errors from hooks.
 #include "worker/train/trainer.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <future>
@@ -289,29 +288,6 @@ TEST(TrainerTest, AnAfterPullErrorStopsTraining) {
   EXPECT_THAT(std::string(result.status().message()),
               HasSubstr("checkpoint at step 2"));
   EXPECT_EQ(w.iterations.load(), 2);  // steps 0 and 1 pushed, not step 2
-}
-
-// TowerBatch is the largest part any tower gets: the largest WorkerSlice of
-// a full global batch, cut among the towers with the larger parts first.
-TEST(TrainerTest, TowerBatchIsTheLargestPartATowerTrainsOn) {
-  for (int64_t global = 1; global <= 40; ++global) {
-    std::vector<int64_t> perm(global);
-    for (int64_t i = 0; i < global; ++i) perm[i] = i;
-    for (int workers = 1; workers <= 5; ++workers) {
-      int64_t largest_slice = 0;
-      for (int w = 0; w < workers; ++w) {
-        largest_slice = std::max<int64_t>(
-            largest_slice, static_cast<int64_t>(WorkerSlice(perm, global, 0, workers, w).size()));
-      }
-      for (int towers = 1; towers <= 4; ++towers) {
-        // Towers::ComputeGradients: tower t gets rows / n, one more while
-        // t < rows % n, so tower 0 the most.
-        const int64_t first_tower = largest_slice / towers + (largest_slice % towers > 0 ? 1 : 0);
-        EXPECT_EQ(TowerBatch(global, workers, towers), first_tower)
-            << global << " examples, " << workers << " workers, " << towers << " towers";
-      }
-    }
-  }
 }
 
 TEST(TrainerTest, AnEmptyTrainSetIsInvalidArgument) {
