@@ -17,6 +17,9 @@
 namespace towerps::worker {
 namespace {
 
+constexpr const char* kBuiltinModels[] = {"mlp",   "dense_stack", "cnn_small",
+                                          "lenet", "resnet18",    "resnet_cifar"};
+
 v1::ModelSpec Mlp(std::initializer_list<int> units) {
   v1::ModelSpec m;
   m.set_input_dim(784);
@@ -134,7 +137,7 @@ TEST(ModelLimitsTest, TotalParametersAndLayerCountAreBounded) {
 // workers, fit a host of 4 GiB (resnet18, the largest, holds 1.3 GB per
 // worker at its 128 examples: 28x28 images through 64-channel blocks).
 TEST(ModelLimitsTest, TheBuiltInJobsFitInTwoGiBPerWorker) {
-  for (const char* name : {"mlp", "dense_stack", "cnn_small", "lenet", "resnet18", "resnet_cifar"}) {
+  for (const char* name : kBuiltinModels) {
     const v1::JobSpec job = JobWithDefaults(*BuiltinJob(name));
     auto size = CheckModelLimits(job.model());
     ASSERT_TRUE(size.ok()) << name << ": " << size.status();
@@ -193,7 +196,7 @@ v1::ModelSpec EveryLayerType() {
 TEST(ModelLimitsTest, TheEstimateIsWhatALayersStepAllocates) {
   std::vector<std::pair<std::string, v1::ModelSpec>> models = {{"every layer type",
                                                                 EveryLayerType()}};
-  for (const char* name : {"mlp", "dense_stack", "cnn_small", "lenet", "resnet18", "resnet_cifar"}) {
+  for (const char* name : kBuiltinModels) {
     models.emplace_back(name, JobWithDefaults(*BuiltinJob(name)).model());
   }
   for (const auto& [name, spec] : models) {
