@@ -141,9 +141,9 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
     // (worker/model): its output and that output's gradient (Model's flow),
     // and a fused ReLU is a layer of its own; beyond those two, a max pool
     // keeps its workspace and recomputed output, a dropout its mask, and a
-    // residual block its four intermediates, their four gradients, and with
-    // a projection the shortcut's output and its input gradient. Batch norms
-    // (a residual block has two) keep 4 floats per channel per step.
+    // residual block its three intermediates, three gradients, and with a
+    // projection the projection's input gradient. Batch norms (a residual
+    // block has two) keep 4 floats per channel per step.
     int64_t per_example = 2;
     const bool fuses_relu = l.type() == v1::LayerSpec::DENSE ||
                             l.type() == v1::LayerSpec::CONV2D ||
@@ -158,9 +158,8 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
         per_example += 1;
         break;
       case v1::LayerSpec::RESIDUAL_BLOCK:
-        per_example += 8;
+        per_example += 6;
         if (l.strides() > 1 || channels_in != channels) {
-          per_example += 1;
           size.activations_per_example = SaturatingAdd(size.activations_per_example, width_in);
         }
         size.floats_per_step = SaturatingAdd(size.floats_per_step, SaturatingMul(8, channels));

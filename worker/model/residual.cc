@@ -61,7 +61,6 @@ ResidualBlock::ResidualBlock(Backend& backend, std::string name, ImageDims input
       g_(&backend),
       g_c2_(&backend),
       g_a1_(&backend),
-      g_c1_(&backend),
       g_s_(&backend) {}
 
 std::vector<std::pair<std::string, Layer*>> ResidualBlock::Parts() const {
@@ -108,22 +107,21 @@ absl::Status ResidualBlock::Forward(const DeviceTensor& x, DeviceTensor* y) {
   TOWERPS_RETURN_IF_ERROR(CheckInput(x));
   const int64_t n = x.dim(0);
   Backend* b = &backend_;
-  Acts& a = acts_.Bind(x, [b] {
-    return Acts{DeviceTensor(b), DeviceTensor(b), DeviceTensor(b), DeviceTensor(b),
-                DeviceTensor(b)};
-  });
+  Acts& a = acts_.Bind(x, [b] { return Acts{DeviceTensor(b), DeviceTensor(b), DeviceTensor(b)}; });
   TOWERPS_RETURN_IF_ERROR(conv1_->Forward(x, &a.c1));
   TOWERPS_RETURN_IF_ERROR(bn1_->Forward(a.c1, &a.a1));
   backend_.Relu(a.a1.num_elements(), a.a1.data(), a.a1.data());
   TOWERPS_RETURN_IF_ERROR(conv2_->Forward(a.a1, &a.c2));
-  TOWERPS_RETURN_IF_ERROR(bn2_->Forward(a.c2, &a.b2));
-  TOWERPS_RETURN_IF_ERROR(y->Resize({n, output_image().size()}));
+  // bn2's output is the sum's first term, formed in y itself: no backward
+  // reads it (a batch norm's Backward needs its input and statistics).
+  TOWERPS_RETURN_IF_ERROR(bn2_->Forward(a.c2, y));
   if (n == 0) return absl::OkStatus();
   const int64_t size = y->num_elements();
-  TOWERPS_RETURN_IF_ERROR(backend_.CopyFrom(backend_, a.b2.data(), size, y->data()));
   if (shortcut_) {
-    TOWERPS_RETURN_IF_ERROR(shortcut_->Forward(x, &a.s));
-    backend_.Axpy(size, 1.0f, a.s.data(), y->data());
+    // The projection's output is needed only for the sum (its Backward
+    // reads its input): formed in g_, which only a Backward uses otherwise.
+    TOWERPS_RETURN_IF_ERROR(shortcut_->Forward(x, &g_));
+    backend_.Axpy(size, 1.0f, g_.data(), y->data());
   } else {
     backend_.Axpy(size, 1.0f, x.data(), y->data());
   }
@@ -145,13 +143,17 @@ absl::Status ResidualBlock::Backward(const DeviceTensor& x, const DeviceTensor& 
   // g = dL/d(sum before the last ReLU): the gradient of both branches.
   TOWERPS_RETURN_IF_ERROR(g_.Resize(y.shape()));
   backend_.ReluGrad(y.num_elements(), y.data(), dy.data(), g_.data());
-  TOWERPS_RETURN_IF_ERROR(bn2_->Backward(a->c2, a->b2, g_, &g_c2_, accumulate));
+  // (A batch norm's and a convolution's Backward read no output: `y`
+  // stands for bn2's and the projection's, which are not kept.)
+  TOWERPS_RETURN_IF_ERROR(bn2_->Backward(a->c2, y, g_, &g_c2_, accumulate));
   TOWERPS_RETURN_IF_ERROR(conv2_->Backward(a->a1, a->c2, g_c2_, &g_a1_, accumulate));
   backend_.ReluGrad(a->a1.num_elements(), a->a1.data(), g_a1_.data(), g_a1_.data());
-  TOWERPS_RETURN_IF_ERROR(bn1_->Backward(a->c1, a->a1, g_a1_, &g_c1_, accumulate));
-  TOWERPS_RETURN_IF_ERROR(conv1_->Backward(x, a->c1, g_c1_, dx, accumulate));
+  // dL/d(conv1's output) in g_c2_, whose values conv2's Backward consumed.
+  DeviceTensor& g_c1 = g_c2_;
+  TOWERPS_RETURN_IF_ERROR(bn1_->Backward(a->c1, a->a1, g_a1_, &g_c1, accumulate));
+  TOWERPS_RETURN_IF_ERROR(conv1_->Backward(x, a->c1, g_c1, dx, accumulate));
   if (shortcut_) {
-    TOWERPS_RETURN_IF_ERROR(shortcut_->Backward(x, a->s, g_, dx ? &g_s_ : nullptr, accumulate));
+    TOWERPS_RETURN_IF_ERROR(shortcut_->Backward(x, y, g_, dx ? &g_s_ : nullptr, accumulate));
     if (dx != nullptr && n > 0) backend_.Axpy(dx->num_elements(), 1.0f, g_s_.data(), dx->data());
   } else if (dx != nullptr && n > 0) {
     backend_.Axpy(dx->num_elements(), 1.0f, g_.data(), dx->data());

@@ -65,15 +65,17 @@ class ResidualBlock : public ImageLayer {
   // The parts, each with a role name used in param_specs().
   std::vector<std::pair<std::string, Layer*>> Parts() const;
 
-  // One micro-batch's intermediates.
+  // One micro-batch's intermediates, those its Backward reads (bn2's
+  // output and the projection's are formed in the block's output).
   struct Acts {
-    DeviceTensor c1, a1, c2, b2, s;  // conv1, relu(bn1), conv2, bn2, shortcut conv
+    DeviceTensor c1, a1, c2;  // conv1, relu(bn1), conv2
   };
 
   std::unique_ptr<Conv2D> conv1_, conv2_, shortcut_;
   std::unique_ptr<BatchNorm> bn1_, bn2_;
   PerInputState<Acts> acts_;
-  DeviceTensor g_, g_c2_, g_a1_, g_c1_, g_s_;  // backward scratch
+  // Backward scratch (g_ also holds the projection's output in Forward).
+  DeviceTensor g_, g_c2_, g_a1_, g_s_;
 };
 
 }  // namespace towerps::worker
