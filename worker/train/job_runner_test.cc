@@ -178,11 +178,11 @@ TEST_F(JobRunnerTest, AJobOverTheWorkerBudgetIsResourceExhausted) {
 
 // The chief evaluates in passes of its training batch: a tower that trains
 // within its device's limit evaluates within it too, whatever the test set's
-// size. A 4 -> 2048 -> 3 model's activations take 2,051 floats per example
-// forward and as many backward: 5 examples (82 KB) fit a 1 MB device; a
-// forward pass over the 200 test examples at once (1.6 MB) would not, nor
-// would reserving for 1,000 (until issue 16 the chief reserved for, and
-// evaluated in passes of, 1,000 examples).
+// size. A 4 -> 2048 (ReLU) -> 3 model holds 8,198 floats per example in
+// training (model_limits.h): 5 examples (164 KB) fit a 1 MB device; a
+// forward pass over the 200 test examples at once would not (their 2,051
+// outputs alone take 1.6 MB), nor would reserving for 1,000 (until issue
+// 16 the chief reserved for, and evaluated in passes of, 1,000 examples).
 TEST_F(JobRunnerTest, TheChiefEvaluatesWithinTheMemoryItTrainsIn) {
   DeviceManagerOptions d;
   d.task_name = "/job:worker/replica:0/task:0";
