@@ -752,7 +752,9 @@ absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train,
   }
   const int64_t n = batch.features.dim(0);
   TOWERPS_RETURN_IF_ERROR(ValidateLossInputs(loss_, n, output_dim_, batch));
-  const int m = train ? static_cast<int>(std::min<int64_t>(micro_batches_, n)) : 1;
+  // An evaluation is cut into micro-batches as training is: the same
+  // buffers (PrepareBuffers), none larger.
+  const int m = static_cast<int>(std::min<int64_t>(micro_batches_, n));
   EnsureFlows(m);
   int64_t begin = 0;
   for (int k = 0; k < m; ++k) {
@@ -830,24 +832,29 @@ absl::StatusOr<LossResult> Model::Evaluate(const Batch& batch) {
 
 absl::Status Model::PrepareBuffers(int64_t max_batch) {
   if (max_batch <= 0) return absl::OkStatus();
-  EnsureFlows(1);
-  Flow& f = flows_[0];
-  int64_t width = input_dim_;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const int64_t out = layers_[i]->OutputDim(width);
-    absl::Status st = f.out[i].Resize({max_batch, out});
-    if (st.ok()) st = f.dout[i].Resize({max_batch, out});
-    if (st.ok() && i == 0 && !layers_[i]->backend().host_memory()) {
-      st = f.in[i].Resize({max_batch, width});
+  // One flow per micro-batch, each for its rows of the batch (Run's cut).
+  const int m = static_cast<int>(std::min<int64_t>(micro_batches_, max_batch));
+  EnsureFlows(m);
+  for (int k = 0; k < m; ++k) {
+    Flow& f = flows_[k];
+    const int64_t rows = max_batch / m + (k < max_batch % m ? 1 : 0);
+    int64_t width = input_dim_;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const int64_t out = layers_[i]->OutputDim(width);
+      absl::Status st = f.out[i].Resize({rows, out});
+      if (st.ok()) st = f.dout[i].Resize({rows, out});
+      if (st.ok() && i == 0 && !layers_[i]->backend().host_memory()) {
+        st = f.in[i].Resize({rows, width});
+      }
+      if (st.ok() && i > 0 && !SameSpace(i - 1, i)) {
+        st = f.in[i].Resize({rows, width});
+        if (st.ok()) st = f.din[i].Resize({rows, width});
+      }
+      if (!st.ok()) {
+        return common::Annotate(st, absl::StrCat("layer \"", layers_[i]->name(), "\""));
+      }
+      width = out;
     }
-    if (st.ok() && i > 0 && !SameSpace(i - 1, i)) {
-      st = f.in[i].Resize({max_batch, width});
-      if (st.ok()) st = f.din[i].Resize({max_batch, width});
-    }
-    if (!st.ok()) {
-      return common::Annotate(st, absl::StrCat("layer \"", layers_[i]->name(), "\""));
-    }
-    width = out;
   }
   return absl::OkStatus();
 }

@@ -85,8 +85,10 @@ class Model {
   std::vector<LayerMemory> ParamMemory() const;
 
   // Allocates the activation buffers for a batch of `max_batch` examples
-  // now, so that a device too small fails at start with its allocator's
-  // error (prefixed with the layer) instead of in the first step.
+  // now (with micro-batches, each micro-batch's for its part), so that a
+  // device too small fails at start with its allocator's error (prefixed
+  // with the layer) instead of in the first step. Call after
+  // set_micro_batches.
   absl::Status PrepareBuffers(int64_t max_batch);
 
   // The device of each spec layer, in order ("" without a placer).

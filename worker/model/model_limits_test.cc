@@ -227,6 +227,46 @@ TEST(ModelLimitsTest, TheEstimateIsWhatALayersStepAllocates) {
   }
 }
 
+// With micro-batches, a step (and an evaluation, cut alike) holds the same
+// activations, each micro-batch its part, and beyond them only what adds
+// the micro-batches up: a partial sum per parameter gradient at most, and
+// each micro-batch's batch-norm statistics. Until issue 16 the first
+// micro-batch's buffers were sized for the whole batch (reserved, and
+// grown by the evaluation), close to twice the activations at 2 or more.
+TEST(ModelLimitsTest, MicroBatchesHoldNoMoreActivations) {
+  for (const char* name : {"mlp", "cnn_small", "resnet_cifar"}) {
+    const v1::ModelSpec spec = JobWithDefaults(*BuiltinJob(name)).model();
+    auto size = CheckModelLimits(spec);
+    ASSERT_TRUE(size.ok()) << name << ": " << size.status();
+    const int64_t batch = 16;
+    int64_t whole = 0;  // the peak of one micro-batch
+    for (int m : {1, 2, 3}) {
+      Allocator allocator("cpu", /*limit_bytes=*/0, NewHostMemoryBackend());
+      std::unique_ptr<Backend> backend = NewCpuBackend(&allocator);
+      auto model = Model::Create(spec, *backend);
+      ASSERT_TRUE(model.ok()) << name << ": " << model.status();
+      (*model)->InitializeWeights();
+      (*model)->set_micro_batches(m);
+      ASSERT_TRUE((*model)->PrepareBuffers(batch).ok()) << name;
+      Batch b;
+      b.features = common::Tensor({batch, (*model)->input_dim()});
+      b.labels.assign(batch, 1);
+      ASSERT_TRUE((*model)->ComputeGradients(b).ok()) << name;
+      ASSERT_TRUE((*model)->Evaluate(b).ok()) << name;
+      const int64_t peak = allocator.peak_bytes_in_use();
+      if (m == 1) {
+        whole = peak;
+        EXPECT_EQ(peak, WorkerTrainingBytes(*size, batch, 1) - 8 * size->parameters) << name;
+        continue;
+      }
+      EXPECT_LE(peak, whole + 4 * (size->parameters + m * size->floats_per_step))
+          << name << " in " << m << " micro-batches";
+      std::cout << name << " in " << m << " micro-batches: " << peak << " bytes, "
+                << whole << " in one\n";
+    }
+  }
+}
+
 // TowerBatch is the largest part any tower gets: the largest WorkerSlice of
 // a full global batch, cut among the towers with the larger parts first.
 TEST(ModelLimitsTest, TowerBatchIsTheLargestPartATowerTrainsOn) {
