@@ -19,6 +19,10 @@
 namespace towerps::worker {
 namespace {
 
+// Rows of micro-batch k when n rows are cut into m: sizes differ by at most
+// one, the larger first (Run's cut, which PrepareBuffers reserves for).
+int64_t MicroBatchRows(int64_t n, int m, int k) { return n / m + (k < n % m ? 1 : 0); }
+
 // "269322" -> "269,322".
 std::string WithThousands(int64_t v) {
   std::string digits = absl::StrCat(v < 0 ? -v : v);
@@ -759,7 +763,7 @@ absl::StatusOr<LossResult> Model::Run(const Batch& batch, bool train,
   int64_t begin = 0;
   for (int k = 0; k < m; ++k) {
     flows_[k].begin = begin;
-    flows_[k].rows = n / m + (k < n % m ? 1 : 0);
+    flows_[k].rows = MicroBatchRows(n, m, k);
     begin += flows_[k].rows;
   }
   const int64_t grad_count = train ? n : 0;
@@ -837,7 +841,7 @@ absl::Status Model::PrepareBuffers(int64_t max_batch) {
   EnsureFlows(m);
   for (int k = 0; k < m; ++k) {
     Flow& f = flows_[k];
-    const int64_t rows = max_batch / m + (k < max_batch % m ? 1 : 0);
+    const int64_t rows = MicroBatchRows(max_batch, m, k);
     int64_t width = input_dim_;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const int64_t out = layers_[i]->OutputDim(width);
