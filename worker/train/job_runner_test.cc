@@ -15,6 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "common/cancellation.h"
 #include "common/job_spec.h"
+#include "common/process_memory.h"
+#include "common/tensor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
@@ -206,6 +208,45 @@ TEST_F(JobRunnerTest, TheChiefEvaluatesWithinTheMemoryItTrainsIn) {
   EXPECT_GT(device->peak_bytes_in_use(), 0);
   EXPECT_LE(device->peak_bytes_in_use(), limit);
   EXPECT_EQ(device->bytes_in_use(), 0);
+}
+
+// The job's end costs no memory: the towers' weights and gradients stay in
+// the client's shared memory (where the servers write pulls and read
+// pushes) until the towers go, rather than moving back into memory of their
+// own, a copy of the whole model twice over while the segment still holds
+// the gradients (until issue 16: the dense stack's worker peaked there at
+// 158 MB against 110 MB while training). The process's peak resident memory
+// is reset after the last evaluation (its epoch hook, the last thing Run
+// does before returning) and read when RunJob has returned: the unmapping of
+// the segment records the peak then. A 4 -> 2048 -> 2048 -> 3 model holds
+// 16.8 MB of weights in one variable; moving the tensors back held 33.6 MB
+// more.
+TEST_F(JobRunnerTest, TheJobsEndHoldsNoSecondCopyOfTheModel) {
+  v1::JobSpec job = SmallJob();
+  job.mutable_model()->mutable_layers(0)->set_units(2048);
+  auto* l = job.mutable_model()->add_layers();
+  *l = job.model().layers(1);
+  job.mutable_model()->mutable_layers(1)->set_units(2048);
+  job.set_epochs(1);
+  const int64_t model_bytes = (4 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 3 + 3) * 4;
+  int64_t at_reset = -1;
+  hooks_.on_epoch = [&](int64_t, const std::vector<v1::VariableDef>&,
+                        const std::vector<common::Tensor*>& weights) {
+    ASSERT_TRUE(weights[2]->external()) << "the weights are not in the shared segment";
+    std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+    ASSERT_NE(f, nullptr) << "cannot reset the peak resident memory";
+    ASSERT_EQ(std::fputs("5", f), 1);
+    ASSERT_EQ(std::fclose(f), 0);
+    at_reset = common::ResidentBytes();
+  };
+  auto result = RunJob(env_, job, "", hooks_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_TRUE(result->evaluated);
+  ASSERT_GT(at_reset, 0);
+  const int64_t growth = common::PeakResidentBytes() - at_reset;
+  EXPECT_LT(growth, model_bytes / 2)
+      << "the peak grew by " << growth << " bytes after the last evaluation; the model holds "
+      << model_bytes;
 }
 
 TEST_F(JobRunnerTest, ABadModelIsInvalidArgumentNamingTheModel) {

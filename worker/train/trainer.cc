@@ -143,11 +143,12 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // Same host: the weights and gradients live in the client's shared memory
   // while training, where the servers write pulls and read pushes, so that
   // neither is copied on this side; back in their own memory when Run
-  // returns (the client's may go before the towers). Each variable's old
-  // memory goes back to the system as it moves, either way, so that the
-  // worker never holds the weights twice; the gradients' pages in the
-  // segment stay until the client goes, since a server may still read the
-  // last push there (ParameterClient::ReleaseShared).
+  // returns (the client's may go before the towers), unless
+  // options_.tensors_stay_shared. Each variable's old memory goes back to
+  // the system as it moves, either way, so that the worker never holds the
+  // weights twice; the gradients' pages in the segment stay until the
+  // client goes, since a server may still read the last push there
+  // (ParameterClient::ReleaseShared).
   const size_t num_vars = towers_.weights().size();
   bool shared = false;
   for (size_t v = 0; v < num_vars; ++v) {
@@ -158,7 +159,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     shared = true;
   }
   absl::Cleanup own_memory = [&] {
-    if (!shared) return;
+    if (!shared || options_.tensors_stay_shared) return;
     for (size_t v = 0; v < num_vars; ++v) {
       towers_.PlaceHostTensors(v, nullptr, nullptr);
       client_.ReleaseShared(static_cast<int>(v));

@@ -56,6 +56,12 @@ struct TrainerOptions {
   std::atomic<int64_t>* iterations = nullptr;    // Not owned.
   // After each pushed gradient, with the examples in its batch (metrics).
   std::function<void(int64_t examples)> on_iteration;
+  // Same host: the towers' weights and gradients stay in the client's shared
+  // memory when Run returns, rather than moving back into memory of their
+  // own. That move copies the model twice over at the job's end, while the
+  // gradients' pages in the segment are still held, so it sets the worker's
+  // peak. REQUIRES: the towers go (or are never read again) before the client.
+  bool tensors_stay_shared = false;
 };
 
 // Where a worker's training loop spent its time, summed over its iterations
