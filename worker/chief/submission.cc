@@ -33,13 +33,17 @@ absl::Status ValidateSubmission(const v1::JobSpec& job, int num_workers,
   const int64_t towers = std::max(1, std::max(job.towers(), job.tower_devices_size()));
   const int64_t per_tower = TowerBatch(job.global_batch_size(), num_workers,
                                        static_cast<int>(towers));
-  const int64_t need = WorkerTrainingBytes(*size, per_tower, static_cast<int>(towers));
+  const int64_t need =
+      WorkerTrainingBytes(*size, per_tower, static_cast<int>(towers), job.micro_batches());
   if (need > worker_budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "job spec: the model needs about ", need, " bytes on each worker (", size->parameters,
         " parameters, ", size->activations_per_example, " activation floats per example x ",
-        per_tower, " examples x ", towers, " towers, weights and gradients); a worker's budget is ",
-        worker_budget_bytes, " bytes (--memory_budget_bytes)"));
+        per_tower, " examples x ", towers, " towers, weights and gradients",
+        job.micro_batches() > 1
+            ? absl::StrCat(", and what adds up ", job.micro_batches(), " micro-batches")
+            : "",
+        "); a worker's budget is ", worker_budget_bytes, " bytes (--memory_budget_bytes)"));
   }
   // The model: layer types, units, names (Model::Create names the layer).
   std::unique_ptr<Backend> backend = NewCpuBackend();

@@ -44,6 +44,17 @@ TEST(ValidateSubmissionTest, AModelOverTheWorkerBudgetIsResourceExhausted) {
             "job spec: the model needs about 3213392 bytes on each worker (269322 parameters, "
             "2068 activation floats per example x 128 examples x 1 towers, weights and "
             "gradients); a worker's budget is 3213391 bytes (--memory_budget_bytes)");
+  // In 2 micro-batches, each layer's bias gradient is also computed apart
+  // before it is added up: 256 + 256 + 10 floats more.
+  v1::JobSpec micro = Mlp();
+  micro.set_micro_batches(2);
+  EXPECT_TRUE(ValidateSubmission(micro, 2, 3213392 + 522 * 4).ok());
+  const absl::Status m = ValidateSubmission(micro, 2, 3213392 + 522 * 4 - 1);
+  EXPECT_EQ(m.code(), absl::StatusCode::kResourceExhausted) << m;
+  EXPECT_NE(m.message().find("about 3215480 bytes on each worker"), absl::string_view::npos) << m;
+  EXPECT_NE(m.message().find("weights and gradients, and what adds up 2 micro-batches)"),
+            absl::string_view::npos)
+      << m;
   // A 10^9-unit layer: the field, before anything is built.
   v1::JobSpec huge = Mlp();
   huge.mutable_model()->mutable_layers(1)->set_units(1000000000);

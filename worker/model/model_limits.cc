@@ -73,10 +73,13 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
     };
     auto pos = [](int64_t v) { return std::max<int64_t>(v, 0); };
     int64_t params = 0;
+    const int64_t bias = l.no_bias() ? 0 : 1;  // per output channel or unit
     switch (l.type()) {
       case v1::LayerSpec::DENSE:
         TOWERPS_RETURN_IF_ERROR(within("units", l.units(), limits.max_width));
         params = SaturatingMul(SaturatingAdd(width, 1), pos(l.units()));
+        size.floats_to_accumulate =
+            SaturatingAdd(size.floats_to_accumulate, SaturatingMul(bias, pos(l.units())));
         width = pos(l.units());
         image = false;
         break;
@@ -94,12 +97,23 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
           kh = pos(l.kernel_size());
           kw = l.kernel_w() == 0 ? kh : pos(l.kernel_w());
           params = SaturatingAdd(SaturatingMul(SaturatingMul(f, in_c), kh * kw), f);
+          size.floats_to_accumulate = SaturatingAdd(
+              size.floats_to_accumulate,
+              SaturatingAdd(SaturatingMul(SaturatingMul(f, in_c), kh * kw), bias * f));
         } else {
           // Two 3x3 convolutions, two batch norms (4 per channel), a 1x1
           // shortcut, biases.
           params = SaturatingAdd(SaturatingMul(SaturatingMul(f, in_c), 9 + 1),
                                  SaturatingMul(SaturatingMul(f, f), 9));
           params = SaturatingAdd(params, SaturatingMul(f, 3 + 8));
+          // Its convolutions' kernels and biases: conv1, conv2 and, where
+          // the side or the channels change, the 1x1 projection.
+          const int64_t projection = l.strides() > 1 || in_c != f ? 1 : 0;
+          const int64_t kernels = SaturatingAdd(SaturatingMul(SaturatingMul(f, in_c), 9 + projection),
+                                                SaturatingMul(SaturatingMul(f, f), 9));
+          size.floats_to_accumulate =
+              SaturatingAdd(size.floats_to_accumulate,
+                            SaturatingAdd(kernels, SaturatingMul(bias * (2 + projection), f)));
         }
         if (!image) height = cols = 1;
         const int64_t stride = l.strides() > 0 ? l.strides() : 1;
@@ -163,10 +177,14 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
           size.activations_per_example = SaturatingAdd(size.activations_per_example, width_in);
         }
         size.floats_per_step = SaturatingAdd(size.floats_per_step, SaturatingMul(8, channels));
+        size.floats_per_micro_batch =
+            SaturatingAdd(size.floats_per_micro_batch, SaturatingMul(4, channels));
         break;
       case v1::LayerSpec::BATCH_NORM:
         size.floats_per_step =
             SaturatingAdd(size.floats_per_step, SaturatingMul(4, image ? channels : width));
+        size.floats_per_micro_batch =
+            SaturatingAdd(size.floats_per_micro_batch, SaturatingMul(2, image ? channels : width));
         break;
       default:
         break;
@@ -188,10 +206,16 @@ int64_t TowerBatch(int64_t global_batch, int num_workers, int num_towers) {
   return ((global_batch + workers - 1) / workers + towers - 1) / towers;
 }
 
-int64_t WorkerTrainingBytes(const ModelSize& size, int64_t examples_per_step, int towers) {
-  const int64_t per_tower = SaturatingAdd(
+int64_t WorkerTrainingBytes(const ModelSize& size, int64_t examples_per_step, int towers,
+                            int micro_batches) {
+  int64_t per_tower = SaturatingAdd(
       SaturatingAdd(SaturatingMul(size.parameters, 2), size.floats_per_step),
       SaturatingMul(size.activations_per_example, std::max<int64_t>(1, examples_per_step)));
+  if (micro_batches > 1) {
+    per_tower = SaturatingAdd(
+        per_tower, SaturatingAdd(size.floats_to_accumulate,
+                                 SaturatingMul(size.floats_per_micro_batch, micro_batches - 1)));
+  }
   return SaturatingMul(SaturatingMul(per_tower, sizeof(float)), std::max(1, towers));
 }
 

@@ -39,6 +39,12 @@ struct ModelSize {
   int64_t activations_per_example = 0;
   // Floats a training step holds whatever its batch (batch norms' statistics).
   int64_t floats_per_step = 0;
+  // With micro-batches (more than one): the floats that add them up, a
+  // convolution's kernel and bias gradients computed apart before they are
+  // added, and a dense layer's bias gradient (its kernel's adds in the GEMM);
+  int64_t floats_to_accumulate = 0;
+  // and for each micro-batch after the first, the batch norms' statistics.
+  int64_t floats_per_micro_batch = 0;
 };
 
 // Checks the spec's sizes against `limits` and estimates the model's size.
@@ -58,11 +64,15 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec,
 int64_t TowerBatch(int64_t global_batch, int num_workers, int num_towers);
 
 // Bytes a worker holds to train `size` with `examples_per_step` examples per
-// tower and `towers` towers: per tower, weights and gradients (2 floats per
-// parameter), floats_per_step, and activations_per_example per example: what
-// the layers allocate for a step, to within a few buffers of the size of a
-// kernel's gradient (micro-batches' partial sums). Saturates at INT64_MAX.
-int64_t WorkerTrainingBytes(const ModelSize& size, int64_t examples_per_step, int towers);
+// tower, `towers` towers and each tower's step cut into `micro_batches`:
+// per tower, weights and gradients (2 floats per parameter), floats_per_step,
+// and activations_per_example per example, what the layers allocate for a
+// step; with micro-batches also floats_to_accumulate and
+// floats_per_micro_batch for each after the first (the micro-batches'
+// activations add up to the batch's; the layers' own scratch is sized for
+// one of them, so it is an upper bound there). Saturates at INT64_MAX.
+int64_t WorkerTrainingBytes(const ModelSize& size, int64_t examples_per_step, int towers,
+                            int micro_batches = 1);
 
 }  // namespace towerps::worker
 

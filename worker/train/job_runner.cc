@@ -104,14 +104,17 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
     auto size = CheckModelLimits(job.model());
     if (!size.ok()) return common::Annotate(size.status(), "job spec");
     const int64_t per_tower = TowerBatch(job.global_batch_size(), num_workers, num_towers);
-    const int64_t need = WorkerTrainingBytes(*size, per_tower, num_towers);
+    const int64_t need = WorkerTrainingBytes(*size, per_tower, num_towers, job.micro_batches());
     if (need > env.memory_budget_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "job spec: the model needs about ", need, " bytes on this worker (",
           size->parameters, " parameters, ", size->activations_per_example,
           " activation floats per example x ", per_tower, " examples x ", num_towers,
-          " towers, weights and gradients); its budget is ", env.memory_budget_bytes,
-          " bytes (--memory_budget_bytes)"));
+          " towers, weights and gradients",
+          job.micro_batches() > 1
+              ? absl::StrCat(", and what adds up ", job.micro_batches(), " micro-batches")
+              : "",
+          "); its budget is ", env.memory_budget_bytes, " bytes (--memory_budget_bytes)"));
     }
   }
   auto towers_or = Towers::Create(job.model(), num_towers, [&](int t) {
