@@ -109,8 +109,9 @@ absl::StatusOr<ModelSize> CheckModelLimits(const v1::ModelSpec& spec, const Mode
           // Its convolutions' kernels and biases: conv1, conv2 and, where
           // the side or the channels change, the 1x1 projection.
           const int64_t projection = l.strides() > 1 || in_c != f ? 1 : 0;
-          const int64_t kernels = SaturatingAdd(SaturatingMul(SaturatingMul(f, in_c), 9 + projection),
-                                                SaturatingMul(SaturatingMul(f, f), 9));
+          const int64_t kernels =
+              SaturatingAdd(SaturatingMul(SaturatingMul(f, in_c), 9 + projection),
+                            SaturatingMul(SaturatingMul(f, f), 9));
           size.floats_to_accumulate =
               SaturatingAdd(size.floats_to_accumulate,
                             SaturatingAdd(kernels, SaturatingMul(bias * (2 + projection), f)));
