@@ -10,7 +10,6 @@
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "worker/device/backend.h"
-#include "worker/device/cpu_threads.h"
 #include "worker/device/device_manager.h"
 #include "worker/model/dataset.h"
 #include "worker/model/model.h"
@@ -195,10 +194,6 @@ v1::ModelSpec EveryLayerType() {
 // (the weights and gradients are the model's host tensors, outside it).
 // The same bytes: a budget refuses what would not fit, and only that.
 TEST(ModelLimitsTest, TheEstimateIsWhatALayersStepAllocates) {
-  // One thread for both math libraries, as the worker sets them on few
-  // cores: their default teams (every core each) spin against each other
-  // and against the machine's other work (under load, 10x slower).
-  SetCpuMathThreads(1);
   std::vector<std::pair<std::string, v1::ModelSpec>> models = {{"every layer type",
                                                                 EveryLayerType()}};
   for (const char* name : kBuiltinModels) {
@@ -241,7 +236,6 @@ TEST(ModelLimitsTest, TheEstimateIsWhatALayersStepAllocates) {
 // first micro-batch's buffers were sized for the whole batch (reserved,
 // and grown by the evaluation), close to twice the activations at 2 or more.
 TEST(ModelLimitsTest, MicroBatchesHoldNoMoreActivations) {
-  SetCpuMathThreads(1);  // as above
   std::vector<std::pair<std::string, v1::ModelSpec>> models = {{"every layer type",
                                                                 EveryLayerType()}};
   for (const char* name : {"mlp", "cnn_small", "resnet_cifar"}) {
