@@ -120,6 +120,15 @@ for ((t = 0; t < 300; t++)); do
   fi
   sleep 0.1
 done
+# And until every ps and worker serves (grpc.health.v1), so that the cluster
+# is whole when it is announced (a ps that starts late would only hold up
+# the first job's registration).
+for addr in ${PS_HOSTS//,/ } ${WORKER_HOSTS//,/ }; do
+  for ((; t < 300; t++)); do
+    "$BIN/client/towerctl" --timeout_s=2 health "$addr" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+done
 echo "$CHIEF" >"$LOG_DIR/chief_address"
 echo "local_cluster: $NUM_PS ps ($PS_HOSTS), $NUM_WORKERS workers ($WORKER_HOSTS); chief $CHIEF; logs in $LOG_DIR"
 

@@ -163,6 +163,15 @@ int main(int argc, char** argv) {
        .on_update_skipped = std::move(on_update_skipped)});
   towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes), metrics.get(),
                                             absl::GetFlag(FLAGS_shared_memory));
+  // What this ps is set to, logged before it listens: a client that reaches
+  // it finds these lines in its log.
+  TLOG(INFO) << "ps " << spec->task_index << ": " << towerps::common::BlasDescription()
+             << "; update loops (momentum, Adam): "
+             << towerps::ps::UpdateLoopsName(towerps::ps::ActiveUpdateLoops());
+  TLOG(INFO) << "ps " << spec->task_index << ": memory budget " << budget
+             << " bytes for all jobs, at most " << absl::GetFlag(FLAGS_max_job_bytes)
+             << " per job; checkpoints only under " << state_roots->roots()[0];
+  TLOG(INFO) << "ps " << spec->task_index << ": " << (*security)->Describe();
   int port = 0;
   auto server = towerps::common::StartServer(
       address, {&service}, &port, {towerps::v1::ParameterService::service_full_name()},
@@ -174,15 +183,7 @@ int main(int argc, char** argv) {
   // Nothing to load: a listening ps can take calls (grpc.health.v1 SERVING).
   towerps::common::SetServing(**server);
   TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
-             << address << " (port " << port << "); checkpoints only under "
-             << state_roots->roots()[0];
-  TLOG(INFO) << "ps " << spec->task_index << ": " << towerps::common::BlasDescription()
-             << "; update loops (momentum, Adam): "
-             << towerps::ps::UpdateLoopsName(towerps::ps::ActiveUpdateLoops());
-  TLOG(INFO) << "ps " << spec->task_index << ": memory budget " << budget
-             << " bytes for all jobs, at most " << absl::GetFlag(FLAGS_max_job_bytes)
-             << " per job";
-  TLOG(INFO) << "ps " << spec->task_index << ": " << (*security)->Describe();
+             << address << " (port " << port << ")";
   TLOG(INFO) << "ps " << spec->task_index << ": resident memory with no job "
              << towerps::common::ResidentBytes() << " bytes";
   const int sig = (*stop)->Wait();  // later signals are ignored
