@@ -93,6 +93,13 @@ while [ $SECONDS -lt $deadline ]; do
   sleep 0.1
 done
 [ "$up" = 1 ] || { tail -5 "$TMP/ps.log" "$TMP/chief.log"; echo "FAIL: the cluster did not start"; exit 1; }
+# The chief answers before the ps may have finished starting: the ps logs its
+# budget after it serves, and its resident memory with no job last.
+deadline=$((SECONDS + 60))
+until grep -q "resident memory with no job" "$TMP/ps.log"; do
+  [ $SECONDS -lt $deadline ] && kill -0 "$PS_PID" 2>/dev/null || break
+  sleep 0.1
+done
 grep -q "memory budget $BUDGET bytes for all jobs" "$TMP/ps.log" \
   && pass "ps logs its budget: $(grep -m1 -o 'memory budget.*' "$TMP/ps.log")" \
   || fail "ps log: $(head -5 "$TMP/ps.log")"
