@@ -265,9 +265,13 @@ job k.txtpb killed 12 "checkpoint { every_steps: 15 dir: \"ckpt_killed\" }"
 timeout 300 "$TOWERCTL" logs -f reference >/dev/null 2>&1 || fail "reference run"
 "$TOWERCTL" submit "$TMP/k.txtpb" >/dev/null
 for ((t = 0; t < 30000; t++)); do [ -s "$CKPT_KILLED/MANIFEST" ] && break; sleep 0.01; done
+# Worker 1 stopped (SIGSTOP) until ps 1 is dead: a SYNC step needs its push,
+# so the job (360 steps in about a second) cannot end before the kill.
+kill -STOP "$W1"
 P1=$(cat "$TOWERPS_LOG_DIR/ps1.pid")
 mapfile -d '' PS1_CMD <"/proc/$P1/cmdline"
 kill -9 "$P1"
+kill -CONT "$W1"
 echo "killed ps 1 (pid $P1) after the first checkpoint: $(ls "$CKPT_KILLED" | tr '\n' ' ')"
 # Restarted once the old process is gone and its port free.
 for ((t = 0; t < 300; t++)); do kill -0 "$P1" 2>/dev/null || break; sleep 0.05; done
