@@ -12,9 +12,9 @@
 #                               or worker flags such as --virtual_devices=CPU=4]
 #
 # Without --serve it ends with: final: test_accuracy=<x> test_loss=<y> steps=<n> wall_s=<t>
-# With --serve it prints the chief's address (also in $LOG_DIR/chief_address) once
-# every ps and worker serves,
-# and keeps the cluster up until Ctrl-C/SIGTERM; submit with
+# With --serve it prints the chief's address (also in $LOG_DIR/chief_address)
+# once every ps and worker serves, and keeps the cluster up until
+# Ctrl-C/SIGTERM; submit with
 #   TOWERCTL_CHIEF=<address> towerctl submit job.json --wait
 # Every process it starts is stopped on exit, on Ctrl-C and on failure.
 # TOWERPS_BIN_DIR=<dir with ps/ps, worker/worker, client/towerctl> skips the build;
