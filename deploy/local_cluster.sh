@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
     --state_dir=*) STATE_DIR="${1#*=}" ;;
     --serve) SERVE=1 ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "local_cluster: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
