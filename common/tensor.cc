@@ -74,6 +74,14 @@ void Tensor::MoveTo(float* where) {
   std::vector<float>().swap(data_);
 }
 
+void Tensor::LiveAt(float* where) {
+  if (where == data()) return;
+  const int64_t n = num_elements();
+  external_ = where;
+  external_elements_ = n;
+  std::vector<float>().swap(data_);
+}
+
 void Tensor::Fill(float value) { std::fill(data(), data() + num_elements(), value); }
 
 std::string Tensor::ShapeString() const {

@@ -52,6 +52,11 @@ class Tensor {
   // overlap data(), and outlives the tensor (or its next MoveTo or Resize to
   // another size).
   void MoveTo(float* where);
+  // Lives at `where` from now on without copying: its values become those
+  // there, and its own allocation is freed (no page of `where` is touched).
+  // For memory whose first reader comes after its first writer. REQUIRES:
+  // `where` is not null; as MoveTo.
+  void LiveAt(float* where);
   // Whether it lives in memory it does not own (MoveTo).
   bool external() const { return external_ != nullptr; }
   void Fill(float value);

@@ -70,5 +70,24 @@ TEST(TensorTest, MoveToLivesInTheGivenMemoryAndCopiesOwnTheirs) {
   EXPECT_EQ(memory, (std::vector<float>{-1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, -1}));
 }
 
+// LiveAt takes the memory as it is: nothing is written there (a copy of
+// the old values would be), and the old values are gone with its allocation.
+TEST(TensorTest, LiveAtTakesTheValuesThereWithoutWritingThem) {
+  Tensor t({2, 2}, {1, 2, 3, 4});
+  std::vector<float> memory = {-1, 7, 8, 9, 10, -1};
+  t.LiveAt(memory.data() + 1);
+  EXPECT_TRUE(t.external());
+  EXPECT_EQ(t.data(), memory.data() + 1);
+  EXPECT_EQ(t.num_elements(), 4);
+  EXPECT_EQ(std::vector<float>(t.span().begin(), t.span().end()),
+            (std::vector<float>{7, 8, 9, 10}));
+  EXPECT_EQ(memory, (std::vector<float>{-1, 7, 8, 9, 10, -1}));
+  t.Fill(0.5f);  // the memory is the tensor
+  EXPECT_EQ(memory, (std::vector<float>{-1, 0.5, 0.5, 0.5, 0.5, -1}));
+  t.MoveTo(nullptr);  // back, with the values it has there
+  EXPECT_FALSE(t.external());
+  EXPECT_EQ(t[3], 0.5f);
+}
+
 }  // namespace
 }  // namespace towerps::common

@@ -480,9 +480,14 @@ std::vector<common::Tensor*> Model::gradients() {
   return out;
 }
 
-void Model::PlaceHostTensors(size_t v, float* weight, float* grad) {
-  host_weights_[v].MoveTo(weight);
-  host_grads_[v].MoveTo(grad);
+void Model::PlaceHostTensors(size_t v, float* weight, float* grad, bool keep_values) {
+  if (keep_values) {
+    host_weights_[v].MoveTo(weight);
+    host_grads_[v].MoveTo(grad);
+  } else {
+    host_weights_[v].LiveAt(weight);
+    host_grads_[v].LiveAt(grad);
+  }
   // Views of the old buffers follow (the weights' also at the next
   // LoadWeights or OwnWeight; the gradients' only here).
   DeviceTensor* w = device_weights_[v];

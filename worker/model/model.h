@@ -113,12 +113,14 @@ class Model {
   std::vector<common::Tensor*> gradients();
   // Moves host weight and gradient `v` to `weight` and `grad` (Tensor::MoveTo:
   // each holds the variable's elements and outlives its use here; null: back
-  // into the tensor's own allocation), keeping their values; layers on host
-  // memory then compute on them there. For a worker's shared memory
+  // into the tensor's own allocation), keeping their values, or with
+  // `keep_values` false taking those already there (Tensor::LiveAt: nothing
+  // copied, for memory written before it is read); layers on host memory
+  // then compute on them there. For a worker's shared memory
   // (ParameterClient::SharedValues), where the servers' pulls land and
   // pushes are read, so that neither is copied on the worker. Between steps
-  // only.
-  void PlaceHostTensors(size_t v, float* weight, float* grad);
+  // only. REQUIRES: `keep_values` unless both are non-null.
+  void PlaceHostTensors(size_t v, float* weight, float* grad, bool keep_values = true);
 
   // Splits every ComputeGradients batch into `m` micro-batches (sizes differ
   // by at most one). When the layers sit on several devices, each run of

@@ -85,8 +85,8 @@ class Towers {
   // The reduced gradient after ComputeGradients (tower 0's tensors).
   std::vector<common::Tensor*> gradients() { return models_[0]->gradients(); }
   // Where those live (Model::PlaceHostTensors of tower 0).
-  void PlaceHostTensors(size_t v, float* weight, float* grad) {
-    models_[0]->PlaceHostTensors(v, weight, grad);
+  void PlaceHostTensors(size_t v, float* weight, float* grad, bool keep_values = true) {
+    models_[0]->PlaceHostTensors(v, weight, grad, keep_values);
   }
 
   // Splits `batch` into num_towers contiguous parts (sizes differ by at most
