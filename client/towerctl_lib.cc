@@ -545,14 +545,19 @@ void PrintFinalShards(const Call& call, const v1::JobRecord& r) {
     total += r.final_shards(i).bytes_held();
     bytes.emplace_back(i, r.final_shards(i).bytes_held());
   }
-  TextTable shards(
-      {"PS", "BYTES", "SHARE", "SLOTS", "VARIABLES", "STEP", "APPLIED", "STALE", "DUPLICATE"});
+  // CORES: the server process's CPU time over the span of the job's
+  // updates there (every job it served in that span).
+  TextTable shards({"PS", "BYTES", "SHARE", "SLOTS", "VARIABLES", "STEP", "APPLIED", "STALE",
+                    "DUPLICATE", "CORES"});
   for (int i = 0; i < r.final_shards_size(); ++i) {
     const v1::JobStatus& st = r.final_shards(i);
     shards.AddRow({absl::StrCat(i), HumanBytes(st.bytes_held()), Percent(st.bytes_held(), total),
                    HumanBytes(st.slot_bytes()), absl::StrCat(st.num_variables()),
                    absl::StrCat(st.global_step()), absl::StrCat(st.pushes_applied()),
-                   absl::StrCat(st.pushes_stale()), absl::StrCat(st.pushes_duplicate())});
+                   absl::StrCat(st.pushes_stale()), absl::StrCat(st.pushes_duplicate()),
+                   st.update_span_s() > 0
+                       ? absl::StrFormat("%.2f", st.update_span_cpu_s() / st.update_span_s())
+                       : "-"});
   }
   call.env.out << "\nParameter servers at the end of the job:\n" << shards.Render("  ");
   const std::string note = ImbalanceNote(bytes);

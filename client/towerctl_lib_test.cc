@@ -94,6 +94,10 @@ class FakeJobService final : public v1::JobService::Service {
       s->set_global_step(468);
     }
     mnist.mutable_final_shards(1)->set_updates_skipped(2);
+    // Server 0 busy 0.5 s of CPU over its 2 s of updates; server 1 applied
+    // fewer than two updates (no span).
+    mnist.mutable_final_shards(0)->set_update_span_s(2.0);
+    mnist.mutable_final_shards(0)->set_update_span_cpu_s(0.5);
     events_["mnist"] = {Event(1, v1::JobEvent::STATE, "", v1::RUNNING),
                         Event(2, v1::JobEvent::PROGRESS, "", {}, 50),
                         Event(3, v1::JobEvent::EPOCH, "", {}, 100),
@@ -616,6 +620,15 @@ TEST_F(TowerctlTest, StatusOfAFinishedJobShowsItsRecordAndFinalShards) {
   EXPECT_TRUE(Contains(r.out, "Variable updates not applied, their values not finite")) << r.out;
   EXPECT_TRUE(Contains(r.out, "): ps 1 skipped 2.")) << r.out;
   EXPECT_FALSE(Contains(r.out, "ps 0 skipped")) << r.out;
+  // The cores each server process kept busy over the job's updates.
+  const size_t table = r.out.find("Parameter servers at the end of the job");
+  ASSERT_NE(table, std::string::npos);
+  std::vector<std::string> rows = absl::StrSplit(r.out.substr(table), '\n');
+  ASSERT_GE(rows.size(), 4u) << r.out;
+  const size_t col = rows[1].find("CORES");
+  ASSERT_NE(col, std::string::npos) << r.out;
+  EXPECT_EQ(rows[2].substr(col, 4), "0.25") << r.out;
+  EXPECT_EQ(rows[3].substr(col, 1), "-") << r.out;
   EXPECT_FALSE(Contains(r.out, "Live:")) << r.out;
 }
 

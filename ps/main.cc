@@ -184,8 +184,12 @@ int main(int argc, char** argv) {
   towerps::common::SetServing(**server);
   TLOG(INFO) << "ps " << spec->task_index << " (" << spec->TaskName() << ") serving on "
              << address << " (port " << port << ")";
+  // With the CPU time start-up took (libraries, gRPC): what the server's
+  // work used is the exit line's less this one's (tests/bench/step_breakdown.sh).
+  const towerps::common::CpuTime started = towerps::common::ProcessCpuTime();
   TLOG(INFO) << "ps " << spec->task_index << ": resident memory with no job "
-             << towerps::common::ResidentBytes() << " bytes";
+             << towerps::common::ResidentBytes() << " bytes; cpu time at start user "
+             << started.user_s << " s, system " << started.system_s << " s";
   const int sig = (*stop)->Wait();  // later signals are ignored
   const absl::Duration drain = absl::Seconds(absl::GetFlag(FLAGS_drain_s));
   TLOG(INFO) << "ps " << spec->task_index << ": signal " << sig << ", shutting down (drain "
@@ -204,12 +208,12 @@ int main(int argc, char** argv) {
                << j.global_step() << ", " << j.pushes_applied() << " pushes applied"
                << (updates.empty() ? "" : "; ") << updates;
   }
+  const towerps::common::CpuTime stopped = towerps::common::ProcessCpuTime();
   TLOG(INFO) << "ps " << spec->task_index << ": stopped; peak resident memory (VmHWM) "
              << towerps::common::PeakResidentBytes()
              << " bytes, of which workers' shared segments mapped here (RssShmem, their pages, "
                 "not this server's) at most "
              << service.segments().PeakSharedResidentBytes() << " bytes; cpu time user "
-             << towerps::common::ProcessCpuTime().user_s << " s, system "
-             << towerps::common::ProcessCpuTime().system_s << " s";
+             << stopped.user_s << " s, system " << stopped.system_s << " s";
   return 0;
 }

@@ -118,6 +118,11 @@ class Job {
   std::string lost_logged ABSL_GUARDED_BY(mu);
   int64_t restored_step ABSL_GUARDED_BY(mu) = -1;
   int64_t steps_applied ABSL_GUARDED_BY(mu) = 0;
+  // The clock and this process's CPU time at the job's first and latest
+  // step: how many cores the server kept busy while the job trained
+  // (logged at delete; the step breakdown benchmark's `cores`).
+  absl::Time first_step_at ABSL_GUARDED_BY(mu), last_step_at ABSL_GUARDED_BY(mu);
+  double first_step_cpu_s ABSL_GUARDED_BY(mu) = 0, last_step_cpu_s ABSL_GUARDED_BY(mu) = 0;
   // Requests served in the current and the previous 10 s window.
   absl::Time window_start ABSL_GUARDED_BY(mu) = absl::Now();
   int64_t window_requests[2] ABSL_GUARDED_BY(mu) = {0, 0};
@@ -376,9 +381,21 @@ class Job {
     }
   }
 
+  void UpdateSpanLocked(v1::JobStatus* status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (steps_applied < 2) return;
+    status->set_update_span_s(absl::ToDoubleSeconds(last_step_at - first_step_at));
+    status->set_update_span_cpu_s(last_step_cpu_s - first_step_cpu_s);
+  }
+
   void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     ++global_step;
     ++steps_applied;
+    last_step_at = absl::Now();
+    last_step_cpu_s = common::ProcessCpuTime().total_s();
+    if (steps_applied == 1) {
+      first_step_at = last_step_at;
+      first_step_cpu_s = last_step_cpu_s;
+    }
     DetachViewsLocked(/*keep_copies=*/true);
     step_opened = absl::Now();
     changed.SignalAll();
@@ -1984,6 +2001,7 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
     s->set_pushes_named_at_once(job->pushes_named_at_once);
     s->set_segment_pull_values(job->segment_pull_values);
     s->set_values_in_place(job->values_in_place);
+    job->UpdateSpanLocked(s);
     s->set_slot_bytes(job->slot_bytes());
   }
   response.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
@@ -2058,6 +2076,7 @@ v1::DeleteJobResponse ParameterServer::DeleteJob(const v1::DeleteJobRequest& req
     counts.set_pushes_named_at_once(job->pushes_named_at_once);
     counts.set_segment_pull_values(job->segment_pull_values);
     counts.set_values_in_place(job->values_in_place);
+    job->UpdateSpanLocked(&counts);
     details = DescribeUpdates(counts);
     if (!details.empty()) details = absl::StrCat("; ", details);
     freed += job->slot_bytes();
@@ -2123,6 +2142,12 @@ std::string DescribeUpdates(const v1::JobStatus& status) {
     parts.push_back(absl::StrCat("of the ", status.segment_pull_values(),
                                  " variables pulled into workers' shared memory, ",
                                  status.values_in_place(), " were there already"));
+  }
+  if (status.update_span_s() > 0) {
+    parts.push_back(absl::StrFormat(
+        "process cpu from its first update to its last %.3f s in %.3f s (%.2f cores)",
+        status.update_span_cpu_s(), status.update_span_s(),
+        status.update_span_cpu_s() / status.update_span_s()));
   }
   return absl::StrJoin(parts, "; ");
 }

@@ -631,7 +631,10 @@ class ParameterServer {
 // nothing), and what its pulls
 // into workers' shared memory found there already (segment_pull_values,
 // values_in_place: "of the N variables pulled into workers' shared
-// memory, M were there already"; none pulled there, nothing); "; "
+// memory, M were there already"; none pulled there, nothing), and how busy
+// the server process was from the job's first update to its latest
+// (update_span_s, update_span_cpu_s: "process cpu from its first update to
+// its last C s in S s (C/S cores)"; under 2 updates, nothing); "; "
 // between them.
 std::string DescribeUpdates(const v1::JobStatus& status);
 

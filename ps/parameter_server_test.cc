@@ -1,6 +1,7 @@
 #include "ps/parameter_server.h"
 
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,8 +14,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "common/gradient_codec.h"
+#include "common/process_cpu.h"
 #include "common/status.h"
 #include "common/storage/checkpoint.h"
 #include "gtest/gtest.h"
@@ -1471,6 +1474,58 @@ TEST(DeleteJobTest, FreesTheJobAndWakesWaitingPulls) {
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(again->created());
   EXPECT_EQ(again->global_step(), 0);
+}
+
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+// How busy the server process was while a job trained: the clock and the
+// process's CPU time from the job's first update to its latest (the step
+// breakdown benchmark's `cores`; the ps's logs at delete and exit). Between
+// two updates this thread burns CPU the span must count.
+TEST(UpdateSpanTest, CountsTheProcessesCpuFromTheFirstUpdateToTheLatest) {
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  v1::StatusRequest req;
+  req.set_job_id("j");
+  const absl::Time before = absl::Now();
+  const double cpu_before = common::ProcessCpuTime().total_s();
+  ASSERT_TRUE(PushConst(ps, Header(0, 1, 0, 1), 1.0f).ok());
+  ASSERT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.steps_applied() == 1; }));
+  v1::JobStatus one = ps.Status(req).jobs(0);
+  EXPECT_EQ(one.update_span_s(), 0);  // one update: no span yet
+  EXPECT_EQ(DescribeUpdates(one).find("process cpu"), std::string::npos) << DescribeUpdates(one);
+
+  const absl::Time burn_wall_start = absl::Now();
+  const double burn_start = ThreadCpuSeconds();
+  volatile double sink = 0;
+  while (ThreadCpuSeconds() - burn_start < 0.05) sink = sink + 1;
+  const double burnt = ThreadCpuSeconds() - burn_start;
+  const double burn_wall = absl::ToDoubleSeconds(absl::Now() - burn_wall_start);
+  ASSERT_TRUE(PushConst(ps, Header(0, 2, 1, 1), 1.0f).ok());
+  ASSERT_TRUE(WaitForJob(ps, [](const v1::JobStatus& j) { return j.steps_applied() == 2; }));
+  const double cpu_all = common::ProcessCpuTime().total_s() - cpu_before;
+  const double wall_all = absl::ToDoubleSeconds(absl::Now() - before);
+
+  const v1::JobStatus two = ps.Status(req).jobs(0);
+  // The span holds the burn (between its two updates) and lies inside what
+  // was measured around both updates. The process's CPU time comes in whole
+  // microseconds, user and system apart: 4 us off at most between two reads.
+  constexpr double kRusageError = 4e-6;
+  EXPECT_GE(two.update_span_s(), burn_wall);
+  EXPECT_LE(two.update_span_s(), wall_all);
+  EXPECT_GE(two.update_span_cpu_s(), burnt - kRusageError);
+  EXPECT_LE(two.update_span_cpu_s(), cpu_all + kRusageError);
+  const std::string described = DescribeUpdates(two);
+  EXPECT_NE(described.find(absl::StrFormat("process cpu from its first update to its last %.3f s "
+                                           "in %.3f s (%.2f cores)",
+                                           two.update_span_cpu_s(), two.update_span_s(),
+                                           two.update_span_cpu_s() / two.update_span_s())),
+            std::string::npos)
+      << described;
 }
 
 }  // namespace

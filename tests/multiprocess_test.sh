@@ -174,6 +174,12 @@ for model in mlp dense_stack; do
     ONE_SHM=$(grep -c "writes its pulls into this worker's shared memory" "$DIR/worker0.log")
     read -r AHEAD STEPS <<<"$(ahead_count "$DIR")"
     read -r NAMED PUSHES <<<"$(named_count "$DIR" 0)"
+    # The cores the ps kept busy from its first update to its last (logged
+    # at the job's deletion): at most the CPUs it may run on, pinned to one
+    # at most that one (5% for the clock and the CPU time being read apart).
+    PS_CORES=$(grep -o 'process cpu from its first update to its last [0-9.]* s in [0-9.]* s ([0-9.]* cores)' \
+                 "$DIR/ps0.log" | sed 's/.*(//; s/ cores)//')
+    MAX_CORES=$([ "$where" = apart ] && echo 1.05 || echo "$(nproc).05")
     # Cores apart: named as they come, though a push whose gradients were
     # all out before the worker's push thread looked is one message too.
     if [ "$where" = apart ]; then WANT_AHEAD=${STEPS:-x} MIN_NAMED=0
@@ -181,10 +187,11 @@ for model in mlp dense_stack; do
     if [ "$RC" -eq 0 ] && [ "$GRPC_RC" -eq 0 ] && [ "$ONE_SHM" -eq 1 ] && [ -n "$ONE_FINAL" ] &&
        [ "$ONE_FINAL" = "$ONE_GRPC" ] && [ -n "${STEPS:-}" ] && [ "${STEPS:-0}" -gt 0 ] &&
        [ "${AHEAD:-}" = "$WANT_AHEAD" ] && [ "${PUSHES:-}" = "$STEPS" ] &&
-       [ "${NAMED:-0}" -ge "$MIN_NAMED" ]; then
-      pass "$model, one worker, $where cores: $AHEAD of $STEPS formed ahead, $NAMED of $PUSHES pushes named at once, $ONE_FINAL"
+       [ "${NAMED:-0}" -ge "$MIN_NAMED" ] &&
+       awk -v c="${PS_CORES:-x}" -v m="$MAX_CORES" 'BEGIN { exit !(c ~ /^[0-9.]+$/ && c + 0 <= m) }'; then
+      pass "$model, one worker, $where cores: $AHEAD of $STEPS formed ahead, $NAMED of $PUSHES pushes named at once, ps busy $PS_CORES cores, $ONE_FINAL"
     else
-      fail "$model, one worker, $where cores: rc $RC/$GRPC_RC, in shared memory: $ONE_SHM, formed ahead '${AHEAD:-}' of '${STEPS:-}' (want $WANT_AHEAD), pushes named at once '${NAMED:-}' of '${PUSHES:-}' (want at least $MIN_NAMED), '$ONE_FINAL' vs gRPC '$ONE_GRPC'"
+      fail "$model, one worker, $where cores: rc $RC/$GRPC_RC, in shared memory: $ONE_SHM, formed ahead '${AHEAD:-}' of '${STEPS:-}' (want $WANT_AHEAD), pushes named at once '${NAMED:-}' of '${PUSHES:-}' (want at least $MIN_NAMED), ps busy '${PS_CORES:-}' cores (want at most $MAX_CORES), '$ONE_FINAL' vs gRPC '$ONE_GRPC'"
     fi
   done
 done

@@ -149,6 +149,13 @@ STEP = re.compile(r"worker (\d+): (\d+) steps, per step ([\d.]+) ms: compute ([\
                   r"(?: \((?:batches ([\d.]+), )?eval ([\d.]+)\))?(?:; process cpu ([\d.]+) cores)?")
 LOOP = re.compile(r"worker \d+: (\d+) steps, per step ([\d.]+) ms")
 CPU = re.compile(r"cpu time user ([\d.e+-]+) s, system ([\d.e+-]+) s")
+# What start-up took (libraries, gRPC), logged once the ps listens: not the
+# job's work.
+CPU_START = re.compile(r"cpu time at start user ([\d.e+-]+) s, system ([\d.e+-]+) s")
+# The cores a ps kept busy from its first update of the job to its last (at
+# the job's delete): the same window as the worker's loop, less one step.
+JOB_CPU = re.compile(r"process cpu from its first update to its last [\d.]+ s in [\d.]+ s "
+                     r"\(([\d.]+) cores\)")
 ALONE = re.compile(r"^(?:cpu|gpu)\S*\s+(\S+)\s+1\s+\d+\s+(\d+)\s+([\d.]+)", re.M)
 print("%-11s %2s %-5s %3s %6s %7s %7s %13s %6s %6s %6s %6s %6s %6s %6s %7s %7s %5s %7s %6s | %8s %6s %8s %5s %5s | %8s" % (
     "model", "W", "mode", "dev", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
@@ -168,7 +175,7 @@ for line in open(sys.argv[1]):
         p = re.findall(r"peak resident memory \(VmHWM\) (\d+) bytes", text)
         if p:
             worker_peak.append(int(p[-1]))
-    ps_rows, ps_cpu = [], []
+    ps_rows, ps_cpu, ps_cores = [], [], []
     for log in sorted(glob.glob(os.path.join(run, "ps*.log"))):
         text = read(log)
         held = re.findall(r"registered: \d+ variables, (\d+) bytes, optimizer slots (\d+) bytes",
@@ -180,9 +187,14 @@ for line in open(sys.argv[1]):
         if held and peak and idle:
             ps_rows.append((int(peak[-1]), int(held[-1][0]) + int(held[-1][1]), int(idle[-1]),
                             int(shm[-1]) if shm else 0))
+        in_job = JOB_CPU.findall(text)
         cpu = CPU.findall(text)
-        if cpu:
-            ps_cpu.append(float(cpu[-1][0]) + float(cpu[-1][1]))
+        if in_job:
+            ps_cores.append(float(in_job[-1]))
+        elif cpu:
+            at_start = CPU_START.findall(text)
+            ps_cpu.append(float(cpu[-1][0]) + float(cpu[-1][1]) -
+                          (float(at_start[0][0]) + float(at_start[0][1]) if at_start else 0))
     if not bds:
         print("%-11s %2s %-5s  (no breakdown line in the worker logs: %s)" % (model, workers, mode, run))
         continue
@@ -190,10 +202,14 @@ for line in open(sys.argv[1]):
     steps, step_ms, comp, pull, wait, push, other, batch, evl, _ = max(bds, key=lambda b: b[1])
     evl = 0.0 if evl != evl else evl  # a worker without the eval figure: none counted
     # Cores kept busy during the training loop: every worker's process
-    # (measured over its loop) plus every ps's whole CPU time over the loop's
-    # length (a ps is idle before and after the job).
+    # (measured over its loop) plus every ps's over its first to last update
+    # of the job (its log). A ps whose log has no such line (one step, or an
+    # older binary): its CPU time past its start-up over the loop's length,
+    # which counts its work on the job before and after the loop too (2.3
+    # cores busy of 2, a 1-worker MLP run).
     loop_s = steps * step_ms / 1e3
-    cores = sum(b[9] for b in bds) + (sum(ps_cpu) / loop_s if loop_s > 0 else 0)
+    cores = (sum(b[9] for b in bds) + sum(ps_cores) +
+             (sum(ps_cpu) / loop_s if loop_s > 0 else 0))
     worst = (max(ps_rows, key=lambda r: (r[0] - r[3]) / max(1, r[1])) if ps_rows
              else (0, 1, 0, 0))
     alone = float("nan")
@@ -221,8 +237,8 @@ print("same window; the fastest of 3 runs of 1 s); st/alone: ms/step over alone.
 print("other, gathering each step's batch (its rows at random in the train set); eval: of")
 print("other, the chief's evaluations at epoch ends inside the loop (no training work);")
 print("tr/alone: (ms/step - eval) over alone.")
-print("cores: CPU seconds of every worker and ps process over the loop's seconds (of %d cores)."
-      % os.cpu_count())
+print("cores: CPU seconds over wall seconds, summed: every worker's in its loop, every ps's from")
+print("its first update of the job to its last (of %d cores)." % os.cpu_count())
 print("ps MB: peak resident (VmHWM) of the ps with the highest x net; shm MB: of it, the workers'")
 print("shared segments the ps maps (the ps's log: RssShmem at its most; the pages are the workers',")
 print("counted in their memory too); held MB: its values + slots; x = ps MB / held MB;")
