@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/cancellation.h"
 #include "common/job_spec.h"
 #include "common/process_memory.h"
@@ -118,6 +120,34 @@ TEST_F(JobRunnerTest, SmallJobFinishesWithTheExpectedStepCount) {
   // Device memory charged for the job is released at its end.
   for (const auto* d : devices_->devices())
     EXPECT_EQ(d->bytes_in_use(), 0) << d->name();
+}
+
+TEST_F(JobRunnerTest, ExamplesPerSecondLeavesEvaluationAndCheckpointsOut) {
+  // The first epoch's end (its evaluation and hooks) takes 1.5 s and the
+  // chief's hook before step 7 (where checkpoints are written) another
+  // 1.5 s, both in the second epoch's window. The window reports the rate of
+  // its 4 training steps alone; counted whole, it could not exceed
+  // 20 examples / 3 s (6.7 examples/s), or 13.3 with either pause left in.
+  constexpr double kPauseS = 1.5;
+  hooks_.on_epoch = [&](int64_t step, const std::vector<v1::VariableDef>&,
+                        const std::vector<common::Tensor*>&) {
+    if (step == 4) absl::SleepFor(absl::Seconds(kPauseS));
+  };
+  hooks_.after_pull = [&](int64_t step) {
+    if (step == 6) absl::SleepFor(absl::Seconds(kPauseS));
+    return absl::OkStatus();
+  };
+  std::vector<double> rates;  // Per window, in step order.
+  hooks_.on_metrics = [&](const v1::Metrics& m, bool epoch_end) {
+    if (!epoch_end) rates.push_back(m.examples_per_s());
+  };
+  auto result = RunJob(env_, SmallJob(), "", hooks_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(rates.size(), 2u);  // steps 4 and 8: one window per epoch
+  EXPECT_GE(result->breakdown.eval_s, kPauseS);
+  // 20 examples in under 1 s of training: a bound 200x above a tiny model's
+  // steps on loopback, and above what either pause would allow.
+  EXPECT_GT(rates[1], 20.0) << "the window counted a pause";
 }
 
 TEST_F(JobRunnerTest, TwoTowersOnTwoCpuDevicesTakeTheSameSteps) {

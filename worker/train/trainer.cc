@@ -207,6 +207,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   double window_loss = 0;
   int64_t window_examples = 0, window_correct = 0;
   absl::Time window_start = absl::Now();
+  // The chief's evaluations and checkpoints inside a window are not
+  // training: the window's examples/s leaves them out.
+  double window_pause_s = 0;
   // Evaluation happens when the first batch of a new epoch is reached; after
   // a restore, the epochs already evaluated are not repeated.
   int64_t last_eval_epoch = start_step / spe;
@@ -242,7 +245,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       break;
     }
     if (options_.is_chief && options_.after_pull) {
+      const absl::Time hook_start = absl::Now();  // checkpoints
       TOWERPS_RETURN_IF_ERROR(options_.after_pull(pulled));
+      window_pause_s += seconds_since(hook_start);
     }
     // The batch: by global step (SYNC) or by own iteration (ASYNC).
     const int64_t position = sync ? pulled : it;
@@ -253,7 +258,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       bd.pull_s += seconds_since(pull_start);
       const absl::Time eval_start = absl::Now();
       TOWERPS_RETURN_IF_ERROR(EvalAndReport(epoch, pulled, &result));
-      bd.eval_s += seconds_since(eval_start);
+      const double eval_s = seconds_since(eval_start);
+      bd.eval_s += eval_s;
+      window_pause_s += eval_s;
       last_eval_epoch = epoch;
     }
     gather(position);  // gathered already while the last step's push finished, as a rule
@@ -344,7 +351,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                             ? absl::StrFormat(" acc=%.4f", window_correct / n)
                             : "";
       const double lr = common::LearningRateAt(config.optimizer(), position);
-      const double rate = window_examples / std::max(secs, 1e-9);
+      const double rate = window_examples / std::max(secs - window_pause_s, 1e-9);
       const int64_t shown_epoch = std::min<int64_t>(epoch + 1, job.epochs());
       Progress(absl::StrFormat(
           "worker %d epoch %d/%d step %d/%d loss=%.4f%s examples/s=%.0f lr=%g", w,
@@ -365,6 +372,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       }
       window_loss = 0;
       window_examples = window_correct = 0;
+      window_pause_s = 0;
       window_start = absl::Now();
     }
   }
