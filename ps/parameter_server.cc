@@ -123,8 +123,10 @@ class Job {
   // (logged at delete; the step breakdown benchmark's `cores`).
   absl::Time first_step_at ABSL_GUARDED_BY(mu), last_step_at ABSL_GUARDED_BY(mu);
   double first_step_cpu_s ABSL_GUARDED_BY(mu) = 0, last_step_cpu_s ABSL_GUARDED_BY(mu) = 0;
-  // Requests served in the current and the previous 10 s window.
-  absl::Time window_start ABSL_GUARDED_BY(mu) = absl::Now();
+  // Requests served in the current and the previous 10 s window; a job
+  // younger than a window has had no previous one (`created`).
+  const absl::Time created = absl::Now();
+  absl::Time window_start ABSL_GUARDED_BY(mu) = created;
   int64_t window_requests[2] ABSL_GUARDED_BY(mu) = {0, 0};
   double window_service_s[2] ABSL_GUARDED_BY(mu) = {0, 0};
   int64_t applied ABSL_GUARDED_BY(mu) = 0;
@@ -1987,9 +1989,11 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
       s->set_step_open_s(absl::ToDoubleSeconds(now - job->step_opened));
     }
     job->RollLocked(now);
-    // Rate over the previous full window plus the current partial one.
-    const double span = absl::ToDoubleSeconds(now - job->window_start) +
-                        absl::ToDoubleSeconds(Job::kWindow);
+    // Rate over the previous full window plus the current partial one, or
+    // over the job's life while it is younger than a window (not as though
+    // it had idled a whole window before: 8x too low in its first seconds).
+    const absl::Time from = std::max(job->window_start - Job::kWindow, job->created);
+    const double span = absl::ToDoubleSeconds(now - from);
     const int64_t n = job->window_requests[0] + job->window_requests[1];
     s->set_requests_per_s(n / std::max(span, 1e-3));
     s->set_mean_latency_ms(

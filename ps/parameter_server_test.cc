@@ -1528,6 +1528,27 @@ TEST(UpdateSpanTest, CountsTheProcessesCpuFromTheFirstUpdateToTheLatest) {
       << described;
 }
 
+TEST(RequestRateTest, AJobYoungerThanTheWindowIsRatedOverItsLife) {
+  // 30 requests of 2 ms each, then 20 ms: the rate is 30 over the job's age,
+  // which lies between those 20 ms and the whole test (not 30 over the age
+  // plus a whole empty 10 s window before it).
+  const absl::Time before = absl::Now();
+  ParameterServer ps({});
+  ASSERT_TRUE(ps.Register(TwoVarJob(v1::ASYNC, 1)).ok());
+  constexpr int kRequests = 30;
+  for (int i = 0; i < kRequests; ++i) ps.RecordRequest("j", absl::Milliseconds(2));
+  const absl::Time idle_start = absl::Now();
+  absl::SleepFor(absl::Milliseconds(20));
+  const double idle = absl::ToDoubleSeconds(absl::Now() - idle_start);
+  v1::StatusRequest req;
+  req.set_job_id("j");
+  const v1::JobStatus st = ps.Status(req).jobs(0);
+  const double all = absl::ToDoubleSeconds(absl::Now() - before);
+  EXPECT_GE(st.requests_per_s(), kRequests / all);
+  EXPECT_LE(st.requests_per_s(), kRequests / idle);
+  EXPECT_NEAR(st.mean_latency_ms(), 2.0, 1e-9);
+}
+
 }  // namespace
 }  // namespace towerps::ps
 
