@@ -28,6 +28,12 @@ std::string ClockTime(double unix_seconds) {
                           absl::LocalTimeZone());
 }
 
+// The whole job's rate (every worker's), or the chief's from a worker that
+// reports only its own.
+double JobExamplesPerS(const v1::Metrics& m) {
+  return m.job_examples_per_s() > 0 ? m.job_examples_per_s() : m.examples_per_s();
+}
+
 }  // namespace
 
 std::string MetricsSummary(const v1::Metrics& m) {
@@ -41,8 +47,7 @@ std::string MetricsSummary(const v1::Metrics& m) {
     if (m.has_accuracy())
       absl::StrAppend(&s, absl::StrFormat("  test_acc %.4f", m.test_accuracy()));
   }
-  if (m.examples_per_s() > 0)
-    absl::StrAppend(&s, absl::StrFormat("  %.0f ex/s", m.examples_per_s()));
+  if (JobExamplesPerS(m) > 0) absl::StrAppend(&s, absl::StrFormat("  %.0f ex/s", JobExamplesPerS(m)));
   if (m.learning_rate() > 0) absl::StrAppend(&s, absl::StrFormat("  lr %.3g", m.learning_rate()));
   return s;
 }
@@ -81,7 +86,7 @@ std::string ProgressBar(const v1::Metrics& m, double eta_s, int bar_width) {
                   StepOfTotal(m));
   absl::StrAppend(&s, absl::StrFormat("  loss %.4f", m.loss()));
   if (m.has_accuracy()) absl::StrAppend(&s, absl::StrFormat("  acc %.4f", m.accuracy()));
-  absl::StrAppend(&s, absl::StrFormat("  %.0f ex/s", m.examples_per_s()));
+  absl::StrAppend(&s, absl::StrFormat("  %.0f ex/s", JobExamplesPerS(m)));
   absl::StrAppend(&s, absl::StrFormat("  lr %.3g", m.learning_rate()));
   absl::StrAppend(&s, "  ETA ", eta_s < 0 ? "?" : HumanDuration(eta_s));
   return s;

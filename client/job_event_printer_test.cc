@@ -47,6 +47,18 @@ TEST(JobEventPrinterTest, PlainIsOneLinePerEventWithoutCarriageReturns) {
       << s;
 }
 
+TEST(JobEventPrinterTest, ExamplesPerSecondIsTheWholeJobsWhereTheWorkerSaysIt) {
+  v1::JobEvent e = Progress(1.7e9, 10);
+  e.mutable_metrics()->set_job_examples_per_s(2000);  // two workers at 1000
+  EXPECT_NE(MetricsSummary(e.metrics()).find("acc 0.7500  2000 ex/s  lr"), std::string::npos)
+      << MetricsSummary(e.metrics());
+  EXPECT_NE(ProgressBar(e.metrics(), 1, 10).find("  2000 ex/s  lr"), std::string::npos);
+  // From a worker that reports only its own rate: that one.
+  e.mutable_metrics()->clear_job_examples_per_s();
+  EXPECT_NE(MetricsSummary(e.metrics()).find("acc 0.7500  1000 ex/s  lr"), std::string::npos);
+  EXPECT_NE(ProgressBar(e.metrics(), 1, 10).find("  1000 ex/s  lr"), std::string::npos);
+}
+
 TEST(JobEventPrinterTest, TerminalRedrawsTheBarAndPrintsLogsAboveIt) {
   std::ostringstream out;
   JobEventPrinter p(out, JobEventPrinter::Style::kTerminal);

@@ -318,12 +318,20 @@ from tensorboard.backend.event_processing import event_accumulator as ea
 acc = ea.EventAccumulator(sys.argv[1], size_guidance={ea.SCALARS: 0, ea.HISTOGRAMS: 0})
 acc.Reload()
 tags = acc.Tags()
-need = ["train/loss", "train/accuracy", "train/learning_rate", "train/examples_per_s", "test/accuracy", "test/loss"]
+need = ["train/loss", "train/accuracy", "train/learning_rate", "train/examples_per_s",
+        "train/chief_examples_per_s", "test/accuracy", "test/loss"]
 missing = [t for t in need if t not in tags["scalars"]]
 hist = tags["histograms"]
 acc_vals = [e.value for e in acc.Scalars("test/accuracy")]
-ok = not missing and "dense/kernel" in hist and len(acc_vals) == 2 and 0.5 < acc_vals[-1] <= 1
-print("ok" if ok else "bad: missing %s, histograms %s, test accuracy %s" % (missing, hist, acc_vals))
+# Two sync workers: the job's rate is the chief's times the global batch
+# over the chief's share of it (1 to 2; 2 for an even split).
+ratios = []
+if not missing:
+    chief = {e.step: e.value for e in acc.Scalars("train/chief_examples_per_s")}
+    ratios = [e.value / chief[e.step] for e in acc.Scalars("train/examples_per_s") if chief.get(e.step)]
+rates_ok = ratios and all(1 - 1e-6 <= r <= 2 + 1e-6 for r in ratios) and sum(ratios) / len(ratios) > 1.5
+ok = not missing and "dense/kernel" in hist and len(acc_vals) == 2 and 0.5 < acc_vals[-1] <= 1 and rates_ok
+print("ok" if ok else "bad: missing %s, histograms %s, test accuracy %s, job/chief rates %s" % (missing, hist, acc_vals, ratios))
 PY
 )
   [ "$out" = ok ] && pass "TensorBoard loads the job's scalars and histograms" || fail "TensorBoard: $out"

@@ -142,7 +142,9 @@ void ChiefHooks::OnMetrics(const std::string& id, const v1::Metrics& m, bool epo
     tb->AddScalar("train/loss", m.step(), m.loss()).IgnoreError();
     if (m.has_accuracy()) tb->AddScalar("train/accuracy", m.step(), m.accuracy()).IgnoreError();
     tb->AddScalar("train/learning_rate", m.step(), m.learning_rate()).IgnoreError();
-    tb->AddScalar("train/examples_per_s", m.step(), m.examples_per_s()).IgnoreError();
+    // The job's (every worker's); the chief's own beside it.
+    tb->AddScalar("train/examples_per_s", m.step(), m.job_examples_per_s()).IgnoreError();
+    tb->AddScalar("train/chief_examples_per_s", m.step(), m.examples_per_s()).IgnoreError();
   }
   tb->Flush().IgnoreError();
 }

@@ -210,6 +210,11 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // The chief's evaluations and checkpoints inside a window are not
   // training: the window's examples/s leaves them out.
   double window_pause_s = 0;
+  // The whole job's examples in the window (Metrics.job_examples_per_s):
+  // SYNC, summed per step; ASYNC, from the servers' step at its start.
+  double window_job_examples = 0;
+  int64_t window_global_start = start_step;
+  const int R = job.replicas_to_aggregate() > 0 ? std::min(job.replicas_to_aggregate(), W) : W;
   // Evaluation happens when the first batch of a new epoch is reached; after
   // a restore, the epochs already evaluated are not repeated.
   int64_t last_eval_epoch = start_step / spe;
@@ -341,6 +346,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     step = pulled + 1;
     window_loss += r.loss_sum;
     window_examples += examples;
+    if (sync) window_job_examples += std::min(G, n - (position % spe) * G) * double{R} / W;
     window_correct += r.correct;
     const int64_t done = position + 1;
     if ((options_.log_every_steps > 0 && done % options_.log_every_steps == 0) ||
@@ -351,7 +357,14 @@ absl::StatusOr<TrainResult> Trainer::Run() {
                             ? absl::StrFormat(" acc=%.4f", window_correct / n)
                             : "";
       const double lr = common::LearningRateAt(config.optimizer(), position);
-      const double rate = window_examples / std::max(secs - window_pause_s, 1e-9);
+      const double train_s = std::max(secs - window_pause_s, 1e-9);
+      const double rate = window_examples / train_s;
+      if (!sync) {
+        window_job_examples =
+            std::max<int64_t>(0, pr.global_step - window_global_start) * double(G) / W;
+        window_global_start = pr.global_step;
+      }
+      const double job_rate = window_job_examples / train_s;
       const int64_t shown_epoch = std::min<int64_t>(epoch + 1, job.epochs());
       Progress(absl::StrFormat(
           "worker %d epoch %d/%d step %d/%d loss=%.4f%s examples/s=%.0f lr=%g", w,
@@ -366,6 +379,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         m.set_has_accuracy(train_.num_classes > 0);
         if (m.has_accuracy()) m.set_accuracy(window_correct / n);
         m.set_examples_per_s(rate);
+        m.set_job_examples_per_s(job_rate);
         m.set_learning_rate(lr);
         m.set_wall_s(absl::ToDoubleSeconds(absl::Now() - start));
         options_.on_metrics(m, /*epoch_end=*/false);
@@ -373,6 +387,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       window_loss = 0;
       window_examples = window_correct = 0;
       window_pause_s = 0;
+      window_job_examples = 0;
       window_start = absl::Now();
     }
   }

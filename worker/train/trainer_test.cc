@@ -140,6 +140,7 @@ TEST(TrainerTest, RunsEpochsTimesStepsPerEpochWithSaneMetricsAndFallingLoss) {
     EXPECT_FALSE(m.has_accuracy());
     EXPECT_TRUE(std::isfinite(m.loss()) && m.loss() >= 0) << m.loss();
     EXPECT_GT(m.examples_per_s(), 0);
+    EXPECT_EQ(m.job_examples_per_s(), m.examples_per_s());  // the job is this worker
     EXPECT_EQ(m.learning_rate(),
               static_cast<double>(kLr));  // constant schedule
     EXPECT_GE(m.wall_s(), 0);
@@ -254,6 +255,74 @@ TEST(TrainerTest, AsyncWorkersEachRunEveryIterationAndTheChiefSeesAll) {
   for (int s = 0; s < 2; ++s) EXPECT_EQ(ServerStep(cluster, s, "t"), 2 * total);
   EXPECT_TRUE(other.epochs.empty());  // only the chief reports
   EXPECT_TRUE(other.progress.empty());
+}
+
+// The job's examples in a one-step window over the chief's, from the two
+// rates of the same window (the seconds cancel, up to rounding).
+double JobOverChief(const v1::Metrics& m) { return m.job_examples_per_s() / m.examples_per_s(); }
+
+TEST(TrainerTest, SyncChiefReportsTheWholeJobsExamplesPerSecond) {
+  // 18 examples, global batch 5 over 2 workers: batches of 5, 5, 5, 3, of
+  // which the chief takes 3, 3, 3, 2 (the larger part first).
+  LocalPsCluster cluster(2);
+  const v1::JobSpec job = OnesJob();
+  const Dataset data = MakeOnes(18, 4, 3);
+  Worker chief(cluster, job, 0, 2);
+  Worker other(cluster, job, 1, 2);
+  auto other_result = std::async(std::launch::async, [&] { return other.Run(data, data); });
+  auto chief_result = chief.Run(data, data);
+  ASSERT_TRUE(chief_result.ok()) << chief_result.status();
+  ASSERT_TRUE(other_result.get().ok());
+  ASSERT_EQ(chief.progress.size(), 12u);  // one window per step
+  for (size_t i = 0; i < chief.progress.size(); ++i) {
+    const double want = i % 4 == 3 ? 3.0 / 2 : 5.0 / 3;
+    EXPECT_NEAR(JobOverChief(chief.progress[i]), want, 1e-12 * want) << "step " << i + 1;
+  }
+
+  // Backup workers (replicas_to_aggregate 1 of 2): a step applies one
+  // worker's gradient, half of each global batch on average.
+  LocalPsCluster cluster2(2);
+  v1::JobSpec backup = OnesJob();
+  backup.set_replicas_to_aggregate(1);
+  Worker solo(cluster2, backup, 0, 2);
+  Worker spare(cluster2, backup, 1, 2);
+  auto spare_result = std::async(std::launch::async, [&] { return spare.Run(data, data); });
+  ASSERT_TRUE(solo.Run(data, data).ok());
+  ASSERT_TRUE(spare_result.get().ok());
+  ASSERT_FALSE(solo.progress.empty());
+  for (const v1::Metrics& m : solo.progress) {
+    const int64_t b = (m.step() - 1) % 4;
+    const double want = b == 3 ? 1.5 / 2 : 2.5 / 3;
+    EXPECT_NEAR(JobOverChief(m), want, 1e-12) << "step " << m.step();
+  }
+}
+
+TEST(TrainerTest, AsyncChiefCountsEveryWorkersPushesFromTheServersStep) {
+  // Each window holds whole servers' steps of 5 / 2 examples each: together
+  // at least the chief's own pushes (one may be answered before its update)
+  // and at most both workers'.
+  LocalPsCluster cluster(2);
+  v1::JobSpec job = OnesJob();
+  job.set_mode(v1::ASYNC);
+  const Dataset data = MakeOnes(18, 4, 3);
+  const int64_t total = job.epochs() * 4;
+  Worker chief(cluster, job, 0, 2);
+  Worker other(cluster, job, 1, 2);
+  auto other_result = std::async(std::launch::async, [&] { return other.Run(data, data); });
+  auto chief_result = chief.Run(data, data);
+  ASSERT_TRUE(chief_result.ok()) << chief_result.status();
+  ASSERT_TRUE(other_result.get().ok());
+  ASSERT_EQ(static_cast<int64_t>(chief.progress.size()), total);
+  double steps = 0;
+  for (int64_t i = 0; i < total; ++i) {
+    const double chief_examples = i % 4 == 3 ? 2 : 3;
+    const double window_steps = JobOverChief(chief.progress[i]) * chief_examples / 2.5;
+    EXPECT_NEAR(window_steps, std::round(window_steps), 1e-9) << "step " << i + 1;
+    EXPECT_GE(window_steps, -1e-9);
+    steps += std::round(window_steps);
+  }
+  EXPECT_GE(steps, total - 1);
+  EXPECT_LE(steps, 2 * total);
 }
 
 TEST(TrainerTest, CancelledTokenStopsAtTheNextStep) {
