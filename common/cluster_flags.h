@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/cluster_spec.h"
 
 namespace towerps::common {
@@ -21,6 +22,15 @@ absl::StatusOr<ClusterSpec> ClusterSpecFromCommandLine(const std::string& role);
 // --task_index other than 0) or TF_CONFIG is set: a command that can run
 // without a cluster (worker --print_job_spec) resolves one only then.
 bool ClusterFlagsGiven();
+
+// Makes --help and --helpshort list the flags towerps defines (in its own
+// rooms' files), not only those of a file named after the binary, which is
+// absl's default: `ps --help` printed "No flags matched". Call before
+// absl::ParseCommandLine.
+void ListOwnFlagsInHelp();
+
+// Whether a flag defined in `file` (its __FILE__) is towerps's own.
+bool IsOwnFlagFile(absl::string_view file);
 
 }  // namespace towerps::common
 

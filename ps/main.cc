@@ -81,6 +81,7 @@ int main(int argc, char** argv) {
   // One heap: the server's work is streaming and BLAS updates under a job's
   // lock, not allocation from many threads at once.
   towerps::common::TuneAllocatorForLargeMessages(/*max_arenas=*/1);
+  towerps::common::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage("towerps parameter server. Example:\n  ps --ps_hosts=h1:2222 "
                                "--worker_hosts=h2:2222 --job_name=ps --task_index=0");
   absl::ParseCommandLine(argc, argv);

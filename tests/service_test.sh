@@ -159,6 +159,20 @@ for f in deploy/jobs/*.json; do
   fi
 done
 
+echo "== ps --help and worker --help list the flags each takes"
+for bin in ps worker; do
+  want=(--ps_hosts --tls_cert)
+  [ "$bin" = ps ] && want+=(--chunk_bytes --memory_budget_bytes) || want+=(--serve --state_dir --model)
+  out=$("$PWD/$bin/$bin" --help 2>&1)
+  missing=()
+  for flag in "${want[@]}"; do grep -q -- "^ *$flag " <<<"$out" || missing+=("$flag"); done
+  if [ ${#missing[@]} -eq 0 ] && ! grep -q "No flags matched" <<<"$out"; then
+    pass "$bin --help lists ${want[*]}"
+  else
+    fail "$bin --help lacks ${missing[*]}: $(head -5 <<<"$out")"
+  fi
+done
+
 echo "== every deploy/jobs file runs, in a short form"
 # Each file as it ships (the built-in model), shortened in a copy to a few
 # steps on a few examples; resnet_cifar is left out (no CIFAR-10 here).

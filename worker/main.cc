@@ -333,6 +333,7 @@ int main(int argc, char** argv) {
   // and 142-145 MB with one heap, the MLP's at 107-112 and 96-99 MB, with the
   // same step times within noise (issue 16, tests/bench/step_breakdown.sh).
   towerps::common::TuneAllocatorForLargeMessages(/*max_arenas=*/1);
+  towerps::common::ListOwnFlagsInHelp();
   absl::SetProgramUsageMessage("towerps worker. Example:\n  worker --ps_hosts=h1:2222 "
                                "--worker_hosts=h2:2222 --job_name=worker --task_index=0 --model=mlp");
   absl::ParseCommandLine(argc, argv);
