@@ -210,9 +210,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   // The chief's evaluations and checkpoints inside a window are not
   // training: the window's examples/s leaves them out.
   double window_pause_s = 0;
-  // The whole job's examples in the window (Metrics.job_examples_per_s):
-  // SYNC, summed per step; ASYNC, from the servers' step at its start.
-  double window_job_examples = 0;
+  // The whole job's examples in the window (Metrics.job_examples_per_s),
+  // from the servers' step at its start: SYNC, every global step's batch
+  // (steps the chief sat out with backup workers too); ASYNC, each push.
   int64_t window_global_start = start_step;
   const int R = job.replicas_to_aggregate() > 0 ? std::min(job.replicas_to_aggregate(), W) : W;
   // Evaluation happens when the first batch of a new epoch is reached; after
@@ -346,38 +346,42 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     step = pulled + 1;
     window_loss += r.loss_sum;
     window_examples += examples;
-    if (sync) window_job_examples += std::min(G, n - (position % spe) * G) * double{R} / W;
     window_correct += r.correct;
     const int64_t done = position + 1;
     if ((options_.log_every_steps > 0 && done % options_.log_every_steps == 0) ||
         done % spe == 0) {
       const double secs = absl::ToDoubleSeconds(absl::Now() - window_start);
-      const double n = std::max<int64_t>(1, window_examples);
+      const double window_n = std::max<int64_t>(1, window_examples);
       std::string acc = train_.num_classes > 0
-                            ? absl::StrFormat(" acc=%.4f", window_correct / n)
+                            ? absl::StrFormat(" acc=%.4f", window_correct / window_n)
                             : "";
       const double lr = common::LearningRateAt(config.optimizer(), position);
       const double train_s = std::max(secs - window_pause_s, 1e-9);
       const double rate = window_examples / train_s;
-      if (!sync) {
-        window_job_examples =
-            std::max<int64_t>(0, pr.global_step - window_global_start) * double(G) / W;
+      double job_examples = 0;
+      if (sync) {
+        for (int64_t p = window_global_start; p <= position; ++p) {
+          job_examples += std::min(G, n - (p % spe) * G) * double{R} / W;
+        }
+        window_global_start = position + 1;
+      } else {
+        job_examples = std::max<int64_t>(0, pr.global_step - window_global_start) * double{G} / W;
         window_global_start = pr.global_step;
       }
-      const double job_rate = window_job_examples / train_s;
+      const double job_rate = job_examples / train_s;
       const int64_t shown_epoch = std::min<int64_t>(epoch + 1, job.epochs());
       Progress(absl::StrFormat(
           "worker %d epoch %d/%d step %d/%d loss=%.4f%s examples/s=%.0f lr=%g", w,
-          shown_epoch, job.epochs(), done, total, window_loss / n, acc, rate, lr));
+          shown_epoch, job.epochs(), done, total, window_loss / window_n, acc, rate, lr));
       if (options_.on_metrics && options_.is_chief) {
         v1::Metrics m;
         m.set_step(done);
         m.set_total_steps(total);
         m.set_epoch(static_cast<int32_t>(shown_epoch));
         m.set_epochs(job.epochs());
-        m.set_loss(window_loss / n);
+        m.set_loss(window_loss / window_n);
         m.set_has_accuracy(train_.num_classes > 0);
-        if (m.has_accuracy()) m.set_accuracy(window_correct / n);
+        if (m.has_accuracy()) m.set_accuracy(window_correct / window_n);
         m.set_examples_per_s(rate);
         m.set_job_examples_per_s(job_rate);
         m.set_learning_rate(lr);
@@ -387,7 +391,6 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       window_loss = 0;
       window_examples = window_correct = 0;
       window_pause_s = 0;
-      window_job_examples = 0;
       window_start = absl::Now();
     }
   }

@@ -257,13 +257,27 @@ TEST(TrainerTest, AsyncWorkersEachRunEveryIterationAndTheChiefSeesAll) {
   EXPECT_TRUE(other.progress.empty());
 }
 
-// The job's examples in a one-step window over the chief's, from the two
-// rates of the same window (the seconds cancel, up to rounding).
+// The job's examples in a window over the chief's, from the two rates of the
+// same window (the seconds cancel, up to rounding).
 double JobOverChief(const v1::Metrics& m) { return m.job_examples_per_s() / m.examples_per_s(); }
 
+// 18 examples, global batch 5 over 2 workers: batches of 5, 5, 5, 3, of
+// which the chief takes 3, 3, 3, 2 (the larger part first). Each window (one
+// chief step) holds the global steps since the chief's last one, each of
+// them `share` of its batch.
+void ExpectSyncJobRates(const std::vector<v1::Metrics>& progress, double share) {
+  auto global_batch = [](int64_t p) { return p % 4 == 3 ? 3.0 : 5.0; };
+  int64_t prev = 0;
+  for (const v1::Metrics& m : progress) {
+    double job = 0;
+    for (int64_t p = prev; p < m.step(); ++p) job += share * global_batch(p);
+    const double chief = (m.step() - 1) % 4 == 3 ? 2.0 : 3.0;
+    EXPECT_NEAR(JobOverChief(m), job / chief, 1e-12 * job / chief) << "step " << m.step();
+    prev = m.step();
+  }
+}
+
 TEST(TrainerTest, SyncChiefReportsTheWholeJobsExamplesPerSecond) {
-  // 18 examples, global batch 5 over 2 workers: batches of 5, 5, 5, 3, of
-  // which the chief takes 3, 3, 3, 2 (the larger part first).
   LocalPsCluster cluster(2);
   const v1::JobSpec job = OnesJob();
   const Dataset data = MakeOnes(18, 4, 3);
@@ -274,13 +288,11 @@ TEST(TrainerTest, SyncChiefReportsTheWholeJobsExamplesPerSecond) {
   ASSERT_TRUE(chief_result.ok()) << chief_result.status();
   ASSERT_TRUE(other_result.get().ok());
   ASSERT_EQ(chief.progress.size(), 12u);  // one window per step
-  for (size_t i = 0; i < chief.progress.size(); ++i) {
-    const double want = i % 4 == 3 ? 3.0 / 2 : 5.0 / 3;
-    EXPECT_NEAR(JobOverChief(chief.progress[i]), want, 1e-12 * want) << "step " << i + 1;
-  }
+  ExpectSyncJobRates(chief.progress, 1.0);
 
   // Backup workers (replicas_to_aggregate 1 of 2): a step applies one
-  // worker's gradient, half of each global batch on average.
+  // worker's gradient, half of each global batch on average; steps the
+  // chief sat out count too.
   LocalPsCluster cluster2(2);
   v1::JobSpec backup = OnesJob();
   backup.set_replicas_to_aggregate(1);
@@ -290,11 +302,7 @@ TEST(TrainerTest, SyncChiefReportsTheWholeJobsExamplesPerSecond) {
   ASSERT_TRUE(solo.Run(data, data).ok());
   ASSERT_TRUE(spare_result.get().ok());
   ASSERT_FALSE(solo.progress.empty());
-  for (const v1::Metrics& m : solo.progress) {
-    const int64_t b = (m.step() - 1) % 4;
-    const double want = b == 3 ? 1.5 / 2 : 2.5 / 3;
-    EXPECT_NEAR(JobOverChief(m), want, 1e-12) << "step " << m.step();
-  }
+  ExpectSyncJobRates(solo.progress, 0.5);
 }
 
 TEST(TrainerTest, AsyncChiefCountsEveryWorkersPushesFromTheServersStep) {
