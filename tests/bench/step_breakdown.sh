@@ -145,7 +145,7 @@ def read(path):
         return f.read()
 
 STEP = re.compile(r"worker (\d+): (\d+) steps, per step ([\d.]+) ms: compute ([\d.]+) \(\d+%\), "
-                  r"pull ([\d.]+) \(wait ([\d.]+)\), push ([\d.]+), other ([\d.]+)"
+                  r"pull ([\d.]+) \((?:wait|servers held it) ([\d.]+)[^)]*\), push ([\d.]+), other ([\d.]+)"
                   r"(?: \((?:batches ([\d.]+), )?eval ([\d.]+)\))?(?:; process cpu ([\d.]+) cores)?")
 LOOP = re.compile(r"worker \d+: (\d+) steps, per step ([\d.]+) ms")
 CPU = re.compile(r"cpu time user ([\d.e+-]+) s, system ([\d.e+-]+) s")

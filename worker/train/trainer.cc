@@ -108,8 +108,9 @@ std::string StepBreakdown::Describe() const {
   const double n = std::max<int64_t>(1, steps);
   auto ms = [n](double s) { return 1e3 * s / n; };
   return absl::StrFormat(
-      "%d steps, per step %.2f ms: compute %.2f (%.0f%%), pull %.2f (wait %.2f), push %.2f, "
-      "other %.2f (batches %.2f, eval %.2f); process cpu %.2f cores",
+      "%d steps, per step %.2f ms: compute %.2f (%.0f%%), pull %.2f (servers held it %.2f, "
+      "under the compute or not), push %.2f, other %.2f (batches %.2f, eval %.2f); "
+      "process cpu %.2f cores",
       steps, ms(loop_s), ms(compute_s), loop_s > 0 ? 100 * compute_s / loop_s : 0.0, ms(pull_s),
       ms(pull_wait_s), ms(push_s), ms(other_s), ms(batches_s), ms(eval_s),
       loop_s > 0 ? cpu_s / loop_s : 0.0);
