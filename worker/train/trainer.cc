@@ -367,7 +367,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         window_global_start = position + 1;
       } else {
         job_examples = std::max<int64_t>(0, pr.global_step - window_global_start) * double{G} / W;
-        window_global_start = pr.global_step;
+        window_global_start = std::max(window_global_start, pr.global_step);
       }
       const double job_rate = job_examples / train_s;
       const int64_t shown_epoch = std::min<int64_t>(epoch + 1, job.epochs());
