@@ -508,9 +508,13 @@ void PrintLive(const Call& call, const v1::JobLiveStatus& live) {
     out << "\n" << workers.Render("  ");
   }
   if (live.shards_size() > 0) {
+    // A shard that did not report (unreachable, or not holding the job) has
+    // no figures, and the others' shares of the bytes are unknown.
     int64_t total = 0;
     std::vector<std::pair<int, int64_t>> bytes;
+    std::vector<std::string> silent;
     for (const v1::ShardStatus& s : live.shards()) {
+      if (!s.has_status()) silent.push_back(absl::StrCat(s.ps_task()));
       total += s.status().bytes_held();
       bytes.emplace_back(s.ps_task(), s.status().bytes_held());
     }
@@ -518,14 +522,21 @@ void PrintLive(const Call& call, const v1::JobLiveStatus& live) {
                       "LATENCY MS", "STEP", "ERROR"});
     for (const v1::ShardStatus& s : live.shards()) {
       const v1::JobStatus& st = s.status();
+      const bool known = s.has_status();
+      auto cell = [known](std::string v) { return known ? v : std::string("-"); };
       shards.AddRow({absl::StrCat(s.ps_task()), s.address(), s.reachable() ? "yes" : "no",
-                     HumanBytes(st.bytes_held()), Percent(st.bytes_held(), total),
-                     absl::StrCat(st.num_variables()), absl::StrFormat("%.1f", st.requests_per_s()),
-                     absl::StrFormat("%.2f", st.mean_latency_ms()), absl::StrCat(st.global_step()),
-                     Truncate(s.error(), kErrorColumnChars)});
+                     cell(HumanBytes(st.bytes_held())),
+                     silent.empty() ? Percent(st.bytes_held(), total) : "-",
+                     cell(absl::StrCat(st.num_variables())),
+                     cell(absl::StrFormat("%.1f", st.requests_per_s())),
+                     cell(absl::StrFormat("%.2f", st.mean_latency_ms())),
+                     cell(absl::StrCat(st.global_step())), Truncate(s.error(), kErrorColumnChars)});
     }
     out << "\n" << shards.Render("  ");
-    const std::string note = ImbalanceNote(bytes);
+    const std::string note =
+        silent.empty() ? ImbalanceNote(bytes)
+                       : absl::StrCat("Shares of the bytes unknown: ps ", absl::StrJoin(silent, ", "),
+                                      " did not report.");
     if (!note.empty()) out << "  " << note << "\n";
     std::vector<std::pair<int, int64_t>> skipped;
     for (const v1::ShardStatus& s : live.shards()) {

@@ -206,6 +206,11 @@ class FakeJobService final : public v1::JobService::Service {
         st->set_mean_latency_ms(1.25);
         st->add_pushed_this_step(0);
         st->add_waiting_for(1);
+        if (i == 1 && ps1_lost_) {
+          s->set_reachable(false);
+          s->clear_status();
+          s->set_error("failed to connect to all addresses");
+        }
       }
       for (int i = 0; i < 2; ++i) {
         v1::WorkerProgress* w = live->add_workers();
@@ -305,6 +310,11 @@ class FakeJobService final : public v1::JobService::Service {
     absl::MutexLock lock(&mu_);
     return submitted_;
   }
+  // The live view of "big" from here on: ps 1 did not answer the chief.
+  void LosePs1() {
+    absl::MutexLock lock(&mu_);
+    ps1_lost_ = true;
+  }
   std::vector<int64_t> watch_after() {
     absl::MutexLock lock(&mu_);
     return watch_after_;
@@ -317,6 +327,7 @@ class FakeJobService final : public v1::JobService::Service {
   std::map<std::string, int> watch_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> watch_after_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::SubmitJobRequest> submitted_ ABSL_GUARDED_BY(mu_);
+  bool ps1_lost_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 struct Result {
@@ -607,6 +618,19 @@ TEST_F(TowerctlTest, StatusOfARunningJobExplainsTheStall) {
   EXPECT_TRUE(Contains(r.out, "25.0%")) << r.out;
   EXPECT_TRUE(Contains(r.out, "Placement is unbalanced: ps 0 holds 75.0% of the bytes")) << r.out;
   EXPECT_FALSE(Contains(r.out, "not applied")) << r.out;  // none skipped
+}
+
+TEST_F(TowerctlTest, StatusWithAServerThatDidNotReportClaimsNoShares) {
+  service_.LosePs1();
+  Result r = Run({"status", "big"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  // ps 0's row keeps its own figures; its share of the total is unknown.
+  EXPECT_TRUE(Contains(r.out, "10.0.0.1:2222  yes        3.00 MiB  -      3          20.5")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "10.0.0.2:2222  no         -         -      -          -")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "failed to connect to all addresses")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "Shares of the bytes unknown: ps 1 did not report.")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "unbalanced")) << r.out;
+  EXPECT_FALSE(Contains(r.out, "100.0%")) << r.out;
 }
 
 TEST_F(TowerctlTest, StatusOfAFinishedJobShowsItsRecordAndFinalShards) {

@@ -38,10 +38,22 @@ void ExplainLive(const v1::JobRecord& record, v1::JobLiveStatus& live) {
     for (int w : waiting) live.add_waiting_for(w);
     live.set_waiting_s(waited);
   }
-  // The most useful single line: a step stuck on some workers first (and
-  // whether they answer at all), then unreachable tasks.
+  // The most useful single line: a ps that does not answer first (every
+  // step needs every ps: workers blocked on it leave the servers' step
+  // waiting for them too), then a step stuck on some workers (and whether
+  // they answer at all), then unreachable workers.
   std::string explanation;
-  if (sync && !trained && !waiting.empty() && waited >= 2.0) {
+  for (const auto& sh : live.shards()) {
+    if (explanation.empty() && !sh.reachable()) {
+      const double timeout_s =
+          record.spec().peer_timeout_s() > 0 ? record.spec().peer_timeout_s() : 60;
+      explanation = absl::StrFormat(
+          "ps %d (%s) is unreachable: %s (every step needs it: the workers fail the job after "
+          "%g s without it)",
+          sh.ps_task(), sh.address(), sh.error(), timeout_s);
+    }
+  }
+  if (explanation.empty() && sync && !trained && !waiting.empty() && waited >= 2.0) {
     std::vector<std::string> silent;
     for (int w : waiting) {
       if (w >= 0 && w < live.workers_size() && !live.workers(w).reachable()) {
@@ -55,12 +67,6 @@ void ExplainLive(const v1::JobRecord& record, v1::JobLiveStatus& live) {
                        : absl::StrCat(" (worker ", absl::StrJoin(silent, ", "),
                                       " does not answer status requests either: stopped, "
                                       "hung or overloaded?)"));
-  }
-  for (const auto& sh : live.shards()) {
-    if (explanation.empty() && !sh.reachable()) {
-      explanation =
-          absl::StrCat("ps ", sh.ps_task(), " (", sh.address(), ") is unreachable: ", sh.error());
-    }
   }
   for (const auto& w : live.workers()) {
     if (explanation.empty() && !w.reachable()) {

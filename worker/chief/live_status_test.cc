@@ -69,7 +69,16 @@ TEST_F(LiveStatusTest, AStepWaitingForASilentWorker) {
 TEST_F(LiveStatusTest, UnreachableTasks) {
   ps_[0]->SetJob("j", 5);
   ps_[1]->SetUnreachable(true);
-  EXPECT_EQ(Gather().explanation(), "ps 1 (h:2) is unreachable: ps 1 unreachable");
+  EXPECT_EQ(Gather().explanation(),
+            "ps 1 (h:2) is unreachable: ps 1 unreachable (every step needs it: the workers fail "
+            "the job after 60 s without it)");
+  // Before the workers the open step waits for: they are blocked on it.
+  ps_[0]->SetJob("j", 5, 7.5, {0, 1});
+  record_.mutable_spec()->set_peer_timeout_s(20);
+  EXPECT_EQ(Gather().explanation(),
+            "ps 1 (h:2) is unreachable: ps 1 unreachable (every step needs it: the workers fail "
+            "the job after 20 s without it)");
+  ps_[0]->SetJob("j", 5);
   ps_[1]->SetUnreachable(false);
   ps_[1]->SetJob("j", 5);
   workers_[0]->SetUnreachable(true);
