@@ -38,7 +38,8 @@ Usage: towerctl [GLOBAL OPTIONS] COMMAND [ARGS]
 Commands:
   submit JOB_FILE [--wait]     Submit the JobSpec in JOB_FILE (JSON if it starts
                                with '{', else protobuf text format; see
-                               proto/towerps.proto) and print the job id.
+                               proto/job.proto, and deploy/jobs/ for one file
+                               per built-in model) and print the job id.
                                --wait: follow the job like `logs -f` and exit by
                                its final state.
   submit --resume JOB [--wait] Resubmit job JOB (same id) from its latest
