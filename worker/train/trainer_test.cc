@@ -277,54 +277,51 @@ void ExpectSyncJobRates(const std::vector<v1::Metrics>& progress, double share) 
   }
 }
 
-TEST(TrainerTest, SyncChiefReportsTheWholeJobsExamplesPerSecond) {
+// Trains `job` on `data` with two workers on a fresh 2-server cluster;
+// returns the chief's progress reports (empty, after a failure, if either
+// worker failed).
+std::vector<v1::Metrics> ChiefProgressOfTwoWorkers(const v1::JobSpec& job, const Dataset& data) {
   LocalPsCluster cluster(2);
-  const v1::JobSpec job = OnesJob();
-  const Dataset data = MakeOnes(18, 4, 3);
   Worker chief(cluster, job, 0, 2);
   Worker other(cluster, job, 1, 2);
   auto other_result = std::async(std::launch::async, [&] { return other.Run(data, data); });
-  auto chief_result = chief.Run(data, data);
-  ASSERT_TRUE(chief_result.ok()) << chief_result.status();
-  ASSERT_TRUE(other_result.get().ok());
-  ASSERT_EQ(chief.progress.size(), 12u);  // one window per step
-  ExpectSyncJobRates(chief.progress, 1.0);
+  const auto chief_result = chief.Run(data, data);
+  const auto other_done = other_result.get();
+  EXPECT_TRUE(chief_result.ok()) << chief_result.status();
+  EXPECT_TRUE(other_done.ok()) << other_done.status();
+  if (!chief_result.ok() || !other_done.ok()) return {};
+  return chief.progress;
+}
+
+TEST(TrainerTest, SyncChiefReportsTheWholeJobsExamplesPerSecond) {
+  const Dataset data = MakeOnes(18, 4, 3);
+  const std::vector<v1::Metrics> progress = ChiefProgressOfTwoWorkers(OnesJob(), data);
+  ASSERT_EQ(progress.size(), 12u);  // one window per step
+  ExpectSyncJobRates(progress, 1.0);
 
   // Backup workers (replicas_to_aggregate 1 of 2): a step applies one
   // worker's gradient, half of each global batch on average; steps the
   // chief sat out count too.
-  LocalPsCluster cluster2(2);
   v1::JobSpec backup = OnesJob();
   backup.set_replicas_to_aggregate(1);
-  Worker solo(cluster2, backup, 0, 2);
-  Worker spare(cluster2, backup, 1, 2);
-  auto spare_result = std::async(std::launch::async, [&] { return spare.Run(data, data); });
-  ASSERT_TRUE(solo.Run(data, data).ok());
-  ASSERT_TRUE(spare_result.get().ok());
-  ASSERT_FALSE(solo.progress.empty());
-  ExpectSyncJobRates(solo.progress, 0.5);
+  const std::vector<v1::Metrics> solo = ChiefProgressOfTwoWorkers(backup, data);
+  ASSERT_FALSE(solo.empty());
+  ExpectSyncJobRates(solo, 0.5);
 }
 
 TEST(TrainerTest, AsyncChiefCountsEveryWorkersPushesFromTheServersStep) {
   // Each window holds whole servers' steps of 5 / 2 examples each: together
   // at least the chief's own pushes (one may be answered before its update)
   // and at most both workers'.
-  LocalPsCluster cluster(2);
   v1::JobSpec job = OnesJob();
   job.set_mode(v1::ASYNC);
-  const Dataset data = MakeOnes(18, 4, 3);
   const int64_t total = job.epochs() * 4;
-  Worker chief(cluster, job, 0, 2);
-  Worker other(cluster, job, 1, 2);
-  auto other_result = std::async(std::launch::async, [&] { return other.Run(data, data); });
-  auto chief_result = chief.Run(data, data);
-  ASSERT_TRUE(chief_result.ok()) << chief_result.status();
-  ASSERT_TRUE(other_result.get().ok());
-  ASSERT_EQ(static_cast<int64_t>(chief.progress.size()), total);
+  const std::vector<v1::Metrics> progress = ChiefProgressOfTwoWorkers(job, MakeOnes(18, 4, 3));
+  ASSERT_EQ(static_cast<int64_t>(progress.size()), total);
   double steps = 0;
   for (int64_t i = 0; i < total; ++i) {
     const double chief_examples = i % 4 == 3 ? 2 : 3;
-    const double window_steps = JobOverChief(chief.progress[i]) * chief_examples / 2.5;
+    const double window_steps = JobOverChief(progress[i]) * chief_examples / 2.5;
     EXPECT_NEAR(window_steps, std::round(window_steps), 1e-9) << "step " << i + 1;
     EXPECT_GE(window_steps, -1e-9);
     steps += std::round(window_steps);
