@@ -184,6 +184,14 @@ for model in mlp dense_stack; do
     # all out before the worker's push thread looked is one message too.
     if [ "$where" = apart ]; then WANT_AHEAD=${STEPS:-x} MIN_NAMED=0
     else WANT_AHEAD=0 MIN_NAMED=$((${PUSHES:-1} - 1)); fi
+    # Bound to one CPU, the worker sizes its math team to it, not to the host.
+    if [ "$where" = apart ]; then
+      if grep -q "1 CPU math thread(s) each (1 worker(s) on this host; 1 of the host's $(getconf _NPROCESSORS_ONLN) cores usable: its CPU affinity allows 1)" "$DIR/worker0.log"; then
+        pass "$model, worker bound to one CPU: one math thread"
+      else
+        fail "$model, worker bound to one CPU: $(grep -o '[0-9]* CPU math thread.*usable[^)]*)' "$DIR/worker0.log" || grep -o '[0-9]* CPU math thread(s) each ([^)]*)' "$DIR/worker0.log")"
+      fi
+    fi
     if [ "$RC" -eq 0 ] && [ "$GRPC_RC" -eq 0 ] && [ "$ONE_SHM" -eq 1 ] && [ -n "$ONE_FINAL" ] &&
        [ "$ONE_FINAL" = "$ONE_GRPC" ] && [ -n "${STEPS:-}" ] && [ "${STEPS:-0}" -gt 0 ] &&
        [ "${AHEAD:-}" = "$WANT_AHEAD" ] && [ "${PUSHES:-}" = "$STEPS" ] &&

@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/blas_kernels.h"
+#include "common/usable_cores.h"
 #include "common/job_spec.h"
 #include "proto/job.pb.h"
 #include "worker/device/backend.h"
@@ -177,7 +178,7 @@ Row Measure(const std::string& device, const BackendMaker& make, const std::stri
   v1::ModelSpec spec = job.model();
   const int64_t batch = BenchBatch(name, device, job);
   const bool dense = AllDense(spec);
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int cores = common::UsableCores().usable;  // as a worker counts them
   const int threads = threads_flag > 0 ? threads_flag : CpuThreadsPerTower(cores, towers);
   SetCpuMathThreads(threads);
   std::vector<std::unique_ptr<Backend>> split;
@@ -276,9 +277,15 @@ int main(int argc, char** argv) {
     thread_counts.push_back(n);
   }
   std::printf("worker_throughput: ComputeGradients (forward + loss + backward), no ps\n");
-  std::printf("  cores: %u; CPU: BLAS and oneDNN threads per tower = --threads, or cores / towers;\n"
+  const towerps::common::CoreCount count = towerps::common::UsableCores();
+  std::printf("  cores: %d%s; CPU: BLAS and oneDNN threads per tower = --threads, or cores / towers;\n"
               "  %.1f s timed per row after 3 warm-up steps; %s\n",
-              std::thread::hardware_concurrency(), absl::GetFlag(FLAGS_seconds),
+              count.usable,
+              count.limit.empty()
+                  ? ""
+                  : absl::StrCat(" of the host's ", count.online, " usable (", count.limit, ")")
+                        .c_str(),
+              absl::GetFlag(FLAGS_seconds),
               towerps::common::BlasDescription().c_str());
   std::printf("  gemm GFLOP/s counts forward, dW and dx GEMMs; ref = the same GEMMs through the backend's plain\n"
               "  SGEMM (cblas_sgemm with all cores; cublasSgemm), measured now; wrong = gradient elements that\n"

@@ -1,7 +1,6 @@
 #include "worker/train/job_runner.h"
 
 #include <memory>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -11,6 +10,7 @@
 #include "common/logging.h"
 #include "common/process_memory.h"
 #include "common/status.h"
+#include "common/usable_cores.h"
 #include "worker/device/backend.h"
 #include "worker/device/cpu_threads.h"
 #include "worker/device/gpu_info.h"
@@ -167,21 +167,29 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
     const int parallel = num_towers * stages;
     const int on_host = spec.WorkersOnSameHost();
     const int ps_on_host = spec.PsOnSameHost();
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    // The cores this worker may run on (its affinity, its cgroup's CPU
+    // limit), not the host's: a team wider than those waits at every barrier.
+    const common::CoreCount count = common::UsableCores();
+    const int cores = count.usable;
     const int threads = env.blas_threads > 0
                             ? env.blas_threads
                             : CpuThreadsPerTower(cores, parallel, on_host, ps_on_host);
     SetCpuMathThreads(threads);
+    const std::string usable =
+        count.limit.empty()
+            ? ""
+            : absl::StrCat("; ", count.usable, " of the host's ", count.online,
+                           " cores usable: ", count.limit);
     Log(hooks, absl::StrCat(num_towers, " tower(s), ", threads, " CPU math thread(s) each",
                             env.blas_threads > 0
-                                ? " (--blas_threads)"
+                                ? absl::StrCat(" (--blas_threads", usable, ")")
                                 : absl::StrCat(" (", on_host, " worker(s) on this host",
                                                CpuMathShare(cores, ps_on_host) < cores
                                                    ? absl::StrCat(" and ", ps_on_host,
                                                                   " ps, which get half of its ",
                                                                   cores, " cores")
                                                    : "",
-                                               ")"),
+                                               usable, ")"),
                             ", OpenBLAS kernels ", common::BlasCoreName(),
                             common::BlasKernelsNote().empty()
                                 ? ""
