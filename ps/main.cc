@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/blas_kernels.h"
 #include "common/cluster_flags.h"
+#include "common/host_limits.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/paths.h"
@@ -55,7 +56,8 @@ ABSL_FLAG(std::string, apply_log, "",
 ABSL_FLAG(int64_t, memory_budget_bytes, 0,
           "Most bytes all jobs together may hold on this server (values, "
           "optimizer slots, pull snapshot, push buffers); a register beyond it is refused with "
-          "RESOURCE_EXHAUSTED. Default 0: half of the physical memory.");
+          "RESOURCE_EXHAUSTED. Default 0: half of the memory this process may use (the "
+          "physical memory, or its cgroup's memory limit where lower).");
 ABSL_FLAG(int64_t, max_job_bytes, int64_t{8} << 30,
           "Most bytes one job may hold on this server, counted as for --memory_budget_bytes. "
           "Default: 8 GiB.");
@@ -110,14 +112,15 @@ int main(int argc, char** argv) {
   }
   int64_t budget = absl::GetFlag(FLAGS_memory_budget_bytes);
   if (budget < 0 || absl::GetFlag(FLAGS_max_job_bytes) <= 0) {
-    std::cerr << "ps: --memory_budget_bytes must be >= 0 (0: half the physical memory) and "
+    std::cerr << "ps: --memory_budget_bytes must be >= 0 (0: half the usable memory) and "
                  "--max_job_bytes > 0\n";
     return 2;
   }
-  if (budget == 0) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    budget = pages > 0 && page > 0 ? int64_t{pages} * page / 2 : int64_t{4} << 30;
-  }
+  // Half of what this process may use: in a container the host's memory
+  // would admit jobs the kernel then kills the server for.
+  const towerps::common::MemoryAmount memory = towerps::common::UsableMemory();
+  const bool default_budget = budget == 0;
+  if (default_budget) budget = memory.usable > 0 ? memory.usable / 2 : int64_t{4} << 30;
   auto state_roots =
       towerps::common::PathRoots::Create("--state_dir", {absl::GetFlag(FLAGS_state_dir)});
   if (!state_roots.ok()) {
@@ -169,8 +172,11 @@ int main(int argc, char** argv) {
   TLOG(INFO) << "ps " << spec->task_index << ": " << towerps::common::BlasDescription()
              << "; update loops (momentum, Adam): "
              << towerps::ps::UpdateLoopsName(towerps::ps::ActiveUpdateLoops());
-  TLOG(INFO) << "ps " << spec->task_index << ": memory budget " << budget
-             << " bytes for all jobs, at most " << absl::GetFlag(FLAGS_max_job_bytes)
+  TLOG(INFO) << "ps " << spec->task_index << ": memory budget " << budget << " bytes"
+             << (default_budget && !memory.limit.empty()
+                     ? absl::StrCat(" (half of ", memory.usable, ": ", memory.limit, ")")
+                     : "")
+             << " for all jobs, at most " << absl::GetFlag(FLAGS_max_job_bytes)
              << " per job; checkpoints only under " << state_roots->roots()[0];
   TLOG(INFO) << "ps " << spec->task_index << ": " << (*security)->Describe();
   int port = 0;

@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <csignal>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -24,6 +23,7 @@
 #include "common/blas_kernels.h"
 #include "common/cancellation.h"
 #include "common/cluster_flags.h"
+#include "common/host_limits.h"
 #include "common/job_spec.h"
 #include "common/process_cpu.h"
 #include "common/process_memory.h"
@@ -121,7 +121,8 @@ ABSL_FLAG(bool, serve, false,
 ABSL_FLAG(int64_t, memory_budget_bytes, 0,
           "Most bytes a job's model may take on this worker (weights, gradients and "
           "activations of all towers); a larger job fails with RESOURCE_EXHAUSTED before it is "
-          "built. Default 0: half of the physical memory.");
+          "built. Default 0: half of the memory this process may use (the physical memory, "
+          "or its cgroup's memory limit where lower).");
 ABSL_FLAG(int, max_queued_jobs, 100,
           "Chief: most jobs queued at once; a submit beyond it is refused with "
           "RESOURCE_EXHAUSTED.");
@@ -388,12 +389,17 @@ int main(int argc, char** argv) {
   env.layout = absl::GetFlag(FLAGS_layout);
   env.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   if (env.memory_budget_bytes < 0) {
-    std::cerr << "worker: --memory_budget_bytes must be >= 0 (0: half the physical memory)\n";
+    std::cerr << "worker: --memory_budget_bytes must be >= 0 (0: half the usable memory)\n";
     return 2;
   }
   if (env.memory_budget_bytes == 0) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    env.memory_budget_bytes = pages > 0 && page > 0 ? int64_t{pages} * page / 2 : int64_t{4} << 30;
+    // Half of what this process may use (its cgroup's limit, in a container).
+    const towerps::common::MemoryAmount memory = towerps::common::UsableMemory();
+    env.memory_budget_bytes = memory.usable > 0 ? memory.usable / 2 : int64_t{4} << 30;
+    if (!memory.limit.empty()) {
+      TLOG(INFO) << "worker: memory budget " << env.memory_budget_bytes << " bytes, half of "
+                 << memory.usable << ": " << memory.limit;
+    }
   }
   for (const auto& [name, value] : {std::pair<const char*, double>{"drain_s", absl::GetFlag(FLAGS_drain_s)},
                                      {"stop_checkpoint_timeout_s",

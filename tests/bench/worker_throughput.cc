@@ -38,7 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/blas_kernels.h"
-#include "common/usable_cores.h"
+#include "common/host_limits.h"
 #include "common/job_spec.h"
 #include "proto/job.pb.h"
 #include "worker/device/backend.h"

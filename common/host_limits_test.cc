@@ -1,4 +1,4 @@
-#include "common/usable_cores.h"
+#include "common/host_limits.h"
 
 #include <sched.h>
 #include <sys/stat.h>
@@ -31,8 +31,11 @@ class CgroupTreeTest : public ::testing::Test {
     }
     std::ofstream(root_ + path) << text;
   }
-  std::optional<CgroupCpuLimit> Read(const std::string& mountinfo, const std::string& cgroup) {
+  std::optional<CgroupLimit> Read(const std::string& mountinfo, const std::string& cgroup) {
     return ReadCgroupCpuLimit(mountinfo, cgroup, root_);
+  }
+  std::optional<CgroupLimit> ReadMemory(const std::string& mountinfo, const std::string& cgroup) {
+    return ReadCgroupMemoryLimit(mountinfo, cgroup, root_);
   }
   std::string root_;
 };
@@ -48,19 +51,19 @@ TEST_F(CgroupTreeTest, V2TakesTheTightestLimitOnThePathUp) {
   Write("/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max", "max 100000\n");
   const auto limit = Read(kV2Mount, "0::/kubepods/pod1/ctr\n");
   ASSERT_TRUE(limit.has_value());
-  EXPECT_DOUBLE_EQ(limit->cores, 1.5);
+  EXPECT_DOUBLE_EQ(limit->value, 1.5);
   EXPECT_EQ(limit->file, "/sys/fs/cgroup/kubepods/pod1/cpu.max");
   // An ancestor's limit binds a child with a looser one.
   Write("/sys/fs/cgroup/kubepods/pod1/ctr/cpu.max", "400000 100000\n");
   Write("/sys/fs/cgroup/kubepods/cpu.max", "50000 100000\n");
-  EXPECT_DOUBLE_EQ(Read(kV2Mount, "0::/kubepods/pod1/ctr\n")->cores, 0.5);
+  EXPECT_DOUBLE_EQ(Read(kV2Mount, "0::/kubepods/pod1/ctr\n")->value, 0.5);
 }
 
 TEST_F(CgroupTreeTest, V2InsideACgroupNamespaceReadsTheMountsOwnLimit) {
   Write("/sys/fs/cgroup/cpu.max", "200000 100000\n");
   const auto limit = Read(kV2Mount, "0::/\n");
   ASSERT_TRUE(limit.has_value());
-  EXPECT_DOUBLE_EQ(limit->cores, 2.0);
+  EXPECT_DOUBLE_EQ(limit->value, 2.0);
 }
 
 TEST_F(CgroupTreeTest, NoLimitSetOrNoFileIsNone) {
@@ -88,7 +91,7 @@ TEST_F(CgroupTreeTest, V1ReadsTheCpuControllersQuota) {
   const std::string cgroup = "5:cpuset:/other\n4:cpu,cpuacct:/docker/abc\n0::/\n";
   const auto limit = Read(kV1Mounts, cgroup);
   ASSERT_TRUE(limit.has_value());
-  EXPECT_DOUBLE_EQ(limit->cores, 0.5);
+  EXPECT_DOUBLE_EQ(limit->value, 0.5);
   EXPECT_EQ(limit->file, "/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us");
   // -1 everywhere: none.
   Write("/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "-1\n");
@@ -104,7 +107,45 @@ TEST_F(CgroupTreeTest, V1MountedAtTheProcesssOwnCgroup) {
   Write("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n");
   const auto limit = Read(mounts, "3:cpu:/docker/abc\n");
   ASSERT_TRUE(limit.has_value());
-  EXPECT_DOUBLE_EQ(limit->cores, 3.0);
+  EXPECT_DOUBLE_EQ(limit->value, 3.0);
+}
+
+TEST_F(CgroupTreeTest, V2MemoryLimitIsTheTightestOnThePathUp) {
+  Write("/sys/fs/cgroup/kubepods/memory.max", "8589934592\n");
+  Write("/sys/fs/cgroup/kubepods/pod1/memory.max", "4294967296\n");
+  Write("/sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "max\n");
+  const auto limit = ReadMemory(kV2Mount, "0::/kubepods/pod1/ctr\n");
+  ASSERT_TRUE(limit.has_value());
+  EXPECT_EQ(limit->value, 4294967296.0);
+  EXPECT_EQ(limit->file, "/sys/fs/cgroup/kubepods/pod1/memory.max");
+  // The CPU limit is read apart: none is set here.
+  EXPECT_FALSE(Read(kV2Mount, "0::/kubepods/pod1/ctr\n").has_value());
+  Write("/sys/fs/cgroup/kubepods/pod1/memory.max", "max\n");
+  Write("/sys/fs/cgroup/kubepods/memory.max", "max\n");
+  EXPECT_FALSE(ReadMemory(kV2Mount, "0::/kubepods/pod1/ctr\n").has_value());
+}
+
+TEST_F(CgroupTreeTest, V1MemoryUnlimitedIsNone) {
+  const std::string mounts =
+      "34 31 0:31 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n";
+  const std::string cgroup = "4:memory:/process_api/abc\n3:cpu:/\n";
+  // The kernel's "no limit": INT64_MAX rounded down to a page.
+  Write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");
+  Write("/sys/fs/cgroup/memory/process_api/abc/memory.limit_in_bytes", "9223372036854771712\n");
+  EXPECT_FALSE(ReadMemory(mounts, cgroup).has_value());
+  Write("/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes", "2147483648\n");
+  const auto limit = ReadMemory(mounts, cgroup);
+  ASSERT_TRUE(limit.has_value());
+  EXPECT_EQ(limit->value, 2147483648.0);
+  EXPECT_EQ(limit->file, "/sys/fs/cgroup/memory/process_api/memory.limit_in_bytes");
+}
+
+TEST(UsableMemoryTest, AtMostThePhysicalMemory) {
+  const MemoryAmount m = UsableMemory();
+  EXPECT_GT(m.physical, 0);
+  EXPECT_GT(m.usable, 0);
+  EXPECT_LE(m.usable, m.physical);
+  EXPECT_EQ(m.usable < m.physical, !m.limit.empty()) << m.limit;
 }
 
 TEST(UsableCoresTest, ACallerBoundToOneCpuCountsOne) {
