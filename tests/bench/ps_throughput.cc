@@ -47,6 +47,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/barrier.h"
 #include "common/blas_kernels.h"
+#include "common/host_limits.h"
 #include "common/job_spec.h"
 #include "common/rpc.h"
 #include "common/rpc_security.h"
@@ -507,7 +508,7 @@ absl::Status Run(const BenchOptions& opt, bool* all_right) {
     }
   }
 
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int cores = common::UsableCores().usable;  // the CPUs this run may use
   const std::string model_name =
       opt.model_bytes > 0 ? absl::StrCat("--model_bytes=", opt.model_bytes) : opt.model;
   std::cout << "ps_throughput: one round = each worker pulls all weights + pushes all "
