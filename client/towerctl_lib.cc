@@ -57,7 +57,9 @@ Commands:
                                terminal, -f shows a live progress bar.
   cancel JOB                   Cancel the job; prints its new state.
   cluster                      Every ps and worker task: address, health,
-                               uptime, devices (workers), bytes held (ps).
+                               uptime, devices (workers), bytes held and what
+                               the jobs count against --memory_budget_bytes
+                               (ps).
   export JOB OUT               Write the weights of the job's latest checkpoint
                                (the final ones once it ended) to the file OUT in
                                the safetensors format (see below).
@@ -629,8 +631,8 @@ int Cluster(Call& call) {
     PrintJson(call, resp);
     return kExitOk;
   }
-  TextTable table(
-      {"JOB", "INDEX", "ADDRESS", "HEALTH", "UPTIME", "HOLDS", "DEVICE", "LIMIT", "IN USE"});
+  TextTable table({"JOB", "INDEX", "ADDRESS", "HEALTH", "UPTIME", "HOLDS", "BUDGET USED",
+                   "DEVICE", "LIMIT", "IN USE"});
   for (const v1::TaskInfo& t : resp.tasks()) {
     std::vector<std::string> row = {
         t.is_chief() ? t.job() + " (chief)" : t.job(), absl::StrCat(t.index()), t.address(),
@@ -640,13 +642,19 @@ int Cluster(Call& call) {
     row.push_back(t.job() == "ps" ? absl::StrCat(HumanBytes(t.bytes_held()), ", ", t.jobs(),
                                                  t.jobs() == 1 ? " job" : " jobs")
                                   : "");
+    // What the ps's jobs count against --memory_budget_bytes (values, pull
+    // snapshots, slots, push buffers: more than HOLDS), of the budget.
+    row.push_back(t.job() == "ps" && t.healthy() && t.memory_budget_bytes() > 0
+                      ? absl::StrCat(HumanBytes(t.memory_reserved_bytes()), " of ",
+                                     HumanBytes(t.memory_budget_bytes()))
+                      : "");
     if (t.devices_size() == 0) {
       table.AddRow(std::move(row));
       continue;
     }
     for (int i = 0; i < t.devices_size(); ++i) {
       const v1::DeviceInfo& d = t.devices(i);
-      if (i > 0) row.assign(6, "");  // Further devices: on rows of their own.
+      if (i > 0) row.assign(7, "");  // Further devices: on rows of their own.
       row.push_back(d.name());
       row.push_back(d.memory_limit_bytes() > 0 ? HumanBytes(d.memory_limit_bytes()) : "unlimited");
       row.push_back(HumanBytes(d.memory_in_use_bytes()));

@@ -271,6 +271,10 @@ class FakeJobService final : public v1::JobService::Service {
       t->set_uptime_s(3725);
       t->set_bytes_held(i == 0 ? 3 << 20 : 0);
       t->set_jobs(i == 0 ? 1 : 0);
+      if (i == 0) {
+        t->set_memory_budget_bytes(int64_t{2} << 30);
+        t->set_memory_reserved_bytes(15 << 20);
+      }
     }
     for (int i = 0; i < 2; ++i) {
       v1::TaskInfo* t = resp->add_tasks();
@@ -662,6 +666,8 @@ TEST_F(TowerctlTest, ClusterListsEveryTask) {
   EXPECT_TRUE(Contains(r.out, "worker (chief)")) << r.out;
   EXPECT_TRUE(Contains(r.out, "connection refused")) << r.out;
   EXPECT_TRUE(Contains(r.out, "3.00 MiB, 1 job")) << r.out;
+  // What its jobs count against its budget, in its own column.
+  EXPECT_TRUE(Contains(r.out, "3.00 MiB, 1 job  15.0 MiB of 2.00 GiB")) << r.out;
   EXPECT_TRUE(Contains(r.out, "/job:worker/replica:0/task:1/device:CPU:1  1.00 GiB")) << r.out;
   EXPECT_TRUE(Contains(r.out, "unlimited")) << r.out;
   EXPECT_TRUE(Contains(r.out, "1h02m")) << r.out;

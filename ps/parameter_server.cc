@@ -2010,6 +2010,10 @@ v1::StatusResponse ParameterServer::Status(const v1::StatusRequest& request) {
   }
   response.set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
   response.set_incarnation(Incarnation());
+  if (options_.memory_budget_bytes < INT64_MAX) {
+    response.set_memory_budget_bytes(options_.memory_budget_bytes);
+  }
+  response.set_memory_reserved_bytes(reserved_bytes());
   return response;
 }
 

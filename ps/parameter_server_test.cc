@@ -1612,6 +1612,14 @@ TEST(ParameterServerBudgetTest, BudgetIsSummedOverJobsAndReturnedOnDelete) {
   EXPECT_EQ(ps.reserved_bytes(), 128);
   ASSERT_TRUE(ps.Register(job("j3")).ok());
   EXPECT_EQ(ps.reserved_bytes(), 256);
+  // Status says both, for towerctl cluster; a server without a budget none.
+  const v1::StatusResponse st = ps.Status(v1::StatusRequest());
+  EXPECT_EQ(st.memory_budget_bytes(), 300);
+  EXPECT_EQ(st.memory_reserved_bytes(), 256);
+  ParameterServer unlimited({});
+  ASSERT_TRUE(unlimited.Register(job("j1")).ok());
+  EXPECT_EQ(unlimited.Status(v1::StatusRequest()).memory_budget_bytes(), 0);
+  EXPECT_EQ(unlimited.Status(v1::StatusRequest()).memory_reserved_bytes(), 128);
 }
 
 // The attack of issue 15: one 7.4 GiB variable with Adam, under the old 8 GiB

@@ -37,6 +37,8 @@ absl::StatusOr<v1::StatusResponse> FakePsControl::GetStatus(const std::string& j
   if (unreachable_) return absl::UnavailableError(absl::StrCat("ps ", task_index_, " unreachable"));
   v1::StatusResponse response;
   response.set_task_index(task_index_);
+  response.set_memory_budget_bytes(budget_bytes_);
+  response.set_memory_reserved_bytes(reserved_bytes_);
   for (const auto& [id, job] : jobs_) {
     if (job_id.empty() || id == job_id) *response.add_jobs() = job;
   }
@@ -62,6 +64,12 @@ void FakePsControl::SetUpdatesSkipped(const std::string& job_id, int64_t skipped
 void FakePsControl::SetUnreachable(bool unreachable) {
   absl::MutexLock lock(&mu_);
   unreachable_ = unreachable;
+}
+
+void FakePsControl::SetBudget(int64_t budget_bytes, int64_t reserved_bytes) {
+  absl::MutexLock lock(&mu_);
+  budget_bytes_ = budget_bytes;
+  reserved_bytes_ = reserved_bytes;
 }
 
 int FakePsControl::deletes() const {

@@ -36,6 +36,8 @@ class FakePsControl : public PsControl {
   void SetUpdatesSkipped(const std::string& job_id, int64_t skipped);
   // While unreachable every call answers Unavailable "ps N unreachable".
   void SetUnreachable(bool unreachable);
+  // The server's StatusResponse.memory_budget_bytes / _reserved_bytes.
+  void SetBudget(int64_t budget_bytes, int64_t reserved_bytes);
 
   int deletes() const;
   int saves() const;
@@ -46,6 +48,8 @@ class FakePsControl : public PsControl {
   mutable absl::Mutex mu_;
   std::map<std::string, v1::JobStatus> jobs_ ABSL_GUARDED_BY(mu_);
   bool unreachable_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t budget_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int deletes_ ABSL_GUARDED_BY(mu_) = 0;
   int saves_ ABSL_GUARDED_BY(mu_) = 0;
 };

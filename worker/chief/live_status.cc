@@ -148,6 +148,8 @@ v1::ClusterResponse GatherCluster(const common::ClusterSpec& cluster,
       for (const auto& j : s->jobs()) bytes += j.bytes_held() + j.slot_bytes();
       t.set_bytes_held(bytes);
       t.set_jobs(s->jobs_size());
+      t.set_memory_budget_bytes(s->memory_budget_bytes());
+      t.set_memory_reserved_bytes(s->memory_reserved_bytes());
     } else {
       const int w = i - nps;
       t.set_job("worker");

@@ -96,6 +96,7 @@ TEST_F(LiveStatusTest, TrainedAllSteps) {
 
 TEST_F(LiveStatusTest, Cluster) {
   cluster_.task_index = 0;
+  ps_[0]->SetBudget(1000, 300);
   ps_[1]->SetUnreachable(true);
   std::vector<PsControl*> ps;
   for (auto& p : ps_) ps.push_back(p.get());
@@ -104,6 +105,8 @@ TEST_F(LiveStatusTest, Cluster) {
   v1::ClusterResponse c = GatherCluster(cluster_, ps, w);
   ASSERT_EQ(c.tasks_size(), 4);
   EXPECT_TRUE(c.tasks(0).healthy());
+  EXPECT_EQ(c.tasks(0).memory_budget_bytes(), 1000);
+  EXPECT_EQ(c.tasks(0).memory_reserved_bytes(), 300);
   EXPECT_FALSE(c.tasks(1).healthy());
   EXPECT_EQ(c.tasks(1).error(), "ps 1 unreachable");
   EXPECT_TRUE(c.tasks(2).is_chief());
