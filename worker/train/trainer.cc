@@ -362,11 +362,12 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       double job_examples = 0;
       if (sync) {
         for (int64_t p = window_global_start; p <= position; ++p) {
-          job_examples += std::min(G, n - (p % spe) * G) * double{R} / W;
+          job_examples += std::min(G, n - (p % spe) * G) * static_cast<double>(R) / W;
         }
         window_global_start = position + 1;
       } else {
-        job_examples = std::max<int64_t>(0, pr.global_step - window_global_start) * double{G} / W;
+        job_examples = std::max<int64_t>(0, pr.global_step - window_global_start) *
+                       static_cast<double>(G) / W;
         window_global_start = std::max(window_global_start, pr.global_step);
       }
       const double job_rate = job_examples / train_s;
