@@ -47,7 +47,9 @@ std::string MetricsSummary(const v1::Metrics& m) {
     if (m.has_accuracy())
       absl::StrAppend(&s, absl::StrFormat("  test_acc %.4f", m.test_accuracy()));
   }
-  if (JobExamplesPerS(m) > 0) absl::StrAppend(&s, absl::StrFormat("  %.0f ex/s", JobExamplesPerS(m)));
+  if (JobExamplesPerS(m) > 0) {
+    absl::StrAppend(&s, absl::StrFormat("  %.0f ex/s", JobExamplesPerS(m)));
+  }
   if (m.learning_rate() > 0) absl::StrAppend(&s, absl::StrFormat("  lr %.3g", m.learning_rate()));
   return s;
 }

@@ -537,9 +537,10 @@ void PrintLive(const Call& call, const v1::JobLiveStatus& live) {
     }
     out << "\n" << shards.Render("  ");
     const std::string note =
-        silent.empty() ? ImbalanceNote(bytes)
-                       : absl::StrCat("Shares of the bytes unknown: ps ", absl::StrJoin(silent, ", "),
-                                      " did not report.");
+        silent.empty()
+            ? ImbalanceNote(bytes)
+            : absl::StrCat("Shares of the bytes unknown: ps ", absl::StrJoin(silent, ", "),
+                           " did not report.");
     if (!note.empty()) out << "  " << note << "\n";
     std::vector<std::pair<int, int64_t>> skipped;
     for (const v1::ShardStatus& s : live.shards()) {

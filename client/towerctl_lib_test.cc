@@ -629,7 +629,8 @@ TEST_F(TowerctlTest, StatusWithAServerThatDidNotReportClaimsNoShares) {
   Result r = Run({"status", "big"});
   ASSERT_EQ(r.code, 0) << r.err;
   // ps 0's row keeps its own figures; its share of the total is unknown.
-  EXPECT_TRUE(Contains(r.out, "10.0.0.1:2222  yes        3.00 MiB  -      3          20.5")) << r.out;
+  EXPECT_TRUE(Contains(r.out, "10.0.0.1:2222  yes        3.00 MiB  -      3          20.5"))
+      << r.out;
   EXPECT_TRUE(Contains(r.out, "10.0.0.2:2222  no         -         -      -          -")) << r.out;
   EXPECT_TRUE(Contains(r.out, "failed to connect to all addresses")) << r.out;
   EXPECT_TRUE(Contains(r.out, "Shares of the bytes unknown: ps 1 did not report.")) << r.out;

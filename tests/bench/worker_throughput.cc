@@ -278,8 +278,8 @@ int main(int argc, char** argv) {
   }
   std::printf("worker_throughput: ComputeGradients (forward + loss + backward), no ps\n");
   const towerps::common::CoreCount count = towerps::common::UsableCores();
-  std::printf("  cores: %d%s; CPU: BLAS and oneDNN threads per tower = --threads, or cores / towers;\n"
-              "  %.1f s timed per row after 3 warm-up steps; %s\n",
+  std::printf("  cores: %d%s; CPU: BLAS and oneDNN threads per tower = --threads, or cores /"
+              " towers;\n  %.1f s timed per row after 3 warm-up steps; %s\n",
               count.usable,
               count.limit.empty()
                   ? ""
