@@ -7,6 +7,7 @@
 #include <iostream>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -165,6 +166,20 @@ int main(int argc, char** argv) {
        .checkpoint_roots = *state_roots,
        .apply_log = apply_log.get(),
        .on_update_skipped = std::move(on_update_skipped)});
+  // The budget and what the jobs count against it, read at each scrape;
+  // removed before the server goes.
+  std::shared_ptr<towerps::ps::PsMemoryCollector> memory_collector;
+  if (metrics_server != nullptr) {
+    memory_collector = std::make_shared<towerps::ps::PsMemoryCollector>(
+        [&ps, budget] {
+          return towerps::ps::PsMemoryCollector::Reading{budget, ps.reserved_bytes()};
+        },
+        absl::StrCat("ps:", spec->task_index));
+    metrics_server->Register(memory_collector);
+  }
+  absl::Cleanup stop_collecting = [&] {
+    if (memory_collector != nullptr) metrics_server->Remove(memory_collector);
+  };
   towerps::ps::ParameterServiceImpl service(ps, absl::GetFlag(FLAGS_chunk_bytes), metrics.get(),
                                             absl::GetFlag(FLAGS_shared_memory));
   // What this ps is set to, logged before it listens: a client that reaches

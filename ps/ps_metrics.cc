@@ -1,6 +1,7 @@
 #include "ps/ps_metrics.h"
 
 #include <array>
+#include <utility>
 
 namespace towerps::ps {
 
@@ -98,6 +99,35 @@ void PsMetrics::AddPullBytes(const std::string& training_job, int64_t bytes) {
 
 void PsMetrics::SetGlobalStep(const std::string& training_job, int64_t step) {
   global_step_.Add({{"training_job", training_job}}).Set(static_cast<double>(step));
+}
+
+PsMemoryCollector::PsMemoryCollector(std::function<Reading()> read, std::string task)
+    : read_(std::move(read)), task_(std::move(task)) {}
+
+std::vector<prometheus::MetricFamily> PsMemoryCollector::Collect() const {
+  const Reading r = read_();
+  auto gauge = [this](const char* name, const char* help, int64_t value) {
+    prometheus::MetricFamily f;
+    f.name = name;
+    f.help = help;
+    f.type = prometheus::MetricType::Gauge;
+    prometheus::ClientMetric m;
+    m.label = {{"task", task_}};
+    m.gauge.value = static_cast<double>(value);
+    f.metric.push_back(std::move(m));
+    return f;
+  };
+  std::vector<prometheus::MetricFamily> out;
+  if (r.budget_bytes > 0) {
+    out.push_back(gauge("towerps_ps_memory_budget_bytes",
+                        "Most bytes all jobs together may hold (--memory_budget_bytes).",
+                        r.budget_bytes));
+  }
+  out.push_back(gauge("towerps_ps_memory_reserved_bytes",
+                      "Bytes the jobs held count against the budget: values, pull snapshots, "
+                      "optimizer slots, push buffers.",
+                      r.reserved_bytes));
+  return out;
 }
 
 void PsMetrics::RecordRpc(const std::string& method, const std::string& code, double seconds) {

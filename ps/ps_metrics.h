@@ -27,9 +27,12 @@
 #define TOWERPS_PS_PS_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -69,6 +72,27 @@ class PsMetrics {
   prometheus::Histogram& checkpoint_seconds_;
   prometheus::Counter& checkpoint_bytes_;
   prometheus::Family<prometheus::Counter>& refusals_;
+};
+
+// The server's memory budget and what its jobs count against it, read at
+// each scrape (they change with every register and delete):
+//   towerps_ps_memory_budget_bytes{task}    --memory_budget_bytes (absent: none)
+//   towerps_ps_memory_reserved_bytes{task}  values, pull snapshots, optimizer
+//                                           slots and push buffers of the jobs held
+class PsMemoryCollector : public prometheus::Collectable {
+ public:
+  struct Reading {
+    int64_t budget_bytes = 0;  // 0: no budget
+    int64_t reserved_bytes = 0;
+  };
+  // `read` runs on the HTTP thread at each scrape; what it reads must
+  // outlive every scrape (remove this collector first).
+  PsMemoryCollector(std::function<Reading()> read, std::string task);
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const std::function<Reading()> read_;
+  const std::string task_;
 };
 
 // "OK", "INVALID_ARGUMENT", ... for a gRPC status code number.

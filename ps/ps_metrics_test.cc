@@ -74,6 +74,23 @@ TEST(PsMetricsTest, CountsRefusalsByReason) {
   }
 }
 
+TEST(PsMemoryCollectorTest, ReadsTheBudgetAndTheReservedBytesAtEachScrape) {
+  PsMemoryCollector::Reading now{.budget_bytes = 1 << 20, .reserved_bytes = 4096};
+  PsMemoryCollector c([&now] { return now; }, "ps:1");
+  auto text = [&c] { return prometheus::TextSerializer().Serialize(c.Collect()); };
+  std::string t = text();
+  EXPECT_NE(t.find("towerps_ps_memory_budget_bytes{task=\"ps:1\"} 1048576"), std::string::npos)
+      << t;
+  EXPECT_NE(t.find("towerps_ps_memory_reserved_bytes{task=\"ps:1\"} 4096"), std::string::npos)
+      << t;
+  EXPECT_NE(t.find("# TYPE towerps_ps_memory_reserved_bytes gauge"), std::string::npos) << t;
+  // A job deleted, and no budget: read again, the budget's series absent.
+  now = {.budget_bytes = 0, .reserved_bytes = 0};
+  t = text();
+  EXPECT_EQ(t.find("towerps_ps_memory_budget_bytes"), std::string::npos) << t;
+  EXPECT_NE(t.find("towerps_ps_memory_reserved_bytes{task=\"ps:1\"} 0"), std::string::npos) << t;
+}
+
 TEST(GrpcCodeNameTest, NamesEveryCode) {
   EXPECT_EQ(GrpcCodeName(0), "OK");
   EXPECT_EQ(GrpcCodeName(14), "UNAVAILABLE");

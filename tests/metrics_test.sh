@@ -131,6 +131,16 @@ fi
 # The model's weights and activations live on CPU:0 while it trains.
 MEM=$(grep -F 'towerps_worker_device_memory_bytes{task="worker:0",device="CPU:0"}' "$TMP/worker2.txt" 2>/dev/null | awk '{print int($2)}')
 [ "${MEM:-0}" -gt 0 ] && pass "worker: memory in use on CPU:0: $MEM bytes" || fail "worker: CPU:0 memory: '${MEM:-}'"
+# What the job counts against the ps's budget while it trains, under the budget.
+# (The values as written: awk would print a budget over 2^31 as 1.26383e+10.)
+RESERVED=$(grep -F 'towerps_ps_memory_reserved_bytes{task="ps:0"}' "$TMP/ps2.txt" 2>/dev/null | sed 's/.* //')
+BUDGET=$(grep -F 'towerps_ps_memory_budget_bytes{task="ps:0"}' "$TMP/ps2.txt" 2>/dev/null | sed 's/.* //')
+if [[ "${RESERVED:-}" =~ ^[0-9]+$ ]] && [[ "${BUDGET:-}" =~ ^[0-9]+$ ]] &&
+   [ "$RESERVED" -gt 0 ] && [ "$BUDGET" -gt "$RESERVED" ]; then
+  pass "ps: $RESERVED of its $BUDGET budget bytes reserved"
+else
+  fail "ps: reserved '${RESERVED:-}' of budget '${BUDGET:-}'"
+fi
 APPLIED=$(grep -F 'towerps_ps_pushes_total{task="ps:0",outcome="applied"' "$TMP/ps2.txt" 2>/dev/null | awk '{print int($2)}')
 [ "${APPLIED:-0}" -ge "$STEPS1" ] && pass "ps: $APPLIED pushes applied (>= $STEPS1 steps seen earlier)" || fail "ps: applied pushes '${APPLIED:-}' < $STEPS1"
 
