@@ -14,11 +14,12 @@
 #   kernel then killed the ps at the cgroup's limit); both still serve;
 # - a small job then SUCCEEDS in the same cgroup, the worker's job log naming
 #   one CPU math thread and the cgroup's CPU limit.
-# Waits follow state (towerctl answers, log lines, job states) with deadlines.
+# Waits follow state (towerctl answers, log lines; jobs followed with
+# submit --wait) with deadlines.
 set -uo pipefail
 
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,17p' "$0"; exit 0
+  sed -n '2,18p' "$0"; exit 0
 fi
 PS_BIN="$PWD/ps/ps"
 WORKER_BIN="$PWD/worker/worker"
@@ -37,11 +38,9 @@ skip() { echo "SKIP: $1"; exit 0; }
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  # A cgroup goes once its processes have: wait for the kernel to see them go.
+  # Every process in them reaped (waited for above), the cgroups are empty.
   for cg in "${CGROUPS[@]}"; do
-    local deadline=$((SECONDS + 10))
-    until rmdir "$cg" 2>/dev/null || [ $SECONDS -ge $deadline ] || [ ! -d "$cg" ]; do sleep 0.1; done
-    [ -d "$cg" ] && echo "WARNING: could not remove $cg"
+    rmdir "$cg" 2>/dev/null || echo "WARNING: could not remove $cg: $(cat "$cg/cgroup.procs" 2>&1)"
   done
 }
 trap cleanup EXIT
@@ -121,28 +120,18 @@ global_batch_size: 50
 epochs: $3
 JOB
 }
-# wait_state ID: the job's final state (or "" after the deadline).
-wait_state() {
-  local deadline=$((SECONDS + 180)) state=""
-  while [ $SECONDS -lt $deadline ]; do
-    state=$("$TOWERCTL" --timeout_s=5 list 2>/dev/null | awk -v id="$1" '$1 == id {print $2}')
-    case "$state" in SUCCEEDED|FAILED|CANCELLED) echo "$state"; return ;; esac
-    sleep 0.2
-  done
-}
-
 echo "== a job over the ps's budget (half of the cgroup's memory) is refused, not killed"
 # 784 x 49152 + 49152 x 64 = 41.7M floats, 167 MB a copy: the worker holds
 # two (334 MB, under its 512 MiB), the ps seven (1.1 GB, over its 512 MiB).
 job big 49152 1
-out=$(timeout 120 "$TOWERCTL" submit "$TMP/big.txtpb" 2>&1); rc=$?
-if [ "$rc" -eq 0 ]; then
-  state=$(wait_state big)
+# submit --wait follows the job to its end: exit 0 SUCCEEDED, 1 otherwise.
+out=$(timeout 180 "$TOWERCTL" submit "$TMP/big.txtpb" --wait 2>&1); rc=$?
+if [ "$rc" -eq 1 ]; then
   status=$("$TOWERCTL" --timeout_s=5 status big 2>&1)
-  if [ "$state" = FAILED ] && grep -q -- "--memory_budget_bytes" <<<"$status"; then
+  if grep -q "State: *FAILED" <<<"$status" && grep -q -- "--memory_budget_bytes" <<<"$status"; then
     pass "big job FAILED naming the ps's budget: $(grep -m1 '^Error' <<<"$status" | cut -c1-200)"
   else
-    fail "big job: state '$state': $(head -12 <<<"$status")"
+    fail "big job: $(head -12 <<<"$status")"
   fi
 elif [ "$rc" -eq 2 ] && grep -q -- "--memory_budget_bytes" <<<"$out"; then
   pass "big job refused at submit naming a budget: $(tr '\n' ' ' <<<"$out" | cut -c1-200)"
@@ -154,9 +143,8 @@ kill -0 "$PS_PID" 2>/dev/null && kill -0 "$CHIEF_PID" 2>/dev/null \
 
 echo "== a small job trains in the same cgroup, one math thread"
 job small 64 1
-out=$(timeout 120 "$TOWERCTL" submit "$TMP/small.txtpb" 2>&1); rc=$?
-state=$([ "$rc" -eq 0 ] && wait_state small)
-[ "$state" = SUCCEEDED ] && pass "small job SUCCEEDED" || fail "small job: exit $rc '$out', state '$state'"
+out=$(timeout 180 "$TOWERCTL" submit "$TMP/small.txtpb" --wait 2>&1); rc=$?
+[ "$rc" -eq 0 ] && pass "small job SUCCEEDED" || fail "small job: exit $rc: $(tail -3 <<<"$out")"
 # (The events read whole before grep: `grep -q` would leave towerctl writing
 # to a closed pipe.)
 events=$("$TOWERCTL" --timeout_s=5 logs small 2>&1)
