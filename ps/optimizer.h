@@ -85,7 +85,7 @@ class Optimizer {
   virtual absl::Status CheckRestoredSlots() const { return absl::OkStatus(); }
 
   // Out of place, for an update prepared while its gradient still arrives
-  // (ParameterServer, "Updates ahead"): whether ApplyInto can compute this
+  // (ps/push_session.h, "Updates ahead"): whether ApplyInto can compute this
   // rule's update without changing the optimizer (true for the job's
   // optimizers, SGD, momentum and Adam; false for the moving average).
   virtual bool CanApplyInto() const { return false; }

@@ -1555,36 +1555,6 @@ TEST(RequestRateTest, AJobYoungerThanTheWindowIsRatedOverItsLife) {
 namespace towerps::ps {
 namespace {
 
-// Issue 15 (limits): everything a job holds is counted, per element of each
-// variable: value + pull snapshot + optimizer slots + one push buffer per
-// worker (issue 16: no accumulator; SYNC sums into the first worker's
-// buffer). TwoVarJob has 6 + 2 elements and 2 workers.
-TEST(ParameterServerBudgetTest, FootprintCountsValuesAccumulatorsSlotsAndBuffers) {
-  auto r = TwoVarJob(v1::SYNC, 2);
-  auto footprint = [](v1::RegisterRequest req, v1::OptimizerSpec::Type type) {
-    req.mutable_config()->mutable_optimizer()->set_type(type);
-    return RegisterFootprintBytes(req, req.config());
-  };
-  EXPECT_EQ(footprint(r, v1::OptimizerSpec::SGD), 8 * (2 + 0 + 2) * 4);       // 128
-  EXPECT_EQ(footprint(r, v1::OptimizerSpec::MOMENTUM), 8 * (2 + 1 + 2) * 4);  // 160
-  EXPECT_EQ(footprint(r, v1::OptimizerSpec::ADAM), 8 * (2 + 2 + 2) * 4);      // 192
-  // A moving statistic has no slots.
-  r.mutable_variables(1)->set_update(v1::VariableDef::MOVING_AVERAGE);
-  EXPECT_EQ(footprint(r, v1::OptimizerSpec::ADAM), 6 * 6 * 4 + 2 * 4 * 4);  // 176
-  // One worker: its same-host pushes form the slots' new values of the
-  // first and of the small variables ahead, apart (a second set of their
-  // slots); a large variable after the first has one set.
-  auto one = TwoVarJob(v1::SYNC, 1);
-  EXPECT_EQ(footprint(one, v1::OptimizerSpec::SGD), 8 * (2 + 0 + 1) * 4);
-  EXPECT_EQ(footprint(one, v1::OptimizerSpec::MOMENTUM), 8 * (2 + 2 + 1) * 4);
-  EXPECT_EQ(footprint(one, v1::OptimizerSpec::ADAM), 8 * (2 + 4 + 1) * 4);
-  const int64_t big = kSlotsAheadMaxElements + 1;
-  one.mutable_variables(1)->set_shape(0, big);
-  EXPECT_EQ(footprint(one, v1::OptimizerSpec::ADAM), 6 * (2 + 4 + 1) * 4 + big * (2 + 2 + 1) * 4);
-  EXPECT_EQ(footprint(one, v1::OptimizerSpec::MOMENTUM),
-            6 * (2 + 2 + 1) * 4 + big * (2 + 1 + 1) * 4);
-}
-
 TEST(ParameterServerBudgetTest, BudgetIsSummedOverJobsAndReturnedOnDelete) {
   ParameterServer ps({.task_index = 0, .memory_budget_bytes = 300});
   auto job = [](const std::string& id) {

@@ -124,7 +124,7 @@ class PsServiceTest : public ::testing::Test {
   }
 
   // The segment's pushes come from this very process: updated ahead all
-  // the same, as from a worker on cores apart ("Updates ahead").
+  // the same, as from a worker on cores apart (ps/push_session.h, "Updates ahead").
   static ParameterServerOptions Options() {
     ParameterServerOptions o;
     o.as_if_on_cores_apart = true;

@@ -1,6 +1,6 @@
 // Publication: the variables of one step, becoming final one by one in
-// var_index order while the server updates them (ps/parameter_server.h,
-// Commit), for the pulls that stream them meanwhile.
+// var_index order while the server updates them (ps/commit.h), for the
+// pulls that stream them meanwhile.
 //
 // Thread-safe.
 #ifndef TOWERPS_PS_PUBLICATION_H_

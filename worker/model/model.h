@@ -173,7 +173,7 @@ class Model {
   // has more elements and both are dense (Layer::SplitsBackward): the last
   // micro-batch backpropagates through the second before forming its
   // gradients, so that a server updating ahead (same host, cores of its
-  // own: ps/parameter_server.h) updates the larger first
+  // own: ps/push_session.h) updates the larger first
   // layer, which the next forward needs first, while the worker still
   // forms the smaller second one, rather than after the push (an MLP's
   // 784x256 first layer: issue 16). The same gradients, bit for bit,

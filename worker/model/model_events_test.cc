@@ -101,7 +101,7 @@ void CheckEvents(Fixture& f, const std::vector<common::Tensor>& truth, const Bat
       ready_order.push_back(v);
       announced[v].assign(g[v]->data(), g[v]->data() + g[v]->num_elements());
       // From here a server may write the next step's values there (one
-      // worker, same host: ps/parameter_server.h), so nothing reads them
+      // worker, same host: ps/push_session.h), so nothing reads them
       // again this step: NaN would reach the gradients still to come.
       w[v]->Fill(std::numeric_limits<float>::quiet_NaN());
     }

@@ -198,7 +198,7 @@ class ParameterClient {
   // a tensor must not be written while a pull is under way, nor a gradient
   // changed while its push is, nor after it until the next pull has every
   // variable: a server's update reads the gradient there after answering
-  // the push (ps/parameter_server.h, GradientPart), and the next step's
+  // the push (ps/gradient_part.h), and the next step's
   // weights are what it publishes. Nor may a weight be read from when its
   // gradient is pushed until the next pull has it: a server writes the
   // new values there too as it forms them (during the push, or in the

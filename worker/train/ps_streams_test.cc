@@ -554,7 +554,7 @@ TEST(PsStreamsTest, TheLastPushIsReadWholeAfterTheClientReleasedItsMemory) {
 }
 
 // One worker (SGD): its server writes the new values where its pulls land
-// during the push (ps/parameter_server.h). A client that gives that memory
+// during the push (ps/push_session.h). A client that gives that memory
 // back once its last push is answered (as the trainer does at its end,
 // after its final pull) and pulls again gets the server's values, not
 // what the released pages read as: such pulls land in the landing region.
@@ -563,7 +563,7 @@ TEST(PsStreamsTest, TheLastPushIsReadWholeAfterTheClientReleasedItsMemory) {
 TEST(PsStreamsTest, APullAfterTheClientReleasedItsMemoryGetsTheValuesWritten) {
   LocalPsCluster cluster(1, /*start=*/false, /*shared_memory=*/true);
   // The worker is this very process: updated ahead all the same, as from
-  // a worker on cores apart ("Updates ahead").
+  // a worker on cores apart (ps/push_session.h, "Updates ahead").
   ps::ParameterServerOptions options;
   options.as_if_on_cores_apart = true;
   cluster.set_server_options(options);

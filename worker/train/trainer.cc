@@ -283,7 +283,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     // overlap). Out before the push's last gradient, it waits in the
     // servers when the push completes, so that a server with one worker
     // writes the update's new values where it lands as it forms them
-    // (ps/parameter_server.h) instead of copying them for it afterwards.
+    // (ps/push_session.h) instead of copying them for it afterwards.
     absl::Mutex next_mu;
     bool next_started = false;
     absl::Status next_status;
