@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -12,18 +11,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/health_check.h"
 #include "client/job_event_printer.h"
+#include "client/job_report.h"
 #include "client/safetensors_writer.h"
 #include "client/text_table.h"
 #include "common/grpc_status.h"
 #include "common/job_spec.h"
 #include "common/retry.h"
 #include "common/rpc.h"
-#include "common/skipped_updates.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/client_context.h"
@@ -115,7 +113,6 @@ Export format (safetensors, https://github.com/huggingface/safetensors):
   gap, an overlap or a missing end is an error (exit 1) and writes nothing.
 )";
 
-constexpr int kErrorColumnChars = 48;
 constexpr int kExportTimeoutFactor = 60;
 
 // The command line, once parsed.
@@ -182,68 +179,6 @@ void PrintJson(const Call& call, const google::protobuf::Message& message) {
 }
 
 bool IsFinal(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
-
-std::string StateName(v1::JobState s) { return v1::JobState_Name(s); }
-
-std::string WorkStateName(v1::WorkState s) {
-  std::string name = v1::WorkState_Name(s);
-  if (absl::StartsWith(name, "WORK_")) name = name.substr(5);
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return name;
-}
-
-double JobDuration(const v1::JobRecord& r) {
-  if (r.start_time() == 0) return -1;
-  const double end = r.end_time() != 0 ? r.end_time() : absl::ToUnixMicros(absl::Now()) / 1e6;
-  return end - r.start_time();
-}
-
-std::string StepCell(const v1::Metrics& m) {
-  if (m.total_steps() > 0) return absl::StrCat(m.step(), "/", m.total_steps());
-  return absl::StrCat(m.step());
-}
-
-std::string LossCell(const v1::Metrics& m) {
-  if (m.step() == 0 && m.loss() == 0) return "-";
-  return absl::StrFormat("%.4f", m.loss());
-}
-
-std::string AccuracyCell(const v1::Metrics& m) {
-  if (!m.has_accuracy()) return "-";
-  if (m.has_test()) return absl::StrFormat("%.4f test", m.test_accuracy());
-  if (m.step() == 0) return "-";
-  return absl::StrFormat("%.4f train", m.accuracy());
-}
-
-std::string Workers(const std::vector<int32_t>& tasks) {
-  if (tasks.empty()) return "no worker";
-  return absl::StrCat(tasks.size() == 1 ? "worker " : "workers ", absl::StrJoin(tasks, ", "));
-}
-
-std::string Percent(int64_t part, int64_t total) {
-  if (total <= 0) return "-";
-  return absl::StrFormat("%.1f%%", 100.0 * part / total);
-}
-
-// A line that names the largest shard when it holds clearly more than an even
-// share of the bytes; empty otherwise.
-std::string ImbalanceNote(const std::vector<std::pair<int, int64_t>>& shard_bytes) {
-  if (shard_bytes.size() < 2) return "";
-  int64_t total = 0;
-  std::pair<int, int64_t> largest = shard_bytes[0];
-  for (const auto& s : shard_bytes) {
-    total += s.second;
-    if (s.second > largest.second) largest = s;
-  }
-  if (total <= 0) return "";
-  const double even = 1.0 / shard_bytes.size();
-  const double share = static_cast<double>(largest.second) / total;
-  if (share <= 1.25 * even) return "";
-  return absl::StrFormat(
-      "Placement is unbalanced: ps %d holds %.1f%% of the bytes (an even share is %.1f%%).",
-      largest.first, 100 * share, 100 * even);
-}
 
 // --- Follow / logs -----------------------------------------------------------
 
@@ -361,7 +296,7 @@ int WatchEvents(Call& call, const std::string& job_id, bool follow) {
       error = resp.job().error();
     }
   }
-  call.env.err << "towerctl: job \"" << job_id << "\" " << StateName(final_state)
+  call.env.err << "towerctl: job \"" << job_id << "\" " << JobStateName(final_state)
                << (error.empty() ? "" : ": ") << error << "\n";
   return kExitFailed;
 }
@@ -442,7 +377,7 @@ int List(Call& call) {
   }
   TextTable table({"JOB", "STATE", "SUBMITTED", "DURATION", "STEP", "LOSS", "ACCURACY", "ERROR"});
   for (const v1::JobRecord& r : resp.jobs()) {
-    table.AddRow({r.job_id(), StateName(r.state()), LocalTime(r.submit_time()),
+    table.AddRow({r.job_id(), JobStateName(r.state()), LocalTime(r.submit_time()),
                   HumanDuration(JobDuration(r)), StepCell(r.metrics()), LossCell(r.metrics()),
                   AccuracyCell(r.metrics()), Truncate(r.error(), kErrorColumnChars)});
   }
@@ -450,140 +385,6 @@ int List(Call& call) {
   return kExitOk;
 }
 
-void PrintRecord(const Call& call, const v1::JobRecord& r) {
-  std::ostream& out = call.env.out;
-  auto field = [&out](const std::string& name, const std::string& value) {
-    out << absl::StrFormat("%-13s %s\n", name + ":", value);
-  };
-  field("Job", r.job_id());
-  field("State",
-        absl::StrCat(StateName(r.state()),
-                     r.attempts() > 0 ? absl::StrCat(" (attempt ", r.attempts(), ")") : ""));
-  field("Submitted", LocalTime(r.submit_time()));
-  field("Started", LocalTime(r.start_time()));
-  field("Ended", LocalTime(r.end_time()));
-  field("Duration", HumanDuration(JobDuration(r)));
-  std::string ckpt = r.checkpoint_step() > 0 ? absl::StrCat("step ", r.checkpoint_step()) : "none";
-  std::vector<std::string> notes;
-  if (!r.checkpoint_dir().empty()) notes.push_back(absl::StrCat("dir ", r.checkpoint_dir()));
-  if (r.restored_step() > 0)
-    notes.push_back(absl::StrCat("restored from step ", r.restored_step()));
-  if (!notes.empty()) absl::StrAppend(&ckpt, " (", absl::StrJoin(notes, "; "), ")");
-  field("Checkpoint", ckpt);
-  if (!r.tensorboard_dir().empty()) field("TensorBoard", r.tensorboard_dir());
-  if (r.variables_bytes() > 0)
-    field("Variables", HumanBytes(r.variables_bytes()) + " on the servers");
-  field("Metrics", r.has_metrics() && (r.metrics().step() > 0 || r.metrics().total_steps() > 0)
-                       ? MetricsSummary(r.metrics())
-                       : "-");
-  if (!r.error().empty()) field("Error", r.error());
-}
-
-void PrintLive(const Call& call, const v1::JobLiveStatus& live) {
-  std::ostream& out = call.env.out;
-  out << "\nLive: global step " << live.global_step() << "\n";
-  if (!live.explanation().empty()) out << "  " << live.explanation() << "\n";
-  std::set<int32_t> pushed;
-  for (const v1::ShardStatus& s : live.shards()) {
-    pushed.insert(s.status().pushed_this_step().begin(), s.status().pushed_this_step().end());
-  }
-  const std::set<int32_t> waiting(live.waiting_for().begin(), live.waiting_for().end());
-  if (!waiting.empty() || !pushed.empty()) {
-    std::string line = absl::StrCat("  Open step ", live.global_step(), ": pushed by ",
-                                    Workers({pushed.begin(), pushed.end()}));
-    if (!waiting.empty()) {
-      absl::StrAppend(&line, "; waiting for ", Workers({waiting.begin(), waiting.end()}), " for ",
-                      HumanDuration(live.waiting_s()));
-    }
-    out << line << "\n";
-  }
-  if (live.workers_size() > 0) {
-    TextTable workers({"WORKER", "ADDRESS", "REACHABLE", "STATE", "LAST STEP", "ITERATIONS",
-                       "OPEN STEP", "ERROR"});
-    for (const v1::WorkerProgress& w : live.workers()) {
-      std::string open = waiting.count(w.task_index())  ? "waiting"
-                         : pushed.count(w.task_index()) ? "pushed"
-                                                        : "";
-      workers.AddRow({absl::StrCat(w.task_index()), w.address(), w.reachable() ? "yes" : "no",
-                      WorkStateName(w.state()), absl::StrCat(w.last_step()),
-                      absl::StrCat(w.iterations()), open, Truncate(w.error(), kErrorColumnChars)});
-    }
-    out << "\n" << workers.Render("  ");
-  }
-  if (live.shards_size() > 0) {
-    // A shard that did not report (unreachable, or not holding the job) has
-    // no figures, and the others' shares of the bytes are unknown.
-    int64_t total = 0;
-    std::vector<std::pair<int, int64_t>> bytes;
-    std::vector<std::string> silent;
-    for (const v1::ShardStatus& s : live.shards()) {
-      if (!s.has_status()) silent.push_back(absl::StrCat(s.ps_task()));
-      total += s.status().bytes_held();
-      bytes.emplace_back(s.ps_task(), s.status().bytes_held());
-    }
-    TextTable shards({"PS", "ADDRESS", "REACHABLE", "BYTES", "SHARE", "VARIABLES", "REQ/S",
-                      "LATENCY MS", "STEP", "ERROR"});
-    for (const v1::ShardStatus& s : live.shards()) {
-      const v1::JobStatus& st = s.status();
-      const bool known = s.has_status();
-      auto cell = [known](std::string v) { return known ? v : std::string("-"); };
-      shards.AddRow({absl::StrCat(s.ps_task()), s.address(), s.reachable() ? "yes" : "no",
-                     cell(HumanBytes(st.bytes_held())),
-                     silent.empty() ? Percent(st.bytes_held(), total) : "-",
-                     cell(absl::StrCat(st.num_variables())),
-                     cell(absl::StrFormat("%.1f", st.requests_per_s())),
-                     cell(absl::StrFormat("%.2f", st.mean_latency_ms())),
-                     cell(absl::StrCat(st.global_step())), Truncate(s.error(), kErrorColumnChars)});
-    }
-    out << "\n" << shards.Render("  ");
-    const std::string note =
-        silent.empty()
-            ? ImbalanceNote(bytes)
-            : absl::StrCat("Shares of the bytes unknown: ps ", absl::StrJoin(silent, ", "),
-                           " did not report.");
-    if (!note.empty()) out << "  " << note << "\n";
-    std::vector<std::pair<int, int64_t>> skipped;
-    for (const v1::ShardStatus& s : live.shards()) {
-      skipped.emplace_back(s.ps_task(), s.status().updates_skipped());
-    }
-    const std::string skipped_note = common::SkippedUpdatesNote(skipped);
-    if (!skipped_note.empty()) out << "  " << skipped_note << "\n";
-  }
-}
-
-// The shards as they were when the job ended.
-void PrintFinalShards(const Call& call, const v1::JobRecord& r) {
-  if (r.final_shards_size() == 0) return;
-  int64_t total = 0;
-  std::vector<std::pair<int, int64_t>> bytes;
-  for (int i = 0; i < r.final_shards_size(); ++i) {
-    total += r.final_shards(i).bytes_held();
-    bytes.emplace_back(i, r.final_shards(i).bytes_held());
-  }
-  // CORES: the server process's CPU time over the span of the job's
-  // updates there (every job it served in that span).
-  TextTable shards({"PS", "BYTES", "SHARE", "SLOTS", "VARIABLES", "STEP", "APPLIED", "STALE",
-                    "DUPLICATE", "CORES"});
-  for (int i = 0; i < r.final_shards_size(); ++i) {
-    const v1::JobStatus& st = r.final_shards(i);
-    shards.AddRow({absl::StrCat(i), HumanBytes(st.bytes_held()), Percent(st.bytes_held(), total),
-                   HumanBytes(st.slot_bytes()), absl::StrCat(st.num_variables()),
-                   absl::StrCat(st.global_step()), absl::StrCat(st.pushes_applied()),
-                   absl::StrCat(st.pushes_stale()), absl::StrCat(st.pushes_duplicate()),
-                   st.update_span_s() > 0
-                       ? absl::StrFormat("%.2f", st.update_span_cpu_s() / st.update_span_s())
-                       : "-"});
-  }
-  call.env.out << "\nParameter servers at the end of the job:\n" << shards.Render("  ");
-  const std::string note = ImbalanceNote(bytes);
-  if (!note.empty()) call.env.out << "  " << note << "\n";
-  std::vector<std::pair<int, int64_t>> skipped;
-  for (int i = 0; i < r.final_shards_size(); ++i) {
-    skipped.emplace_back(i, r.final_shards(i).updates_skipped());
-  }
-  const std::string skipped_note = common::SkippedUpdatesNote(skipped);
-  if (!skipped_note.empty()) call.env.out << "  " << skipped_note << "\n";
-}
 
 int Status(Call& call, const std::string& job_id) {
   grpc::ClientContext ctx;
@@ -597,11 +398,11 @@ int Status(Call& call, const std::string& job_id) {
     PrintJson(call, resp);
     return kExitOk;
   }
-  PrintRecord(call, resp.job());
+  PrintJobRecord(call.env.out, resp.job());
   if (resp.has_live()) {
-    PrintLive(call, resp.live());
+    PrintJobLiveStatus(call.env.out, resp.live());
   } else {
-    PrintFinalShards(call, resp.job());
+    PrintFinalShards(call.env.out, resp.job());
   }
   return kExitOk;
 }
@@ -617,7 +418,7 @@ int Cancel(Call& call, const std::string& job_id) {
   if (call.opts.json) {
     PrintJson(call, resp);
   } else {
-    call.env.out << job_id << ": " << StateName(resp.job().state()) << "\n";
+    call.env.out << job_id << ": " << JobStateName(resp.job().state()) << "\n";
   }
   return kExitOk;
 }
