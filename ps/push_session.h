@@ -11,10 +11,10 @@
 // where the server has cores of its own (the thread reading the push may
 // run on no CPU the worker's process may: common::SharesCpusWith; taskset,
 // a cgroup's cpuset), and then so is the update of the first and of the
-// small variables (FormsSlotsAhead) whose rule has slots (Adam, momentum),
+// small variables (FormsSlotsAhead, register_request.h) whose rule has slots (Adam, momentum),
 // the slots' new values in buffers of the push's own that the commit
 // adopts (Optimizer::AdoptSlots) and gives back for the next push: a
-// second copy of those slots (FloatsPerElement). Otherwise the Commit
+// second copy of those slots (FloatsPerElement there). Otherwise the Commit
 // updates them after the push: over gRPC, forming a rule with slots on the
 // thread that reads the stream delayed the push more than it saved; on
 // cores the worker computes on, forming anything ahead competed with its
@@ -69,7 +69,8 @@ class Job;
 struct Variable;
 }
 
-// One push being received. Owned by the caller between BeginPush and FinishPush.
+// One push being received. Owned by the caller between BeginPush and FinishPush;
+// thread-compatible (one thread calls it at a time).
 //
 // A compressed push (header.slice_encoding, common/gradient_codec.h) is
 // decoded slice by slice into the same float staging buffer as an
