@@ -25,35 +25,12 @@
 #include "proto/ps.pb.h"
 #include "proto/tensor.pb.h"
 #include "ps/optimizer.h"
+#include "ps/register_request_testing.h"
 
 namespace towerps::ps {
 namespace {
 
-constexpr float kLr = 0.5f;
-
-v1::RegisterRequest TwoVarJob(v1::Mode mode, int workers, int replicas = 0,
-                              int max_staleness = 0) {
-  v1::RegisterRequest r;
-  r.set_job_id("j");
-  r.mutable_config()->set_mode(mode);
-  r.mutable_config()->set_num_workers(workers);
-  r.mutable_config()->set_replicas_to_aggregate(replicas);
-  r.mutable_config()->set_max_staleness(max_staleness);
-  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
-  r.mutable_config()->mutable_optimizer()->set_learning_rate(kLr);
-  auto* a = r.add_variables();
-  a->set_name("a");
-  a->add_shape(2);
-  a->add_shape(3);
-  a->set_dtype(v1::DT_FLOAT32);
-  a->mutable_initializer()->set_type(v1::Initializer::CONSTANT);
-  a->mutable_initializer()->set_value(1.0f);
-  auto* b = r.add_variables();
-  b->set_name("b");
-  b->add_shape(2);
-  b->set_dtype(v1::DT_FLOAT32);
-  return r;
-}
+constexpr float kLr = kTwoVarJobLearningRate;
 
 v1::TensorSlice Slice(uint32_t var, uint64_t offset, std::vector<float> values) {
   v1::TensorSlice s;

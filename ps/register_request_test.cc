@@ -7,31 +7,10 @@
 
 #include "common/optimizer_spec.h"
 #include "gtest/gtest.h"
+#include "ps/register_request_testing.h"
 
 namespace towerps::ps {
 namespace {
-
-// Two variables, a [2, 3] and a [2], of a job of `workers` workers with SGD.
-v1::RegisterRequest TwoVarJob(v1::Mode mode, int workers) {
-  v1::RegisterRequest r;
-  r.set_job_id("j");
-  r.mutable_config()->set_mode(mode);
-  r.mutable_config()->set_num_workers(workers);
-  r.mutable_config()->mutable_optimizer()->set_type(v1::OptimizerSpec::SGD);
-  r.mutable_config()->mutable_optimizer()->set_learning_rate(0.1f);
-  auto* a = r.add_variables();
-  a->set_name("a");
-  a->add_shape(2);
-  a->add_shape(3);
-  a->set_dtype(v1::DT_FLOAT32);
-  a->mutable_initializer()->set_type(v1::Initializer::CONSTANT);
-  a->mutable_initializer()->set_value(1.0f);
-  auto* b = r.add_variables();
-  b->set_name("b");
-  b->add_shape(2);
-  b->set_dtype(v1::DT_FLOAT32);
-  return r;
-}
 
 TEST(RegisterRequestTest, AWellFormedRequestIsAccepted) {
   EXPECT_TRUE(ValidateRegister(TwoVarJob(v1::SYNC, 2), 1 << 20).ok());
