@@ -6,7 +6,7 @@
 #   tests/bench/step_breakdown.sh [--models=mlp,dense_stack] [--ps=2]
 #       [--shapes=1:sync,2:sync,1:async,2:async] [--epochs=1] [--max_steps=0]
 #       [--out=DIR] [--worker_flags="--virtual_devices=GPU:0=8000x1"]
-#       [--ps_flags="--blas_threads=4"] [--pin=WORKER_CPUS:PS_CPUS]
+#       [--ps_flags="--blas_threads=4"] [--pin=WORKER_CPUS:PS_CPUS] [--repeats=1]
 #
 # Per run it prints one row from the logs the processes write:
 #   - each worker's step breakdown (worker/train/trainer: compute = forward,
@@ -33,12 +33,17 @@
 # --pin runs the workers (and worker_throughput) on WORKER_CPUS and the
 # servers on PS_CPUS (taskset lists, e.g. --pin=0:1): on a small machine, a
 # stand-in for servers with cores of their own.
+# --repeats=N runs every model and shape N times, round by round (each round
+# runs them all, so a machine that drifts disturbs every row alike), prints
+# every run's row and, per model and shape, the median and the range of
+# ms/step, alone, st/alone and tr/alone over the runs: on a shared machine
+# one run's ratio can move more than the margin it is read against.
 # Where a GPU is present the towers run on it unless the worker is told
 # otherwise (CUDA_VISIBLE_DEVICES= hides it: CPU towers on a GPU machine).
 # Not a test: nothing is asserted; numbers are reported. The binaries are
 # built with -c opt unless TOWERPS_BIN_DIR names them.
 set -euo pipefail
-usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 MODELS=mlp,dense_stack
 SHAPES=1:sync,2:sync,1:async,2:async
@@ -49,6 +54,7 @@ OUT=""
 WORKER_FLAGS=""
 PS_FLAGS=""
 PIN=""
+REPEATS=1
 for arg in "$@"; do
   case "$arg" in
     --models=*) MODELS="${arg#*=}" ;;
@@ -60,10 +66,16 @@ for arg in "$@"; do
     --worker_flags=*) WORKER_FLAGS="${arg#*=}" ;;
     --ps_flags=*) PS_FLAGS="${arg#*=}" ;;
     --pin=*) PIN="${arg#*=}" ;;
+    --repeats=*) REPEATS="${arg#*=}" ;;
     -h|--help) usage 0 ;;
     *) echo "step_breakdown: unknown argument \"$arg\"" >&2; usage ;;
   esac
 done
+case "$REPEATS" in
+  ''|*[!0-9]*|0)
+    echo "step_breakdown: --repeats=$REPEATS: want a whole number of runs, 1 or more" >&2
+    exit 2 ;;
+esac
 cd "$(dirname "$0")/../.."
 if [ -z "${TOWERPS_BIN_DIR:-}" ]; then
   bazel build -c opt //ps:ps //worker:worker //client:towerctl //tests/bench:worker_throughput \
@@ -99,41 +111,46 @@ rows="$OUT/rows.tsv"
 : >"$rows"
 IFS=, read -r -a models <<<"$MODELS"
 IFS=, read -r -a shapes <<<"$SHAPES"
-for model in "${models[@]}"; do
-  for shape in "${shapes[@]}"; do
-    workers="${shape%%:*}"
-    mode="${shape#*:}"
-    run="$OUT/$model-$workers-$mode"
-    rm -rf "$run"
-    mkdir -p "$run"
-    job_flags=(--epochs="$EPOCHS")
-    [ "$MAX_STEPS" -gt 0 ] && job_flags+=(--max_steps="$MAX_STEPS")
-    read -r -a extra <<<"$WORKER_FLAGS"
-    job_flags+=("${extra[@]}")
-    if ! TOWERPS_PS_FLAGS="$PS_FLAGS" TOWERPS_LOG_DIR="$run" timeout 900 deploy/local_cluster.sh --ps="$NUM_PS" \
-        --workers="$workers" --mode="$mode" --model="$model" -- "${job_flags[@]}" \
-        >"$run/launcher.log" 2>&1; then
-      echo "step_breakdown: $model $workers workers $mode failed; see $run/launcher.log" >&2
-      tail -n 5 "$run/launcher.log" >&2
-      exit 1
-    fi
-    # The compute alone, at what each worker of the run computed: its batch,
-    # its CPU math threads and the device of its towers (from the chief's
-    # log lines: "N CPU math thread(s)", "reduction: ... (1 on cuda:0)").
-    wt="$TOWERPS_BIN_DIR/tests/bench/worker_throughput"
-    threads=$(grep -m1 -oE '[0-9]+ CPU math thread' "$run/worker0.log" | cut -d' ' -f1 || true)
-    dev=cpu
-    grep -m1 'reduction: ' "$run/worker0.log" | grep -q ' on cuda:' && dev=gpu
-    global_batch=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("global_batch_size", 256))' \
-      "$run/job.json" 2>/dev/null || echo 0)
-    if [ -x "$wt" ] && [ -n "$threads" ] && [ "$global_batch" -gt 0 ]; then
-      : >"$run/alone.txt"
-      for _ in 1 2 3; do
-        "$wt" --models="$model" --towers=1 --devices="$dev" --threads="$threads" \
-          --batch=$((global_batch / workers)) --seconds=1 >>"$run/alone.txt" 2>&1 || true
-      done
-    fi
-    printf '%s\t%s\t%s\t%s\t%s\n' "$model" "$workers" "$mode" "$run" "$dev" >>"$rows"
+for round in $(seq 1 "$REPEATS"); do
+  for model in "${models[@]}"; do
+    for shape in "${shapes[@]}"; do
+      workers="${shape%%:*}"
+      mode="${shape#*:}"
+      run="$OUT/$model-$workers-$mode"
+      [ "$REPEATS" -gt 1 ] && run="$run-r$round"
+      rm -rf "$run"
+      mkdir -p "$run"
+      job_flags=(--epochs="$EPOCHS")
+      [ "$MAX_STEPS" -gt 0 ] && job_flags+=(--max_steps="$MAX_STEPS")
+      read -r -a extra <<<"$WORKER_FLAGS"
+      job_flags+=("${extra[@]}")
+      if ! TOWERPS_PS_FLAGS="$PS_FLAGS" TOWERPS_LOG_DIR="$run" \
+          timeout 900 deploy/local_cluster.sh --ps="$NUM_PS" \
+          --workers="$workers" --mode="$mode" --model="$model" -- "${job_flags[@]}" \
+          >"$run/launcher.log" 2>&1; then
+        echo "step_breakdown: $model $workers workers $mode failed; see $run/launcher.log" >&2
+        tail -n 5 "$run/launcher.log" >&2
+        exit 1
+      fi
+      # The compute alone, at what each worker of the run computed: its batch,
+      # its CPU math threads and the device of its towers (from the chief's
+      # log lines: "N CPU math thread(s)", "reduction: ... (1 on cuda:0)").
+      wt="$TOWERPS_BIN_DIR/tests/bench/worker_throughput"
+      threads=$(grep -m1 -oE '[0-9]+ CPU math thread' "$run/worker0.log" | cut -d' ' -f1 || true)
+      dev=cpu
+      grep -m1 'reduction: ' "$run/worker0.log" | grep -q ' on cuda:' && dev=gpu
+      global_batch=$(python3 -c \
+        'import json, sys; print(json.load(open(sys.argv[1])).get("global_batch_size", 256))' \
+        "$run/job.json" 2>/dev/null || echo 0)
+      if [ -x "$wt" ] && [ -n "$threads" ] && [ "$global_batch" -gt 0 ]; then
+        : >"$run/alone.txt"
+        for _ in 1 2 3; do
+          "$wt" --models="$model" --towers=1 --devices="$dev" --threads="$threads" \
+            --batch=$((global_batch / workers)) --seconds=1 >>"$run/alone.txt" 2>&1 || true
+        done
+      fi
+      printf '%s\t%s\t%s\t%s\t%s\n' "$model" "$workers" "$mode" "$run" "$dev" >>"$rows"
+    done
   done
 done
 
@@ -161,6 +178,8 @@ print("%-11s %2s %-5s %3s %6s %7s %7s %13s %6s %6s %6s %6s %6s %6s %6s %7s %7s %
     "model", "W", "mode", "dev", "steps", "ms/step", "compute", "pull (wait)", "push", "other",
     "batch", "eval", "step/c", "c/step", "alone", "st/alone", "tr/alone", "cores", "wall_s", "acc", "ps MB",
     "shm MB", "held MB", "x", "x net", "worker MB"))
+# Per model and shape, each run's ms/step, alone, st/alone and tr/alone.
+runs_of = {}
 for line in open(sys.argv[1]):
     model, workers, mode, run, dev = line.rstrip("\n").split("\t")
     final = re.search(r"final: test_accuracy=(\S+) test_loss=\S+ steps=\d+ wall_s=([\d.]+)",
@@ -220,12 +239,31 @@ for line in open(sys.argv[1]):
                 if float(r) > 0]
         if runs:
             alone = min(runs)
+    runs_of.setdefault((model, workers, mode, dev), []).append(
+        (step_ms, alone, step_ms / alone, (step_ms - evl) / alone))
     print("%-11s %2s %-5s %3s %6d %7.2f %7.2f %6.2f (%4.2f) %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.2f %7.2f %7.2f %5.2f %7.1f %6s | %8.1f %6.1f %8.1f %5.1f %5.1f | %8.1f" % (
         model, workers, mode, dev, steps, step_ms, comp, pull, wait, push, other, batch, evl,
         step_ms / comp if comp else float("nan"), comp / step_ms if step_ms else float("nan"),
         alone, step_ms / alone, (step_ms - evl) / alone, cores,
         wall, acc, worst[0] / 1e6, worst[3] / 1e6, worst[1] / 1e6, worst[0] / max(1, worst[1]),
         (worst[0] - worst[3] - worst[2]) / max(1, worst[1]), max(worker_peak or [0]) / 1e6))
+if any(len(r) > 1 for r in runs_of.values()):
+    def median(xs):
+        xs = sorted(xs)
+        mid = len(xs) // 2
+        return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    print()
+    print("%-11s %2s %-5s %3s %4s | %s" % ("model", "W", "mode", "dev", "runs", " | ".join(
+        "%-23s" % (name + ": median (range)")
+        for name in ("ms/step", "alone", "st/alone", "tr/alone"))))
+    for (model, workers, mode, dev), runs in runs_of.items():
+        cells = []
+        for col in range(4):
+            xs = [r[col] for r in runs if r[col] == r[col]]  # NaN: no alone measured
+            cells.append("%7.2f (%6.2f-%6.2f)" % (median(xs), min(xs), max(xs)) if xs
+                         else "%-23s" % "-")
+        print("%-11s %2s %-5s %3s %4d | %s" % (model, workers, mode, dev, len(runs),
+                                               " | ".join(cells)))
 print()
 print("ms/step, compute, pull (wait), push, other: per step, of the slowest worker; pull and push")
 print("count only the time the step was blocked on them (they overlap the compute); wait: the")
