@@ -114,6 +114,11 @@ absl::Status AtomicFileWriter::Commit() {
   return SyncDir(DirName(path_));
 }
 
+std::string JoinPath(const std::string& dir, absl::string_view name) {
+  if (dir.empty() || dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents) {
   absl::StatusOr<std::unique_ptr<AtomicFileWriter>> w = AtomicFileWriter::Create(path);
   if (!w.ok()) return w.status();

@@ -48,6 +48,10 @@ class AtomicFileWriter {
   bool committed_ = false;
 };
 
+// `dir`/`name`, with one slash between them (none added after a trailing
+// one; `name` alone when `dir` is empty).
+std::string JoinPath(const std::string& dir, absl::string_view name);
+
 // Writes `contents` to `path` atomically (AtomicFileWriter, in one piece).
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view contents);
 

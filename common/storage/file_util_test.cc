@@ -81,5 +81,12 @@ TEST(AtomicFileWriterTest, MissingDirectoryIsNotFoundNamingTheFile) {
   EXPECT_THAT(std::string(w.status().message()), HasSubstr("create"));
 }
 
+TEST(JoinPathTest, OneSlashBetweenDirAndName) {
+  EXPECT_EQ(JoinPath("a/b", "MANIFEST"), "a/b/MANIFEST");
+  EXPECT_EQ(JoinPath("a/b/", "MANIFEST"), "a/b/MANIFEST");
+  EXPECT_EQ(JoinPath("/", "ckpt-0000000001"), "/ckpt-0000000001");
+  EXPECT_EQ(JoinPath("", "shard-0-of-2"), "shard-0-of-2");
+}
+
 }  // namespace
 }  // namespace towerps::common
