@@ -86,7 +86,7 @@ trap 'echo "local_cluster: stopping" >&2; exit 130' INT TERM
 WORKER_ONLY=() JOB_FLAGS=()
 for f in "${EXTRA[@]}"; do
   case "$f" in
-    --virtual_devices=*|--visible_devices=*|--log_device_placement*|--allow_soft_placement*|--layout=*|--blas_threads=*|--chunk_bytes=*|--shared_memory*|--same_host_calls*|--wait_timeout_s=*|--data_root=*)
+    --virtual_devices=*|--visible_devices=*|--log_device_placement*|--allow_soft_placement*|--layout=*|--blas_threads=*|--adapt_blas_threads*|--chunk_bytes=*|--shared_memory*|--same_host_calls*|--wait_timeout_s=*|--data_root=*)
       WORKER_ONLY+=("$f") ;;
     *) JOB_FLAGS+=("$f") ;;
   esac

@@ -105,6 +105,12 @@ ABSL_FLAG(int, blas_threads, 0,
           "host), so towers and workers never oversubscribe the cores; half the cores where a "
           "ps runs on this host too and it has 4 or more, for the communication that overlaps "
           "the compute).");
+ABSL_FLAG(bool, adapt_blas_threads, false,
+          "Between steps, move the CPU math threads from 1 to the count --blas_threads (or its "
+          "default) gives, to whichever runs the steps fastest now: on a host where other "
+          "processes keep cores busy, fewer threads wait less for the ones that lost their "
+          "core. Each move is logged. OpenBLAS's results differ in the last bits by thread "
+          "count, so a job whose count moves ends on other bits than one whose count does not.");
 ABSL_FLAG(double, wait_timeout_s, 600,
           "Longest wait for a step (while every peer is alive) before failing.");
 ABSL_FLAG(double, peer_timeout_s, 0,
@@ -385,6 +391,7 @@ int main(int argc, char** argv) {
   env.same_host_calls = absl::GetFlag(FLAGS_same_host_calls);
   env.wait_timeout = absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s));
   env.blas_threads = absl::GetFlag(FLAGS_blas_threads);
+  env.adapt_blas_threads = absl::GetFlag(FLAGS_adapt_blas_threads);
   env.log_device_placement = absl::GetFlag(FLAGS_log_device_placement);
   env.layout = absl::GetFlag(FLAGS_layout);
   env.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);

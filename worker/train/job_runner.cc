@@ -12,6 +12,7 @@
 #include "common/process_memory.h"
 #include "common/status.h"
 #include "worker/device/backend.h"
+#include "worker/device/cpu_thread_tuner.h"
 #include "worker/device/cpu_threads.h"
 #include "worker/device/gpu_info.h"
 #include "worker/model/dataset.h"
@@ -162,6 +163,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   // teams of the two libraries, or of two processes, starve each other), and
   // half of them where servers share a host of 4 cores or more (see
   // CpuThreadsPerTower).
+  int math_threads = 1;
   {
     const int stages = job.micro_batches() > 1 ? towers->primary().num_stages() : 1;
     const int parallel = num_towers * stages;
@@ -175,6 +177,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                             ? env.blas_threads
                             : CpuThreadsPerTower(cores, parallel, on_host, ps_on_host);
     SetCpuMathThreads(threads);
+    math_threads = threads;
     const std::string usable =
         count.limit.empty()
             ? ""
@@ -309,9 +312,26 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
   // twice over while the segment still holds the gradients (it set the
   // worker's peak: the dense stack's worker at 158 MB, 120 MB without it).
   topts.tensors_stay_shared = true;
+  // --adapt_blas_threads: between steps the thread count moves from 1 to
+  // the one set above, to whichever runs the steps fastest now (other
+  // processes' load; worker/device/cpu_thread_tuner.h).
+  std::unique_ptr<CpuThreadTuner> tuner;
+  const int w = spec.task_index;
+  if (env.adapt_blas_threads && math_threads > 1) {
+    tuner = std::make_unique<CpuThreadTuner>(math_threads);
+    topts.after_step = [&tuner, &hooks, w](double compute_s) {
+      const CpuThreadTuner::Decision d = tuner->OnStep(compute_s);
+      if (d.threads != CpuMathThreads()) SetCpuMathThreads(d.threads);
+      if (!d.change.empty()) Log(hooks, absl::StrCat("worker ", w, ": ", d.change));
+    };
+  }
   Trainer trainer(topts, *towers, *client, train, test);
   absl::StatusOr<TrainResult> result = trainer.Run();
   towers.reset();
+  if (tuner != nullptr) {
+    Log(hooks, absl::StrCat("worker ", w, ": CPU math threads (--adapt_blas_threads): ",
+                            tuner->StepsPerCount()));
+  }
   return result;
 }
 

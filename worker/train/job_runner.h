@@ -38,6 +38,10 @@ struct WorkerEnv {
   bool same_host_calls = true;   // ParameterClientOptions.same_host_calls
   absl::Duration wait_timeout = absl::Minutes(10);
   int blas_threads = 0;          // CPU math threads per tower; 0: CpuThreadsPerTower's rule.
+  // Moves that count between steps, from 1 to the count above, to whichever
+  // runs the steps fastest now (CpuThreadTuner). The job's bits then depend
+  // on the moves (OpenBLAS's GEMMs differ by thread count).
+  bool adapt_blas_threads = false;
   bool log_device_placement = false;
   std::string layout;            // "" or "classic".
   WorkerMetrics* metrics = nullptr;  // Not owned; may be null (no --metrics_port).

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
+#include "worker/device/cpu_threads.h"
 #include "worker/device/device_manager.h"
 #include "worker/train/local_ps_cluster.h"
 
@@ -120,6 +121,34 @@ TEST_F(JobRunnerTest, SmallJobFinishesWithTheExpectedStepCount) {
   // Device memory charged for the job is released at its end.
   for (const auto* d : devices_->devices())
     EXPECT_EQ(d->bytes_in_use(), 0) << d->name();
+}
+
+TEST_F(JobRunnerTest, AdaptiveThreadsFollowTheTunerEveryStep) {
+  env_.blas_threads = 2;
+  env_.adapt_blas_threads = true;
+  auto result = RunJob(env_, SmallJob(), /*restore_from=*/"", hooks_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  // 8 steps: 4 of warm-up at 2 threads, then the first comparison's blocks
+  // of two steps, 1 thread first (cpu_thread_tuner.h): 2, 2, 2, 2, 1, 1, 2, 2.
+  const std::string log = absl::StrJoin(log_, "\n");
+  EXPECT_THAT(log, HasSubstr("worker 0: CPU math threads (--adapt_blas_threads): "
+                             "2 threads 6 steps, 1 thread 2 steps"));
+  // What the tuner asked for after the last step (its next block: 1 thread)
+  // was applied.
+  EXPECT_EQ(CpuMathThreads(), 1);
+  EXPECT_THAT(log, HasSubstr("2 CPU math thread(s) each (--blas_threads"));
+}
+
+TEST_F(JobRunnerTest, FixedThreadsWithoutTheFlagOrWithOneThread) {
+  env_.blas_threads = 2;
+  ASSERT_TRUE(RunJob(env_, SmallJob(), /*restore_from=*/"", hooks_).ok());
+  EXPECT_EQ(CpuMathThreads(), 2);
+  env_.blas_threads = 1;
+  env_.adapt_blas_threads = true;  // nothing to compare with one thread
+  ASSERT_TRUE(RunJob(env_, SmallJob(), /*restore_from=*/"", hooks_).ok());
+  EXPECT_EQ(CpuMathThreads(), 1);
+  EXPECT_THAT(absl::StrJoin(log_, "\n"),
+              ::testing::Not(HasSubstr("--adapt_blas_threads")));
 }
 
 TEST_F(JobRunnerTest, ExamplesPerSecondLeavesEvaluationAndCheckpointsOut) {

@@ -321,7 +321,8 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     const absl::Time compute_start = absl::Now();
     absl::StatusOr<LossResult> computed = towers_.ComputeGradients(batch, events);
     const double weights_wait_s = weights_wait_ns.load() * 1e-9;
-    bd.compute_s += seconds_since(compute_start) - weights_wait_s;
+    const double step_compute_s = seconds_since(compute_start) - weights_wait_s;
+    bd.compute_s += step_compute_s;
     bd.pull_s += weights_wait_s;
     TOWERPS_RETURN_IF_ERROR(computed.status());
     const LossResult r = *std::move(computed);
@@ -339,6 +340,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     TOWERPS_ASSIGN_OR_RETURN(PushResult pr, push->Finish());
     bd.push_s += seconds_since(push_start);
     push.reset();
+    if (options_.after_step) options_.after_step(step_compute_s);
     ++bd.steps;
     ++result.iterations;
     if (options_.iterations != nullptr) options_.iterations->store(result.iterations);

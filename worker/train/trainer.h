@@ -62,6 +62,11 @@ struct TrainerOptions {
   // gradients' pages in the segment are still held, so it sets the worker's
   // peak. REQUIRES: the towers go (or are never read again) before the client.
   bool tensors_stay_shared = false;
+  // After each step, once its push is done, on the training thread, with
+  // the seconds its compute took (forward, loss, backward and the towers'
+  // reduction; waits for weights excluded). No CPU math of this worker runs
+  // then: the place to change its thread count (--adapt_blas_threads).
+  std::function<void(double compute_s)> after_step;
 };
 
 // Where a worker's training loop spent its time, summed over its iterations
