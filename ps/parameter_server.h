@@ -24,7 +24,10 @@
 // How a push is received (its slices staged or read in place, its update
 // formed ahead, its gradients named with the commit): push_session.h; how
 // the update runs after it was answered: commit.h; what a registration must
-// hold and what its job will hold: register_request.h.
+// hold and what its job will hold: register_request.h. The class's calls are
+// defined in parameter_server.cc (registration, saves, status, deletion),
+// parameter_server_push.cc (BeginPush, FinishPush) and
+// parameter_server_pull.cc (Pull).
 // A push is identified by (worker_task, incarnation, sequence): a retry with a
 // sequence already taken is acknowledged as DUPLICATE and never applied twice.
 //
