@@ -109,8 +109,9 @@ ABSL_FLAG(bool, adapt_blas_threads, false,
           "Between steps, move the CPU math threads from 1 to the count --blas_threads (or its "
           "default) gives, to whichever runs the steps fastest now: on a host where other "
           "processes keep cores busy, fewer threads wait less for the ones that lost their "
-          "core. Each move is logged. OpenBLAS's results differ in the last bits by thread "
-          "count, so a job whose count moves ends on other bits than one whose count does not.");
+          "core. Each move is logged. The CPU backend's GEMMs give the same bits at any thread "
+          "count (worker/device/cpu_gemm.h), so a job ends on the same bits however its count "
+          "moved, as long as a GEMM split is exact on this CPU (the worker logs it).");
 ABSL_FLAG(double, wait_timeout_s, 600,
           "Longest wait for a step (while every peer is alive) before failing.");
 ABSL_FLAG(double, peer_timeout_s, 0,

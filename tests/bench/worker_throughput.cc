@@ -1,8 +1,10 @@
 // Worker compute throughput: forward + backward (ComputeGradients) of the MLP,
 // the dense stack and the image models (cnn_small, resnet18) on CPU and,
 // where there is a GPU, on GPU, with 1..N towers, and the achieved GEMM
-// FLOP/s as a fraction of a plain SGEMM of the same shapes (cblas_sgemm on
-// CPU, one cublasSgemm per GEMM on GPU) measured in the same run. No parameter server: this isolates the worker's math. On
+// FLOP/s as a fraction of a plain SGEMM of the same shapes (the CPU
+// backend's Gemm on CPU, worker/device/cpu_gemm.h: cblas_sgemm on one
+// thread per block of rows; one cublasSgemm per GEMM on GPU) measured in the
+// same run. No parameter server: this isolates the worker's math. On
 // GPU, one more row: the dense stack split layer by layer over 12 virtual
 // devices of GPU 0 (the classic layout).
 //
@@ -117,8 +119,8 @@ double GemmFlops(const v1::ModelSpec& spec, int64_t batch) {
   return flops;
 }
 
-// Same GEMMs straight through a backend's Gemm (one cblas_sgemm or one
-// cublasSgemm each), no model around them: the ceiling.
+// Same GEMMs straight through a backend's Gemm (CpuGemm or one cublasSgemm
+// each), no model around them: the ceiling.
 double ReferenceGemmSeconds(Backend& be, const v1::ModelSpec& spec, int64_t batch, int reps) {
   std::vector<float*> w, x, y;
   int64_t in = spec.input_dim();

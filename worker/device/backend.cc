@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/device/cpu_gemm.h"
+#include "worker/device/cpu_threads.h"
 #include "worker/device/device_manager.h"
 #include "worker/device/dnnl_kernels.h"
 #include "worker/device/dropout_mask.h"
@@ -103,11 +105,8 @@ class CpuBackend : public Backend {
       }
       return;
     }
-    const int lda = ToBlasInt(trans_a ? m : k);
-    const int ldb = ToBlasInt(trans_b ? k : n);
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, ToBlasInt(m), ToBlasInt(n),
-                ToBlasInt(k), alpha, a, lda, b, ldb, beta, c, ToBlasInt(n));
+    // The same bits at any thread count (cpu_gemm.h).
+    CpuGemm(CpuMathThreads(), trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
   }
 
   void AddBiasRows(int64_t rows, int64_t cols, const float* bias,

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <atomic>
 
+#include "worker/device/cpu_gemm.h"
+
 // libgomp's API, declared here rather than through <omp.h>, which not every
 // compiler's include path has (clang's, without libomp-dev). Linked with
 // -lgomp, the runtime oneDNN itself uses.
@@ -23,7 +25,9 @@ std::atomic<int> g_threads{0};
 void SetCpuMathThreads(int threads) {
   threads = std::max(1, threads);
   g_threads.store(threads, std::memory_order_relaxed);
-  openblas_set_num_threads(threads);
+  // GEMMs split over the OpenMP team (cpu_gemm.h), each block on one
+  // OpenBLAS thread; OpenBLAS's own pool only where no split is exact.
+  openblas_set_num_threads(CpuGemmRowGranule() > 0 ? 1 : threads);
   ApplyCpuMathThreadsToThisThread();
 }
 

@@ -8,7 +8,9 @@
 // towers' or two worker processes' teams on two cores ran cnn_small 10x
 // slower than one thread each). So the worker sets one count for both, and
 // the CPU backend applies it to the thread that calls oneDNN, before each
-// call (towers and pipeline stages call from their own threads).
+// call (towers and pipeline stages call from their own threads). GEMMs run
+// on the same OpenMP teams (cpu_gemm.h), so that their bits do not depend
+// on the count; OpenBLAS's pool then stays at one thread.
 //
 // Thread-safe.
 #ifndef TOWERPS_WORKER_DEVICE_CPU_THREADS_H_
@@ -16,8 +18,11 @@
 
 namespace towerps::worker {
 
-// Sets OpenBLAS's thread count now and oneDNN's for every later call of a CPU
-// backend's convolution or pooling, on any thread. `threads` < 1 counts as 1.
+// Sets the thread count of every later call of a CPU backend's GEMM
+// (CpuGemm's blocks on an OpenMP team, with OpenBLAS itself at one thread;
+// OpenBLAS's own pool at `threads` where CpuGemmRowGranule found no exact
+// split), convolution or pooling (oneDNN's OpenMP team), on any thread.
+// `threads` < 1 counts as 1.
 void SetCpuMathThreads(int threads);
 
 // What SetCpuMathThreads last set; 0 before the first call (each library's

@@ -12,6 +12,7 @@
 #include "common/process_memory.h"
 #include "common/status.h"
 #include "worker/device/backend.h"
+#include "worker/device/cpu_gemm.h"
 #include "worker/device/cpu_thread_tuner.h"
 #include "worker/device/cpu_threads.h"
 #include "worker/device/gpu_info.h"
@@ -34,6 +35,16 @@ void Log(const JobHooks& hooks, const std::string& line) {
 }
 
 }  // namespace
+
+// How the CPU backend's GEMMs use their threads (worker/device/cpu_gemm.h).
+std::string GemmSplitNote() {
+  if (CpuGemmRowGranule() == 0) {
+    return "; GEMMs on OpenBLAS's own threads (no exact split on this CPU: the last bits "
+           "depend on the thread count)";
+  }
+  return absl::StrCat("; GEMMs split by rows at multiples of ", CpuGemmRowGranule(),
+                      " (the same bits at any thread count)");
+}
 
 absl::StatusOr<std::vector<v1::VariableDef>> JobVariables(const v1::JobSpec& job) {
   std::unique_ptr<Backend> backend = NewCpuBackend();
@@ -197,6 +208,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                             common::BlasKernelsNote().empty()
                                 ? ""
                                 : absl::StrCat(" (", common::BlasKernelsNote(), ")"),
+                            GemmSplitNote(),
                             "; reduction: ", towers->reducer().Name()));
   }
 
