@@ -252,22 +252,25 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       }
     }
   };
+  // The update of `parts` begun, a Commit for the caller to run; with no
+  // gradient among them (pushes of no examples), the step advanced at once.
+  auto commit = [&](std::vector<GradientPart> parts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job.mu) {
+    if (parts.empty()) {
+      job.AdvanceLocked();
+      return;
+    }
+    std::shared_ptr<Publication> publication = job.BeginCommitLocked(prepared, &parts[0]);
+    vouch(parts);
+    *update = MakeCommit(s->job_, std::move(publication), std::move(parts), std::move(prepared));
+  };
   rec.seen = true;
   rec.incarnation = h.incarnation();
   rec.last_sequence = h.sequence();
   if (job.config.mode() == v1::ASYNC) {
     rec.completed = std::max<int64_t>(rec.completed, h.sequence());
-    if (h.num_examples() > 0) {
-      std::vector<GradientPart> parts;
-      parts.push_back(s->TakePart(1.0f));
-      std::shared_ptr<Publication> publication =
-          job.BeginCommitLocked(prepared, &parts[0]);
-      vouch(parts);
-      *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
-                           std::move(prepared));
-    } else {
-      job.AdvanceLocked();
-    }
+    std::vector<GradientPart> parts;
+    if (h.num_examples() > 0) parts.push_back(s->TakePart(1.0f));
+    commit(std::move(parts));
     ++job.applied;
     if (s->named_at_once_) ++job.pushes_named_at_once;
     if (options_.apply_log != nullptr) {
@@ -310,15 +313,7 @@ absl::StatusOr<v1::PushResponse> ParameterServer::DecidePush(std::unique_ptr<Pus
       job.staged.clear();
       // Updates ahead come only from a job of one worker: its push is the
       // one part, of weight w0 / w0, exactly 1.
-      if (!parts.empty()) {
-        std::shared_ptr<Publication> publication =
-            job.BeginCommitLocked(prepared, &parts[0]);
-        vouch(parts);
-        *update = MakeCommit(s->job_, std::move(publication), std::move(parts),
-                             std::move(prepared));
-      } else {
-        job.AdvanceLocked();
-      }
+      commit(std::move(parts));
       job.acc_examples = 0;
       job.pushed.clear();
     }
