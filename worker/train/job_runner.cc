@@ -34,8 +34,6 @@ void Log(const JobHooks& hooks, const std::string& line) {
   }
 }
 
-}  // namespace
-
 // How the CPU backend's GEMMs use their threads (worker/device/cpu_gemm.h).
 std::string GemmSplitNote() {
   if (CpuGemmRowGranule() == 0) {
@@ -45,6 +43,8 @@ std::string GemmSplitNote() {
   return absl::StrCat("; GEMMs split by rows at multiples of ", CpuGemmRowGranule(),
                       " (the same bits at any thread count)");
 }
+
+}  // namespace
 
 absl::StatusOr<std::vector<v1::VariableDef>> JobVariables(const v1::JobSpec& job) {
   std::unique_ptr<Backend> backend = NewCpuBackend();
