@@ -34,14 +34,28 @@ void Log(const JobHooks& hooks, const std::string& line) {
   }
 }
 
-// How the CPU backend's GEMMs use their threads (worker/device/cpu_gemm.h).
-std::string GemmSplitNote() {
+// How the CPU backend's GEMMs use their threads (worker/device/cpu_gemm.h),
+// and whether `model` has oneDNN ops whose last bits follow the thread
+// count (convolution's backward weights at every count, its forward at some,
+// batch norm: bazel run -c opt //worker/device:thread_bits).
+std::string GemmSplitNote(const v1::ModelSpec& model) {
+  bool onednn_sums = false;
+  for (const v1::LayerSpec& layer : model.layers()) {
+    onednn_sums |= layer.type() == v1::LayerSpec::CONV2D ||
+                   layer.type() == v1::LayerSpec::BATCH_NORM ||
+                   layer.type() == v1::LayerSpec::RESIDUAL_BLOCK;
+  }
+  const std::string onednn =
+      onednn_sums ? "; convolutions and batch norm (oneDNN) split their sums by the thread "
+                    "count, so this model's last bits follow it"
+                  : "";
   if (CpuGemmRowGranule() == 0) {
-    return "; GEMMs on OpenBLAS's own threads (no exact split on this CPU: the last bits "
-           "depend on the thread count)";
+    return absl::StrCat("; GEMMs on OpenBLAS's own threads (no exact split on this CPU: the "
+                        "last bits depend on the thread count)",
+                        onednn);
   }
   return absl::StrCat("; GEMMs split by rows at multiples of ", CpuGemmRowGranule(),
-                      " (the same bits at any thread count)");
+                      " (the same bits at any thread count)", onednn);
 }
 
 }  // namespace
@@ -208,7 +222,7 @@ absl::StatusOr<TrainResult> RunJob(const WorkerEnv& env, const v1::JobSpec& job_
                             common::BlasKernelsNote().empty()
                                 ? ""
                                 : absl::StrCat(" (", common::BlasKernelsNote(), ")"),
-                            GemmSplitNote(),
+                            GemmSplitNote(job.model()),
                             "; reduction: ", towers->reducer().Name()));
   }
 

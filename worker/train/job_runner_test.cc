@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "proto/job.pb.h"
 #include "proto/job_service.pb.h"
+#include "worker/device/cpu_gemm.h"
 #include "worker/device/cpu_threads.h"
 #include "worker/device/device_manager.h"
 #include "worker/train/local_ps_cluster.h"
@@ -137,6 +138,45 @@ TEST_F(JobRunnerTest, AdaptiveThreadsFollowTheTunerEveryStep) {
   // was applied.
   EXPECT_EQ(CpuMathThreads(), 1);
   EXPECT_THAT(log, HasSubstr("2 CPU math thread(s) each (--blas_threads"));
+}
+
+// The start line says which math keeps its bits at every thread count: the
+// GEMMs (where a row split is exact on this CPU), not oneDNN's convolutions
+// (worker/device/thread_bits.cc measures both).
+TEST_F(JobRunnerTest, StartLineSaysWhetherTheModelsBitsFollowTheThreadCount) {
+  ASSERT_TRUE(RunJob(env_, SmallJob(), /*restore_from=*/"", hooks_).ok());
+  const std::string dense = absl::StrJoin(log_, "\n");
+  if (CpuGemmRowGranule() > 0) {
+    EXPECT_THAT(dense, HasSubstr(absl::StrCat("GEMMs split by rows at multiples of ",
+                                              CpuGemmRowGranule(),
+                                              " (the same bits at any thread count)")));
+  } else {
+    EXPECT_THAT(dense, HasSubstr("GEMMs on OpenBLAS's own threads"));
+  }
+  EXPECT_THAT(dense, ::testing::Not(HasSubstr("oneDNN")));
+
+  log_.clear();
+  // SmallJob's 4 inputs as a 1x2x2 image: a 1x1 convolution of 2 filters,
+  // then its dense output layer.
+  v1::JobSpec conv = SmallJob();
+  conv.set_job_id("small_conv");
+  v1::ModelSpec* m = conv.mutable_model();
+  m->mutable_input_shape()->set_channels(1);
+  m->mutable_input_shape()->set_height(2);
+  m->mutable_input_shape()->set_width(2);
+  const v1::LayerSpec output = m->layers(1);
+  m->clear_layers();
+  v1::LayerSpec* c = m->add_layers();
+  c->set_type(v1::LayerSpec::CONV2D);
+  c->set_filters(2);
+  c->set_kernel_size(1);
+  m->add_layers()->set_type(v1::LayerSpec::FLATTEN);
+  *m->add_layers() = output;
+  auto result = RunJob(env_, conv, /*restore_from=*/"", hooks_);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_THAT(absl::StrJoin(log_, "\n"),
+              HasSubstr("; convolutions and batch norm (oneDNN) split their sums by the thread "
+                        "count, so this model's last bits follow it"));
 }
 
 TEST_F(JobRunnerTest, FixedThreadsWithoutTheFlagOrWithOneThread) {
