@@ -7,7 +7,7 @@
 #
 #   bash tests/gpu/bench.sh [cpu_breakdown] [gpu_breakdown] [ps_throughput]
 #       [threads] [cpu_breakdown_blas4] [resnet18] [diag] [grpc] [blas_core]
-#       [threads_sweep] [ps_threads] [cpu_threads_ab]
+#       [threads_sweep] [ps_threads] [cpu_threads_ab] [thread_bits]
 # threads: the compute alone at each CPU math thread count (what the
 # breakdown's "alone" column should be read against); cpu_breakdown_blas4:
 # the MLP breakdown with 4 BLAS threads per worker; resnet18: ResNet-18 on
@@ -27,6 +27,8 @@
 # default CPU math threads (half the cores where a ps shares the host),
 # with every core (cores / workers, the rule before), and with the default
 # and 4 OpenBLAS threads on each ps, interleaved by shape.
+# thread_bits: which CPU backend ops keep their bits at 1, 2, 4, 8 and 16
+# threads (worker/device/thread_bits.cc) on this machine's CPU and kernels.
 #
 # The cpu_* parts hide the GPU from the workers (CUDA_VISIBLE_DEVICES=):
 # where a GPU is present a worker puts its towers on it, so without that a
@@ -162,6 +164,8 @@ for part in "${parts[@]}"; do
         timeout "${PS_THROUGHPUT_TIMEOUT_S:-90}" "$T/tests/bench/ps_throughput" --rounds=20 \
           --servers=1 --workers=1 --model_bytes=67108864 --ps_blas_threads="$t" | grep -E '^(path|tcp|grpc_echo_bytes|ps|ps_shm) '
       done ;;
+    thread_bits)
+      timeout "${THREAD_BITS_TIMEOUT_S:-120}" "$B/bin/thread_bits" 1,2,4,8,16 ;;
     *) echo "bench.sh: unknown part \"$part\"" >&2; exit 2 ;;
   esac
 done

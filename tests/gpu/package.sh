@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../.."
 targets=(//worker/device:backend_cuda_test //worker/device:backend_cuda_conv_test
          //worker/device:cublas_lib_test //worker/device:cudnn_lib_test //worker/device:nccl_reduce_test //worker/device:cuda_memory_test
          //tests/bench:worker_throughput //tests/bench:ps_throughput //worker:worker //ps:ps
-         //client:towerctl)
+         //client:towerctl //worker/device:thread_bits)
 bazel build -c opt "${targets[@]}"
 out=gpu-bundle
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib" "$out/lib-fallback"
