@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/device/cpu_gemm.h"
+#include "worker/device/cpu_pool.h"
 #include "worker/device/cpu_threads.h"
 #include "worker/device/device_manager.h"
 #include "worker/device/dnnl_kernels.h"
@@ -185,35 +186,35 @@ class CpuBackend : public Backend {
     return (*k)->Conv2DBackwardWeights(shape, x, dy, dw, db);
   }
 
+  // Pooling: our own NCHW kernels (cpu_pool.h says why not oneDNN's).
   absl::Status MaxPool2DForward(const Pool2DShape& shape, const float* x,
                                 float* y, float* workspace) override {
-    absl::StatusOr<DnnlKernels*> k = Dnnl();
-    if (!k.ok()) return k.status();
-    return (*k)->MaxPool2DForward(shape, x, y, workspace);
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    CpuMaxPool2DForward(shape, x, y, workspace, CpuMathThreads());
+    return absl::OkStatus();
   }
 
-  // oneDNN routes the gradient through the forward's workspace; x and y are
-  // not needed here.
+  // The winners come from the forward's workspace; x and y are not needed.
   absl::Status MaxPool2DBackward(const Pool2DShape& shape, const float* x,
                                  const float* y, const float* workspace,
                                  const float* dy, float* dx) override {
-    absl::StatusOr<DnnlKernels*> k = Dnnl();
-    if (!k.ok()) return k.status();
-    return (*k)->MaxPool2DBackward(shape, workspace, dy, dx);
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    CpuMaxPool2DBackward(shape, workspace, dy, dx, CpuMathThreads());
+    return absl::OkStatus();
   }
 
   absl::Status AvgPool2DForward(const Pool2DShape& shape, const float* x,
                                 float* y) override {
-    absl::StatusOr<DnnlKernels*> k = Dnnl();
-    if (!k.ok()) return k.status();
-    return (*k)->AvgPool2DForward(shape, x, y);
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    CpuAvgPool2DForward(shape, x, y, CpuMathThreads());
+    return absl::OkStatus();
   }
 
   absl::Status AvgPool2DBackward(const Pool2DShape& shape, const float* dy,
                                  float* dx) override {
-    absl::StatusOr<DnnlKernels*> k = Dnnl();
-    if (!k.ok()) return k.status();
-    return (*k)->AvgPool2DBackward(shape, dy, dx);
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    CpuAvgPool2DBackward(shape, dy, dx, CpuMathThreads());
+    return absl::OkStatus();
   }
 
   absl::Status BatchNormForwardTraining(const BatchNormShape& shape,

@@ -7,19 +7,7 @@
 #include <random>
 #include <vector>
 
-// libgomp's entry point for a parallel region (what GCC emits for
-// `#pragma omp parallel`), and its API, declared here rather than through
-// <omp.h> and -fopenmp, which not every compiler here has (clang's, without
-// libomp-dev; see cpu_threads.cc). Linked with -lgomp, oneDNN's runtime.
-extern "C" {
-void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
-int omp_get_thread_num(void);
-int omp_get_num_threads(void);
-#ifdef TOWERPS_TSAN_ANNOTATE
-void __tsan_acquire(void* addr);
-void __tsan_release(void* addr);
-#endif
-}
+#include "worker/device/cpu_team.h"
 
 namespace towerps::worker {
 namespace {
@@ -61,39 +49,6 @@ void Part(const Product& p, int64_t granule, int64_t units, int64_t i, int64_t p
   Rows(p, units * i / parts * granule, std::min(p.m, units * (i + 1) / parts * granule));
 }
 
-struct Split {
-  const Product* p;
-  int64_t granule;
-  int64_t units;
-};
-
-// libgomp is not built with TSan, which so cannot see a team's fork and
-// join order the caller's writes before every member's reads and the
-// members' writes before the caller's reads: they are announced to it
-// (under --config=tsan only, where BUILD defines TOWERPS_TSAN_ANNOTATE).
-void HandOver(void* token) {
-#ifdef TOWERPS_TSAN_ANNOTATE
-  __tsan_release(token);
-#else
-  (void)token;
-#endif
-}
-void TakeOver(void* token) {
-#ifdef TOWERPS_TSAN_ANNOTATE
-  __tsan_acquire(token);
-#else
-  (void)token;
-#endif
-}
-
-// One team member's block.
-void RunShare(void* data) {
-  TakeOver(data);
-  const Split& s = *static_cast<const Split*>(data);
-  Part(*s.p, s.granule, s.units, omp_get_thread_num(), omp_get_num_threads());
-  HandOver(data);
-}
-
 // Computes `p` on up to `threads` blocks of whole granules; returns how many.
 int SplitRows(const Product& p, int threads, int64_t granule) {
   const int64_t units = (p.m + granule - 1) / granule;
@@ -102,11 +57,12 @@ int SplitRows(const Product& p, int threads, int64_t granule) {
     Rows(p, 0, p.m);
     return 1;
   }
-  Split s{&p, granule, units};
-  HandOver(&s);
-  GOMP_parallel(&RunShare, &s, static_cast<unsigned>(team), 0);
-  TakeOver(&s);
-  return static_cast<int>(team);
+  int used = 0;
+  RunOnTeam(static_cast<int>(team), [&](int part, int parts) {
+    Part(p, granule, units, part, parts);
+    if (part == 0) used = parts;
+  });
+  return used;
 }
 
 // Whether blocks of `granule` rows each give the unsplit bits for every probe.

@@ -1,7 +1,9 @@
-// The CPU backend's convolution, pooling and batch normalization: oneDNN
-// primitives on host
-// buffers, with the contracts of the Backend methods of the same names
-// (worker/device/backend.h). The CPU backend owns one and forwards to it.
+// The CPU backend's convolution and batch normalization: oneDNN primitives
+// on host buffers, with the contracts of the Backend methods of the same
+// names (worker/device/backend.h). The CPU backend owns one and forwards to
+// it. Its pooling is oneDNN's too, with the same contracts, but the backend
+// pools with cpu_pool.h (oneDNN's kernel for NCHW data is its reference
+// one); pool_benchmark compares the two.
 //
 // Not thread-safe (one thread drives it, as it drives the backend). Owns one
 // oneDNN CPU engine and stream, and caches the primitives it creates by
