@@ -3,7 +3,10 @@
 // names (worker/device/backend.h). The CPU backend owns one and forwards to
 // it. Its pooling is oneDNN's too, with the same contracts, but the backend
 // pools with cpu_pool.h (oneDNN's kernel for NCHW data is its reference
-// one); pool_benchmark compares the two.
+// one); pool_benchmark compares the two. A convolution of 4 or more input
+// channels runs in the blocked layouts oneDNN's direct JIT kernels want:
+// its arguments are reordered to them and back through buffers this object
+// keeps (as large as the largest convolution's input and output).
 //
 // Not thread-safe (one thread drives it, as it drives the backend). Owns one
 // oneDNN CPU engine and stream, and caches the primitives it creates by
