@@ -187,9 +187,19 @@ class CpuBackend : public Backend {
   }
 
   // Pooling: our own NCHW kernels (cpu_pool.h says why not oneDNN's).
+  static absl::Status MaxPoolShapeFits(const Pool2DShape& shape) {
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    if (!CpuMaxPool2DFits(shape)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Pool2DShape: h * w = ", shape.h * shape.w,
+          " pixels per plane, more than the CPU backend's max pooling records (2^31 - 1)"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status MaxPool2DForward(const Pool2DShape& shape, const float* x,
                                 float* y, float* workspace) override {
-    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    if (absl::Status st = MaxPoolShapeFits(shape); !st.ok()) return st;
     CpuMaxPool2DForward(shape, x, y, workspace, CpuMathThreads());
     return absl::OkStatus();
   }
@@ -198,7 +208,7 @@ class CpuBackend : public Backend {
   absl::Status MaxPool2DBackward(const Pool2DShape& shape, const float* x,
                                  const float* y, const float* workspace,
                                  const float* dy, float* dx) override {
-    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    if (absl::Status st = MaxPoolShapeFits(shape); !st.ok()) return st;
     CpuMaxPool2DBackward(shape, workspace, dy, dx, CpuMathThreads());
     return absl::OkStatus();
   }

@@ -512,6 +512,17 @@ TEST(BackendConvTest, BadShapesAreInvalidArgumentNamingTheField) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
     EXPECT_NE(st.message().find("Pool2DShape.pad_w"), std::string::npos) << st;
   }
+  // A plane of 2^31 pixels: valid, but more than max pooling's workspace
+  // records (its winners' offsets are int32); refused before any is read.
+  Pool2DShape huge = PoolShapes()[0];
+  huge.h = int64_t{1} << 16;
+  huge.w = int64_t{1} << 15;
+  ASSERT_TRUE(huge.Validate().ok());
+  for (const absl::Status& st : {backend->MaxPool2DForward(huge, p, p, p),
+                                 backend->MaxPool2DBackward(huge, p, p, p, p, p)}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("h * w = 2147483648"), std::string::npos) << st;
+  }
 }
 
 TEST(BackendConvTest, PrimitivesAreCachedByShape) {

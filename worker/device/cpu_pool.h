@@ -14,13 +14,21 @@
 // of equal maxima the first in row-major order wins.
 //
 // REQUIRES for every function: shape.Validate() is OK (every window then
-// holds at least one pixel of the image).
+// holds at least one pixel of the image); for max pooling also h * w <
+// 2^31, the workspace's int32 offsets (CpuMaxPool2DFits).
 #ifndef TOWERPS_WORKER_DEVICE_CPU_POOL_H_
 #define TOWERPS_WORKER_DEVICE_CPU_POOL_H_
+
+#include <cstdint>
 
 #include "worker/device/conv_shape.h"
 
 namespace towerps::worker {
+
+// Whether max pooling can record `shape`'s winners (h * w < 2^31).
+inline bool CpuMaxPool2DFits(const Pool2DShape& shape) {
+  return shape.h * shape.w < (int64_t{1} << 31);
+}
 
 // y = each window's max; `workspace` (shape.workspace_size() floats) gets
 // each winner's offset in its plane (as int32 bits), for the backward.
