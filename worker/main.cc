@@ -112,7 +112,7 @@ ABSL_FLAG(bool, adapt_blas_threads, false,
           "core. Each move is logged. The CPU backend's GEMMs give the same bits at any thread "
           "count (worker/device/cpu_gemm.h), so a dense job ends on the same bits however its "
           "count moved, as long as a GEMM split is exact on this CPU (the worker logs it); "
-          "oneDNN's convolutions and batch norm split their sums by the thread count, so a "
+          "oneDNN's convolutions split their sums by the thread count, so a "
           "convolutional job's last bits follow the counts.");
 ABSL_FLAG(double, wait_timeout_s, 600,
           "Longest wait for a step (while every peer is alive) before failing.");

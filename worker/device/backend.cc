@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/device/cpu_batch_norm.h"
 #include "worker/device/cpu_gemm.h"
 #include "worker/device/cpu_pool.h"
 #include "worker/device/cpu_threads.h"
@@ -227,23 +228,23 @@ class CpuBackend : public Backend {
     return absl::OkStatus();
   }
 
+  // Batch norm: our own (cpu_batch_norm.h says why not oneDNN's).
   absl::Status BatchNormForwardTraining(const BatchNormShape& shape,
                                         const float* x, const float* gamma,
                                         const float* beta, float* y,
                                         float* mean, float* var) override {
-    absl::StatusOr<DnnlKernels*> k = Dnnl();
-    if (!k.ok()) return k.status();
-    return (*k)->BatchNormForwardTraining(shape, x, gamma, beta, y, mean, var);
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    CpuBatchNormForwardTraining(shape, x, gamma, beta, y, mean, var, CpuMathThreads());
+    return absl::OkStatus();
   }
 
   absl::Status BatchNormForwardInference(const BatchNormShape& shape,
                                          const float* x, const float* gamma,
                                          const float* beta, const float* mean,
                                          const float* var, float* y) override {
-    absl::StatusOr<DnnlKernels*> k = Dnnl();
-    if (!k.ok()) return k.status();
-    return (*k)->BatchNormForwardInference(shape, x, gamma, beta, mean, var,
-                                           y);
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    CpuBatchNormForwardInference(shape, x, gamma, beta, mean, var, y, CpuMathThreads());
+    return absl::OkStatus();
   }
 
   absl::Status BatchNormBackward(const BatchNormShape& shape, const float* x,
@@ -251,10 +252,9 @@ class CpuBackend : public Backend {
                                  const float* mean, const float* var,
                                  float* dx, float* dgamma,
                                  float* dbeta) override {
-    absl::StatusOr<DnnlKernels*> k = Dnnl();
-    if (!k.ok()) return k.status();
-    return (*k)->BatchNormBackward(shape, x, dy, gamma, mean, var, dx, dgamma,
-                                   dbeta);
+    if (absl::Status st = shape.Validate(); !st.ok()) return st;
+    CpuBatchNormBackward(shape, x, dy, gamma, mean, var, dx, dgamma, dbeta, CpuMathThreads());
+    return absl::OkStatus();
   }
 
   // One pass: each mask value is drawn, stored and applied before the next
@@ -275,7 +275,7 @@ class CpuBackend : public Backend {
   }
 
  private:
-  // Created on the first convolution, pooling or batch-norm call, so
+  // Created on the first convolution call, so
   // backends of models without them (every MLP) never start oneDNN.
   absl::StatusOr<DnnlKernels*> Dnnl() {
     if (dnnl_ == nullptr) {

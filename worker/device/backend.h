@@ -2,9 +2,10 @@
 // kernels a multilayer perceptron needs, convolution, pooling and batch norm
 // (NCHW), dropout, and the losses, on raw row-major float32 buffers.
 //
-// Two implementations: the CPU one (CBLAS, and oneDNN for convolution,
-// pooling and batch norm through worker/device/dnnl_kernels.h, with threads
-// as worker/device/cpu_threads.h sets them; buffers are host memory) and
+// Two implementations: the CPU one (CBLAS split by cpu_gemm.h, oneDNN for
+// convolution through worker/device/dnnl_kernels.h, pooling and batch norm
+// of its own in cpu_pool.h and cpu_batch_norm.h, with threads as
+// worker/device/cpu_threads.h sets them; buffers are host memory) and
 // the CUDA one (worker/device/backend_cuda.cc: cuBLAS for GEMM, cuDNN for
 // convolution, pooling and batch norm through worker/device/cudnn_kernels.h,
 // small kernels in worker/device/cuda_kernels.cu for the rest, one stream and

@@ -1,9 +1,11 @@
 // The CPU backend's convolution and batch normalization: oneDNN primitives
 // on host buffers, with the contracts of the Backend methods of the same
-// names (worker/device/backend.h). The CPU backend owns one and forwards to
-// it. Its pooling is oneDNN's too, with the same contracts, but the backend
-// pools with cpu_pool.h (oneDNN's kernel for NCHW data is its reference
-// one); pool_benchmark compares the two. A convolution of 4 or more input
+// names (worker/device/backend.h). The CPU backend owns one and forwards its
+// convolutions to it. Its pooling and batch norm are oneDNN's too, with the
+// same contracts, but the backend pools with cpu_pool.h (oneDNN's kernel for
+// NCHW data is its reference one) and normalizes with cpu_batch_norm.h
+// (faster, and exact at any thread count); pool_benchmark and
+// batch_norm_benchmark compare them. A convolution of 4 or more input
 // channels runs in the blocked layouts oneDNN's direct JIT kernels want:
 // its arguments are reordered to them and back through buffers this object
 // keeps (as large as the largest convolution's input and output).

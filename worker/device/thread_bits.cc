@@ -4,10 +4,11 @@
 // batch sizes), once per thread count, on a fresh backend; the table counts
 // the output elements whose bits differ from the 1-thread result.
 //
-// The GEMMs are split by the backend itself (worker/device/cpu_gemm.h) and
-// pooling pools each image plane on one thread (cpu_pool.h): 0 everywhere;
-// convolution and batch norm are oneDNN's, whose kernels split their sums
-// by the thread count they were created for.
+// The GEMMs are split by the backend itself (worker/device/cpu_gemm.h),
+// pooling pools each image plane on one thread (cpu_pool.h) and batch norm
+// sums each channel on one thread (cpu_batch_norm.h): 0 everywhere;
+// convolution is oneDNN's, whose kernels split their sums by the thread
+// count they were created for.
 //
 //   bazel run -c opt //worker/device:thread_bits [-- 1,2,3,4,8]
 #include <cstdint>

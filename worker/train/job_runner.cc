@@ -36,18 +36,18 @@ void Log(const JobHooks& hooks, const std::string& line) {
 
 // How the CPU backend's GEMMs use their threads (worker/device/cpu_gemm.h),
 // and whether `model` has oneDNN ops whose last bits follow the thread
-// count (convolution's backward weights at every count, its forward at some,
-// batch norm: bazel run -c opt //worker/device:thread_bits).
+// count (convolution's backward weights at most counts, its plain-layout
+// forward at some: bazel run -c opt //worker/device:thread_bits; batch norm
+// and pooling are the backend's own, exact at any count).
 std::string GemmSplitNote(const v1::ModelSpec& model) {
   bool onednn_sums = false;
   for (const v1::LayerSpec& layer : model.layers()) {
     onednn_sums |= layer.type() == v1::LayerSpec::CONV2D ||
-                   layer.type() == v1::LayerSpec::BATCH_NORM ||
                    layer.type() == v1::LayerSpec::RESIDUAL_BLOCK;
   }
   const std::string onednn =
-      onednn_sums ? "; convolutions and batch norm (oneDNN) split their sums by the thread "
-                    "count, so this model's last bits follow it"
+      onednn_sums ? "; convolutions (oneDNN) split their sums by the thread count, so this "
+                    "model's last bits follow it"
                   : "";
   if (CpuGemmRowGranule() == 0) {
     return absl::StrCat("; GEMMs on OpenBLAS's own threads (no exact split on this CPU: the "

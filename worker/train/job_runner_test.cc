@@ -141,8 +141,8 @@ TEST_F(JobRunnerTest, AdaptiveThreadsFollowTheTunerEveryStep) {
 }
 
 // The start line says which math keeps its bits at every thread count: the
-// GEMMs (where a row split is exact on this CPU), not oneDNN's convolutions
-// (worker/device/thread_bits.cc measures both).
+// GEMMs (where a row split is exact on this CPU) and batch norm, not
+// oneDNN's convolutions (worker/device/thread_bits.cc measures them all).
 TEST_F(JobRunnerTest, StartLineSaysWhetherTheModelsBitsFollowTheThreadCount) {
   ASSERT_TRUE(RunJob(env_, SmallJob(), /*restore_from=*/"", hooks_).ok());
   const std::string dense = absl::StrJoin(log_, "\n");
@@ -155,9 +155,29 @@ TEST_F(JobRunnerTest, StartLineSaysWhetherTheModelsBitsFollowTheThreadCount) {
   }
   EXPECT_THAT(dense, ::testing::Not(HasSubstr("oneDNN")));
 
+  // SmallJob's 4 inputs as a 1x2x2 image: batch norm (the backend's own,
+  // exact at any count), then the dense output layer: no oneDNN sums.
   log_.clear();
-  // SmallJob's 4 inputs as a 1x2x2 image: a 1x1 convolution of 2 filters,
-  // then its dense output layer.
+  v1::JobSpec norm = SmallJob();
+  norm.set_job_id("small_norm");
+  v1::ModelSpec* nm = norm.mutable_model();
+  nm->mutable_input_shape()->set_channels(1);
+  nm->mutable_input_shape()->set_height(2);
+  nm->mutable_input_shape()->set_width(2);
+  const v1::LayerSpec norm_output = nm->layers(1);
+  nm->clear_layers();
+  nm->add_layers()->set_type(v1::LayerSpec::BATCH_NORM);
+  nm->add_layers()->set_type(v1::LayerSpec::FLATTEN);
+  *nm->add_layers() = norm_output;
+  auto normed = RunJob(env_, norm, /*restore_from=*/"", hooks_);
+  ASSERT_TRUE(normed.ok()) << normed.status();
+  const std::string norm_log = absl::StrJoin(log_, "\n");
+  EXPECT_THAT(norm_log, HasSubstr("GEMMs"));
+  EXPECT_THAT(norm_log, ::testing::Not(HasSubstr("oneDNN")));
+
+  log_.clear();
+  // The same image: a 1x1 convolution of 2 filters, then the dense output
+  // layer.
   v1::JobSpec conv = SmallJob();
   conv.set_job_id("small_conv");
   v1::ModelSpec* m = conv.mutable_model();
@@ -175,8 +195,8 @@ TEST_F(JobRunnerTest, StartLineSaysWhetherTheModelsBitsFollowTheThreadCount) {
   auto result = RunJob(env_, conv, /*restore_from=*/"", hooks_);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(absl::StrJoin(log_, "\n"),
-              HasSubstr("; convolutions and batch norm (oneDNN) split their sums by the thread "
-                        "count, so this model's last bits follow it"));
+              HasSubstr("; convolutions (oneDNN) split their sums by the thread count, so this "
+                        "model's last bits follow it"));
 }
 
 TEST_F(JobRunnerTest, FixedThreadsWithoutTheFlagOrWithOneThread) {
