@@ -1,7 +1,7 @@
 // Convolution, pooling and batch norm on the CUDA backend (cuDNN) against the
-// CPU backend (oneDNN) on the same random inputs, and batch norm against a
-// double-precision reference written here (the CPU backend's batch norm is
-// compared too once it has one).
+// CPU backend (oneDNN's convolutions, its own pooling and batch norm) on the
+// same random inputs, and batch norm against a double-precision reference
+// written here.
 //
 // Tolerance, per element: |gpu - want| <= 1e-5 |want| + floor, the relative
 // target of the GPU-proof issue plus an absolute floor derived from the

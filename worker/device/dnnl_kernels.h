@@ -1,4 +1,4 @@
-// The CPU backend's convolution and batch normalization: oneDNN primitives
+// Convolution, pooling and batch normalization through oneDNN primitives
 // on host buffers, with the contracts of the Backend methods of the same
 // names (worker/device/backend.h). The CPU backend owns one and forwards its
 // convolutions to it. Its pooling and batch norm are oneDNN's too, with the
