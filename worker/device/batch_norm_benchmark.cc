@@ -15,40 +15,21 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "worker/device/backend.h"
 #include "worker/device/conv_shape.h"
 #include "worker/device/cpu_threads.h"
 #include "worker/device/dnnl_kernels.h"
+#include "worker/device/micro_benchmark.h"
 
 namespace towerps::worker {
 namespace {
 
-void Die(const absl::Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "batch_norm_benchmark: %s\n", s.ToString().c_str());
-    std::exit(1);
-  }
-}
-
-double MedianMs(int reps, const std::function<void()>& f) {
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const absl::Time start = absl::Now();
-    f();
-    ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-  }
-  std::nth_element(ms.begin(), ms.begin() + reps / 2, ms.end());
-  return ms[reps / 2];
-}
+void Die(const absl::Status& s) { ExitUnlessOk("batch_norm_benchmark", s); }
 
 // Normal values around `mean` (a convolution's output is not centred).
 std::vector<float> Random(int64_t n, unsigned seed, float mean) {

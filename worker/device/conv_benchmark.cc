@@ -13,20 +13,17 @@
 //   bazel run -c opt //worker/device:conv_benchmark [-- reps]
 #include <cblas.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "worker/device/backend.h"
 #include "worker/device/conv_shape.h"
+#include "worker/device/micro_benchmark.h"
 
 namespace towerps::worker {
 namespace {
@@ -126,18 +123,6 @@ class Im2ColConv {
 
 // ---- Timing and checking ------------------------------------------------
 
-double MedianMs(int reps, const std::function<void()>& f) {
-  for (int i = 0; i < 3; ++i) f();  // warm-up: primitive creation, caches
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    const absl::Time t0 = absl::Now();
-    f();
-    ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 std::vector<float> Random(int64_t n, uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
@@ -165,12 +150,7 @@ int64_t Wrong(const std::vector<float>& a, const std::vector<float>& b,
   return wrong;
 }
 
-void Die(const absl::Status& s) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "conv_benchmark: %s\n", s.ToString().c_str());
-    std::exit(1);
-  }
-}
+void Die(const absl::Status& s) { ExitUnlessOk("conv_benchmark", s); }
 
 void Run(const char* name, const Conv2DShape& s, int reps) {
   auto backend = NewCpuBackend();

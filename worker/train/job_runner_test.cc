@@ -155,44 +155,40 @@ TEST_F(JobRunnerTest, StartLineSaysWhetherTheModelsBitsFollowTheThreadCount) {
   }
   EXPECT_THAT(dense, ::testing::Not(HasSubstr("oneDNN")));
 
-  // SmallJob's 4 inputs as a 1x2x2 image: batch norm (the backend's own,
-  // exact at any count), then the dense output layer: no oneDNN sums.
+  // SmallJob's 4 inputs as a 1x2x2 image: `first`, then Flatten and the
+  // dense output layer.
+  auto image_job = [](const std::string& id, const v1::LayerSpec& first) {
+    v1::JobSpec job = SmallJob();
+    job.set_job_id(id);
+    v1::ModelSpec* m = job.mutable_model();
+    m->mutable_input_shape()->set_channels(1);
+    m->mutable_input_shape()->set_height(2);
+    m->mutable_input_shape()->set_width(2);
+    const v1::LayerSpec output = m->layers(1);
+    m->clear_layers();
+    *m->add_layers() = first;
+    m->add_layers()->set_type(v1::LayerSpec::FLATTEN);
+    *m->add_layers() = output;
+    return job;
+  };
+
+  // Batch norm is the backend's own, exact at any count: no oneDNN sums.
   log_.clear();
-  v1::JobSpec norm = SmallJob();
-  norm.set_job_id("small_norm");
-  v1::ModelSpec* nm = norm.mutable_model();
-  nm->mutable_input_shape()->set_channels(1);
-  nm->mutable_input_shape()->set_height(2);
-  nm->mutable_input_shape()->set_width(2);
-  const v1::LayerSpec norm_output = nm->layers(1);
-  nm->clear_layers();
-  nm->add_layers()->set_type(v1::LayerSpec::BATCH_NORM);
-  nm->add_layers()->set_type(v1::LayerSpec::FLATTEN);
-  *nm->add_layers() = norm_output;
-  auto normed = RunJob(env_, norm, /*restore_from=*/"", hooks_);
+  v1::LayerSpec norm;
+  norm.set_type(v1::LayerSpec::BATCH_NORM);
+  auto normed = RunJob(env_, image_job("small_norm", norm), /*restore_from=*/"", hooks_);
   ASSERT_TRUE(normed.ok()) << normed.status();
   const std::string norm_log = absl::StrJoin(log_, "\n");
   EXPECT_THAT(norm_log, HasSubstr("GEMMs"));
   EXPECT_THAT(norm_log, ::testing::Not(HasSubstr("oneDNN")));
 
+  // A 1x1 convolution of 2 filters.
   log_.clear();
-  // The same image: a 1x1 convolution of 2 filters, then the dense output
-  // layer.
-  v1::JobSpec conv = SmallJob();
-  conv.set_job_id("small_conv");
-  v1::ModelSpec* m = conv.mutable_model();
-  m->mutable_input_shape()->set_channels(1);
-  m->mutable_input_shape()->set_height(2);
-  m->mutable_input_shape()->set_width(2);
-  const v1::LayerSpec output = m->layers(1);
-  m->clear_layers();
-  v1::LayerSpec* c = m->add_layers();
-  c->set_type(v1::LayerSpec::CONV2D);
-  c->set_filters(2);
-  c->set_kernel_size(1);
-  m->add_layers()->set_type(v1::LayerSpec::FLATTEN);
-  *m->add_layers() = output;
-  auto result = RunJob(env_, conv, /*restore_from=*/"", hooks_);
+  v1::LayerSpec conv;
+  conv.set_type(v1::LayerSpec::CONV2D);
+  conv.set_filters(2);
+  conv.set_kernel_size(1);
+  auto result = RunJob(env_, image_job("small_conv", conv), /*restore_from=*/"", hooks_);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(absl::StrJoin(log_, "\n"),
               HasSubstr("; convolutions (oneDNN) split their sums by the thread count, so this "
