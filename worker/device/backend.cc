@@ -275,8 +275,8 @@ class CpuBackend : public Backend {
   }
 
  private:
-  // Created on the first convolution call, so
-  // backends of models without them (every MLP) never start oneDNN.
+  // Created on the first convolution call, so backends of models without
+  // convolutions (every MLP) never start oneDNN.
   absl::StatusOr<DnnlKernels*> Dnnl() {
     if (dnnl_ == nullptr) {
       absl::StatusOr<std::unique_ptr<DnnlKernels>> k = NewDnnlKernels();
