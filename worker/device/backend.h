@@ -179,7 +179,8 @@ class Backend {
   //
   // Batch norm: shapes in worker/device/conv_shape.h (x, y, dx [n, c,
   // spatial]; gamma, beta, mean, var, dgamma, dbeta [c]). Outputs are
-  // overwritten. Errors as the convolution kernels' (InvalidArgument from
+  // overwritten and must not alias an input (the CPU backend reads x more
+  // than once). Errors as the convolution kernels' (InvalidArgument from
   // shape.Validate() before any buffer is touched, Internal from the kernel
   // library, Unimplemented where a backend has no kernel yet).
 
