@@ -1,11 +1,14 @@
 #include "worker/device/backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/device/cpu_threads.h"
 
 namespace towerps::worker {
 namespace {
@@ -149,6 +152,44 @@ TEST(CpuBackendTest, ReluAndReluGrad) {
   backend->Relu(2, inplace, inplace);
   EXPECT_EQ(inplace[0], 0);
   EXPECT_EQ(inplace[1], 2);
+}
+
+// Tensors over the split threshold go to the CPU math team in slices; every
+// element must still be its own definition, in place too, at any team size
+// (a length that no slice boundary divides, NaN and -0 included).
+TEST(CpuBackendTest, ReluAndReluGradOnTheTeamMatchTheirDefinition) {
+  auto backend = NewCpuBackend();
+  const int64_t n = (int64_t{1} << 17) + 37;
+  std::vector<float> x = RandomVector(n, 7), dy = RandomVector(n, 8);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[n - 1] = -0.0f;
+  std::vector<float> y_want(n), dx_want(n);
+  for (int64_t i = 0; i < n; ++i) {
+    y_want[i] = std::max(x[i], 0.0f);
+    dx_want[i] = y_want[i] > 0.0f ? dy[i] : 0.0f;
+  }
+  auto same_bits = [&](const std::vector<float>& got, const std::vector<float>& want) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) return i;
+    }
+    return int64_t{-1};
+  };
+  for (int threads : {1, 2, 3, 7}) {
+    SCOPED_TRACE(threads);
+    SetCpuMathThreads(threads);
+    std::vector<float> y(n, 99.0f), dx(n, 99.0f);
+    backend->Relu(n, x.data(), y.data());
+    EXPECT_EQ(same_bits(y, y_want), -1);
+    backend->ReluGrad(n, y.data(), dy.data(), dx.data());
+    EXPECT_EQ(same_bits(dx, dx_want), -1);
+    std::vector<float> in_place = x;
+    backend->Relu(n, in_place.data(), in_place.data());
+    EXPECT_EQ(same_bits(in_place, y_want), -1);
+    in_place = dy;
+    backend->ReluGrad(n, y.data(), in_place.data(), in_place.data());
+    EXPECT_EQ(same_bits(in_place, dx_want), -1);
+  }
+  SetCpuMathThreads(1);
 }
 
 TEST(CpuBackendTest, AxpyAndScale) {

@@ -1,6 +1,6 @@
 // Work shared out over the calling thread's OpenMP team (libgomp's: the
 // team oneDNN's primitives run on too, sized by SetCpuMathThreads), for the
-// CPU backend's own kernels (cpu_gemm, cpu_pool).
+// CPU backend's own kernels (cpu_gemm, cpu_pool, cpu_batch_norm, ReLU).
 //
 // Thread-safe: any thread may call RunOnTeam at any time; each calling
 // thread has its own team.

@@ -21,7 +21,8 @@ namespace towerps::worker {
 // Sets the thread count of every later call of a CPU backend's GEMM
 // (CpuGemm's blocks on an OpenMP team, with OpenBLAS itself at one thread;
 // OpenBLAS's own pool at `threads` where CpuGemmRowGranule found no exact
-// split), convolution or pooling (oneDNN's OpenMP team), on any thread.
+// split), convolution, pooling, batch norm or ReLU (the OpenMP team that
+// oneDNN's primitives and cpu_team.h's kernels share), on any thread.
 // `threads` < 1 counts as 1.
 void SetCpuMathThreads(int threads);
 
