@@ -32,8 +32,10 @@ constexpr int64_t kMinSplitElements = int64_t{1} << 15;
 
 // Calls slice(begin, end) over [0, n) in contiguous slices shared out over
 // the CPU math team (cpu_team.h) when n is large enough; the slices start
-// on 64-byte lines, so no two threads write the same line. For elementwise
-// ops, whose bits do not depend on the split.
+// at multiples of 16 floats, so in a 64-byte-aligned buffer (the
+// allocator's) no two threads write the same cache line. For elementwise
+// ops, whose bits do not depend on the split. (cpu_pool and cpu_batch_norm
+// keep the same 2^15 threshold for their own splits.)
 template <typename F>
 void ForEachSlice(int64_t n, F slice) {
   const int threads = n < kMinSplitElements ? 1 : CpuMathThreads();
